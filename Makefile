@@ -1,0 +1,39 @@
+# Two commands do all set-up on a fresh machine: `make demo` and `make test`.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.fatpipe-installed
+# The CPU build, installed before the project so pip does not pull a multi-GB CUDA build.
+TORCH ?= torch==2.13.0
+CDKTF_CLI := .tools/node_modules/.bin/cdktf
+
+.PHONY: install cdktf-cli demo test lint clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $@
+
+install: $(STAMP)
+
+# The cdktf CLI (0.21, deprecated upstream but still the reference) in a local folder.
+$(CDKTF_CLI):
+	@if command -v npm >/dev/null; then \
+		npm install --silent --no-save --no-audit --no-fund --prefix .tools cdktf-cli@0.21.0; \
+	else echo "npm not found: tests that run the cdktf CLI will be skipped"; fi
+
+cdktf-cli: $(CDKTF_CLI)
+
+demo: install
+	$(BIN)/fatpipe config
+
+lint: install
+	$(BIN)/ruff check .
+
+test: install cdktf-cli lint
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
+
+clean:
+	rm -rf $(VENV) .tools cdktf.out build dist *.egg-info

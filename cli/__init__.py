@@ -1,0 +1,1 @@
+"""The `fatpipe` command group: one module per command, each imported only when it runs."""

@@ -1,0 +1,42 @@
+"""`fatpipe config`: the resolved settings of one cluster (or all) and of [train]."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from .options import cluster_argument, console, pass_project
+
+
+@click.command()
+@cluster_argument
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
+@pass_project
+def config(project, cluster: str | None, as_json: bool):
+    """Show the resolved cluster and train settings (all clusters when none is named)."""
+    clusters = [project.cluster(cluster)] if cluster else list(project.clusters.values())
+    if as_json:
+        doc = {
+            "config": project.label,
+            "clusters": {c.name: c.model_dump(mode="json") for c in clusters},
+            "train": project.train.model_dump(mode="json"),
+        }
+        click.echo(json.dumps(doc, indent=2))
+        return
+    out = console()
+    out.print(f"[bold]config[/]: {project.label}")
+    for c in clusters:
+        out.print(_table(f"cluster {c.name}", c.model_dump(mode="json")))
+    out.print(_table("train", project.train.model_dump(mode="json")))
+
+
+def _table(title: str, values: dict):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left", show_header=False)
+    table.add_column("key", style="bold")
+    table.add_column("value")
+    for key, value in values.items():
+        table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
+    return table

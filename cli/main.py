@@ -1,0 +1,61 @@
+"""The root `fatpipe` group: lazy command loading and one place that turns errors into exits."""
+
+from __future__ import annotations
+
+import importlib
+from importlib.metadata import PackageNotFoundError, version
+
+import click
+from fatpipe.infra.errors import FatpipeError
+
+# name -> ("module:attribute", one-line help). Help lives here so `fatpipe --help` imports
+# no command module (and so no torch, cdktf or provider package).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "init": ("fatpipe.cli.init:init", "Write a commented fatpipe.toml."),
+    "config": ("fatpipe.cli.config:config", "Show the resolved cluster and train settings."),
+}
+HIDDEN: dict[str, str] = {}
+
+
+class LazyGroup(click.Group):
+    def list_commands(self, ctx):
+        return sorted(COMMANDS)
+
+    def get_command(self, ctx, name):
+        target = COMMANDS.get(name, (HIDDEN.get(name), ""))[0]
+        if target is None:
+            return None
+        module, attr = target.split(":")
+        return getattr(importlib.import_module(module), attr)
+
+    def format_commands(self, ctx, formatter):
+        rows = [(name, COMMANDS[name][1]) for name in self.list_commands(ctx)]
+        with formatter.section("Commands"):
+            formatter.write_dl(rows)
+
+    def invoke(self, ctx):
+        try:
+            return super().invoke(ctx)
+        except FatpipeError as e:
+            error = click.ClickException(str(e))
+            error.exit_code = e.exit_code
+            raise error from None
+
+
+def _version() -> str:
+    try:
+        return version("fatpipe")
+    except PackageNotFoundError:  # running from a source tree that is not installed
+        return "0+unknown"
+
+
+@click.group(cls=LazyGroup, context_settings={"help_option_names": ["-h", "--help"]})
+@click.option(
+    "-c", "--config", "config_path", type=click.Path(dir_okay=False), envvar="FATPIPE_CONFIG",
+    help="Cluster file to read (default ./fatpipe.toml, else the embedded sim cluster).",
+)
+@click.version_option(package_name="fatpipe", version=_version(), prog_name="fatpipe")
+@click.pass_context
+def cli(ctx: click.Context, config_path: str | None):
+    """fatpipe: stand up a cluster on a fast private network, prove its links, train across it."""
+    ctx.obj = {"config_path": config_path}

@@ -1,0 +1,250 @@
+"""The cluster file, fatpipe.toml: pydantic models for clusters and training defaults."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from functools import lru_cache
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+Tier = Literal["1g", "10g", "25g"]
+TIER_GBPS: dict[str, int] = {"1g": 1, "10g": 10, "25g": 25}
+PROVIDERS = ("sim", "aws", "digitalocean")
+
+# Nodes get deterministic private IPs from this host offset up, so the rendezvous endpoint
+# (node 0) is known before anything boots. AWS reserves the first four addresses of a subnet
+# and the last one; starting at .10 leaves room for that on every provider.
+FIRST_HOST_OFFSET = 10
+NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
+
+DIGITALOCEAN_REGIONS = (
+    "ams3", "atl1", "blr1", "fra1", "lon1", "nyc1", "nyc2", "nyc3",
+    "sfo2", "sfo3", "sgp1", "syd1", "tor1",
+)  # fmt: skip
+
+
+@lru_cache(maxsize=1)
+def aws_regions() -> frozenset[str]:
+    """Regions botocore's bundled endpoint data knows for EC2 (offline; includes opt-in ones)."""
+    import botocore.session
+
+    session = botocore.session.get_session()
+    regions: set[str] = set()
+    for partition in session.get_available_partitions():
+        regions.update(session.get_available_regions("ec2", partition_name=partition))
+    return frozenset(regions)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class Backend(Strict):
+    """Where terraform keeps state: a local file under .fatpipe/<cluster>/ or an S3 bucket."""
+
+    type: Literal["local", "s3"] = "local"
+    bucket: str | None = None
+    key: str | None = None
+    region: str | None = None
+    use_lockfile: bool = True
+
+    @model_validator(mode="after")
+    def _s3_needs_bucket(self) -> Backend:
+        if self.type == "s3" and not self.bucket:
+            raise ValueError("an s3 backend needs bucket = \"...\"")
+        return self
+
+
+class ClusterBase(Strict):
+    name: str = ""  # filled from the table key
+    nodes: int = Field(4, ge=1, le=512)
+    tier: Tier = "1g"
+    gpus_per_node: int = Field(0, ge=0, le=16)
+    private_cidr: str = "10.42.0.0/24"
+    rdzv_port: int = Field(29400, ge=1024, le=65535)
+    backend: Backend = Field(default_factory=Backend)
+
+    @field_validator("private_cidr")
+    @classmethod
+    def _private_ipv4_network(cls, value: str) -> str:
+        try:
+            net = ipaddress.IPv4Network(value, strict=True)
+        except ValueError as e:
+            raise ValueError(f"{value!r} is not an IPv4 network such as 10.42.0.0/24 ({e})") from None
+        if not net.is_private:
+            raise ValueError(f"{value} is not a private range (use 10.0.0.0/8, 172.16.0.0/12 or 192.168.0.0/16)")
+        return str(net)
+
+    @model_validator(mode="after")
+    def _cidr_holds_nodes(self):
+        size = ipaddress.IPv4Network(self.private_cidr).num_addresses
+        usable = size - FIRST_HOST_OFFSET - 1
+        if self.nodes > usable:
+            raise ValueError(
+                f"private_cidr {self.private_cidr} holds at most {max(usable, 0)} nodes "
+                f"(addresses start at .{FIRST_HOST_OFFSET}); use a larger network such as /22"
+            )
+        return self
+
+    @property
+    def tier_gbps(self) -> int:
+        return TIER_GBPS[self.tier]
+
+    def private_ip(self, index: int) -> str:
+        """The deterministic private IP of node `index`."""
+        net = ipaddress.IPv4Network(self.private_cidr)
+        return str(net.network_address + FIRST_HOST_OFFSET + index)
+
+    def node_name(self, index: int) -> str:
+        return f"{self.name}-{index}"
+
+
+class CloudCluster(ClusterBase):
+    """What AWS and DigitalOcean clusters share: a region, an SSH key and who may SSH in."""
+
+    region: str
+    ssh_public_key: str = "~/.ssh/id_ed25519.pub"
+    ssh_cidr: str
+    allow_ssh_from_anywhere: bool = False
+    ssh_user: str = "ubuntu"
+
+    @field_validator("ssh_public_key")
+    @classmethod
+    def _key_file_exists(cls, value: str) -> str:
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"public key file {value} does not exist (make one with ssh-keygen -t ed25519)")
+        text = path.read_text(errors="replace").strip()
+        if not text.startswith(("ssh-", "ecdsa-", "sk-")):
+            raise ValueError(f"{value} is not an OpenSSH public key (expected a line starting ssh-ed25519 or ssh-rsa)")
+        return value
+
+    @field_validator("ssh_cidr")
+    @classmethod
+    def _network(cls, value: str) -> str:
+        try:
+            return str(ipaddress.ip_network(value, strict=True))
+        except ValueError as e:
+            raise ValueError(f"{value!r} is not a network such as 203.0.113.7/32 ({e})") from None
+
+    @model_validator(mode="after")
+    def _ssh_not_open_to_world(self):
+        if ipaddress.ip_network(self.ssh_cidr).prefixlen == 0 and not self.allow_ssh_from_anywhere:
+            raise ValueError(
+                f"ssh_cidr {self.ssh_cidr} opens SSH to the whole internet; "
+                "give your own address/32, or set allow_ssh_from_anywhere = true"
+            )
+        return self
+
+    @property
+    def public_key(self) -> str:
+        return Path(self.ssh_public_key).expanduser().read_text().strip()
+
+
+class SimCluster(ClusterBase):
+    """Nodes on this machine: network namespaces shaped with tc, or loopback addresses."""
+
+    provider: Literal["sim"]
+    isolation: Literal["auto", "netns", "loopback"] = "auto"
+    ssh_user: str = ""
+
+
+class AwsCluster(CloudCluster):
+    provider: Literal["aws"]
+    instance_type: str | None = None
+    availability_zone: str | None = None
+
+    @field_validator("region")
+    @classmethod
+    def _known_region(cls, value: str) -> str:
+        if value not in aws_regions():
+            raise ValueError(f"{value!r} is not an AWS region (for example us-east-1, eu-west-1)")
+        return value
+
+
+class DigitalOceanCluster(CloudCluster):
+    provider: Literal["digitalocean"]
+    size: str | None = None
+    image: str = "ubuntu-24-04-x64"
+    ssh_user: str = "root"
+
+    @field_validator("region")
+    @classmethod
+    def _known_region(cls, value: str) -> str:
+        if value not in DIGITALOCEAN_REGIONS:
+            raise ValueError(f"{value!r} is not a DigitalOcean region; allowed: {', '.join(DIGITALOCEAN_REGIONS)}")
+        return value
+
+
+Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster, Field(discriminator="provider")]
+
+
+class TrainSpec(Strict):
+    """Defaults for the built-in trainer; each key maps to the trainer flag --key-with-dashes."""
+
+    preset: Literal["tiny", "small", "124m"] = "small"
+    steps: int = Field(200, ge=1)
+    comm: Literal["auto", "none", "bf16", "fp16", "powersgd"] = "auto"
+    batch_size: int = Field(8, ge=1)
+    seq_len: int = Field(256, ge=8, le=8192)
+    grad_accum: int = Field(1, ge=1)
+    lr: float = Field(6e-4, gt=0, le=1)
+    warmup_steps: int = Field(20, ge=0)
+    checkpoint_every: int = Field(50, ge=1)
+    bucket_cap_mb: float = Field(25.0, gt=0)
+    seed: int = 1337
+    data: str | None = None
+    compile: bool = False
+    powersgd_rank: int = Field(4, ge=1)
+
+    def trainer_args(self) -> list[str]:
+        """The trainer's command-line flags for these settings."""
+        args: list[str] = []
+        for key, value in self.model_dump().items():
+            flag = "--" + key.replace("_", "-")
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + key.replace("_", "-"))
+            else:
+                args += [flag, str(value)]
+        return args
+
+
+class ProjectSpec(Strict):
+    clusters: dict[str, Cluster] = Field(min_length=1)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+
+    @field_validator("clusters", mode="before")
+    @classmethod
+    def _names_from_keys(cls, value):
+        if isinstance(value, dict):
+            for key, table in value.items():
+                if not NAME_PATTERN.match(key):
+                    raise ValueError(
+                        f"cluster name {key!r} must be lowercase letters, digits and '-', "
+                        "starting with a letter, at most 24 characters"
+                    )
+                if isinstance(table, dict):
+                    if "name" in table and table["name"] != key:
+                        raise ValueError(f"clusters.{key}.name must equal its table key or be left out")
+                    table["name"] = key
+        return value
+
+    @model_validator(mode="after")
+    def _sim_addresses_distinct(self):
+        # Two sim clusters on one machine must not collide on node names or networks.
+        seen: dict[str, str] = {}
+        for cluster in self.clusters.values():
+            if cluster.provider != "sim":
+                continue
+            if cluster.private_cidr in seen:
+                raise ValueError(
+                    f"clusters {seen[cluster.private_cidr]} and {cluster.name} are both sim clusters "
+                    f"on {cluster.private_cidr}; give one another private_cidr"
+                )
+            seen[cluster.private_cidr] = cluster.name
+        return self

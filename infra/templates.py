@@ -1,0 +1,70 @@
+"""Commented fatpipe.toml templates written by `fatpipe init`; the sim one is the embedded default."""
+
+SIM = '''\
+# fatpipe.toml: the clusters fatpipe can stand up, and defaults for the built-in trainer.
+# Every key is checked when fatpipe reads this file; `fatpipe config` shows what it resolved.
+
+[clusters.demo]
+provider = "sim"        # sim | aws | digitalocean
+nodes = 4               # 1..512
+tier = "1g"             # 1g | 10g | 25g: the bandwidth every node must reach on the private link
+isolation = "auto"      # sim only: netns (root: real links shaped with tc) | loopback (no root) | auto
+# private_cidr = "10.42.0.0/24"   # node i gets .10+i
+# rdzv_port = 29400
+
+[train]                 # defaults for the built-in trainer; command-line flags override
+preset = "small"        # tiny (~1M params) | small (~25M) | 124m (GPT-2 small)
+steps = 200
+comm = "auto"           # auto | none | bf16 | fp16 | powersgd
+# batch_size = 8        # per rank, per micro-step
+# seq_len = 256
+# grad_accum = 1
+# checkpoint_every = 50
+# data = "corpus/"      # a text file or folder; default: text that ships with Python
+'''
+
+AWS = '''\
+# fatpipe.toml: an AWS cluster in one placement group on a private VPC subnet.
+
+[clusters.aws]
+provider = "aws"
+region = "us-east-1"
+nodes = 4
+tier = "10g"                          # 1g | 10g | 25g, judged on baseline (not burst) bandwidth
+# instance_type = "c5n.2xlarge"       # default: the cheapest type whose baseline meets the tier
+gpus_per_node = 0
+ssh_public_key = "~/.ssh/id_ed25519.pub"
+ssh_cidr = "203.0.113.7/32"           # who may SSH in: put your own address here
+# private_cidr = "10.42.0.0/24"
+# [clusters.aws.backend]              # default: local state under .fatpipe/aws/
+# type = "s3"
+# bucket = "my-terraform-state"
+# key = "fatpipe/aws.tfstate"
+# region = "us-east-1"
+
+[train]
+preset = "small"
+steps = 200
+comm = "auto"
+'''
+
+DIGITALOCEAN = '''\
+# fatpipe.toml: a DigitalOcean cluster of droplets in one VPC.
+
+[clusters.do]
+provider = "digitalocean"
+region = "nyc3"
+nodes = 4
+tier = "1g"
+# size = "c-4"                        # default: the cheapest size that meets the tier
+ssh_public_key = "~/.ssh/id_ed25519.pub"
+ssh_cidr = "203.0.113.7/32"           # who may SSH in: put your own address here
+# private_cidr = "10.42.0.0/24"
+
+[train]
+preset = "small"
+steps = 200
+comm = "auto"
+'''
+
+TEMPLATES = {"sim": SIM, "aws": AWS, "digitalocean": DIGITALOCEAN}

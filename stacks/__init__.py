@@ -1,0 +1,1 @@
+"""The CDKTF app: reads fatpipe.toml and builds one TerraformStack per cluster."""

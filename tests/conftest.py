@@ -1,0 +1,55 @@
+"""Shared fixtures: a scratch project folder, the CLI runner, and guards for root-only tests."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import pytest
+from click.testing import CliRunner
+
+IN_CI = bool(os.environ.get("FATPIPE_CI"))
+
+
+def skip_or_fail(reason: str):
+    """Skip on a developer's machine; in CI a missing prerequisite is a failure, not a skip."""
+    if IN_CI:
+        pytest.fail(f"CI must be able to run this test: {reason}")
+    pytest.skip(reason)
+
+
+def netns_available() -> bool:
+    if os.geteuid() != 0 or not shutil.which("ip"):
+        return False
+    probe = "fatpipe-probe-ns"
+    ok = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
+    subprocess.run(["ip", "netns", "del", probe], capture_output=True)
+    return ok
+
+
+@pytest.fixture
+def needs_netns():
+    if not netns_available():
+        skip_or_fail("needs root and `ip netns`")
+
+
+@pytest.fixture
+def project_dir(tmp_path, monkeypatch):
+    """An empty folder as the current directory, with no FATPIPE_CONFIG leaking in."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("FATPIPE_CONFIG", raising=False)
+    return tmp_path
+
+
+@pytest.fixture
+def run_cli(project_dir):
+    """Invoke `fatpipe ARGS...` in-process; returns click's Result."""
+    from fatpipe.cli.main import cli
+
+    runner = CliRunner()
+
+    def run(*args: str, input: str | None = None):
+        return runner.invoke(cli, list(args), input=input, catch_exceptions=False)
+
+    return run
