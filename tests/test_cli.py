@@ -9,6 +9,7 @@ import zipfile
 from pathlib import Path
 
 import pytest
+
 from fatpipe.infra.project import load_project
 from fatpipe.infra.templates import TEMPLATES
 

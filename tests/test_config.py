@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
+
 from fatpipe.infra.project import load_project
 from fatpipe.infra.spec import TrainSpec
 

@@ -1,0 +1,125 @@
+"""Read a cluster's stack outputs (the `cluster` output of DESIGN.md) in any shape a user may have."""
+
+from __future__ import annotations
+
+import ipaddress
+import json
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+
+from .errors import FatpipeError
+
+
+def _ipv4(value: str, what: str) -> str:
+    try:
+        return str(ipaddress.IPv4Address(value))
+    except ValueError:
+        kind = "an IPv6 address" if ":" in str(value) else "not an IP address"
+        raise ValueError(f"{what} {value!r} is {kind}; an IPv4 address is required") from None
+
+
+class NodeOutput(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    private_ip: str
+    public_ip: str | None = None
+    transport: Literal["ssh", "netns", "local"]
+    netns: str | None = None
+
+    @field_validator("private_ip")
+    @classmethod
+    def _private_ipv4(cls, value: str) -> str:
+        return _ipv4(value, "private_ip")
+
+    @field_validator("public_ip")
+    @classmethod
+    def _public_ipv4(cls, value: str | None) -> str | None:
+        return _ipv4(value, "public_ip") if value else None
+
+    @model_validator(mode="after")
+    def _transport_has_its_address(self) -> NodeOutput:
+        if self.transport == "ssh" and not self.public_ip:
+            raise ValueError(f"node {self.name} uses transport ssh but has no public_ip")
+        if self.transport == "netns" and not self.netns:
+            raise ValueError(f"node {self.name} uses transport netns but names no netns")
+        return self
+
+
+class ClusterOutputs(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+    name: str
+    provider: Literal["sim", "aws", "digitalocean"]
+    region: str = ""
+    tier_gbps: float = Field(gt=0)
+    private_cidr: str
+    ssh_user: str = ""
+    gpus_per_node: int = Field(0, ge=0)
+    rdzv_port: int = Field(29400, ge=1, le=65535)
+    nodes: list[NodeOutput]
+
+    @field_validator("nodes")
+    @classmethod
+    def _nodes_distinct(cls, nodes: list[NodeOutput]) -> list[NodeOutput]:
+        if not nodes:
+            raise ValueError("the cluster has no nodes")
+        for attr in ("name", "private_ip"):
+            seen: set[str] = set()
+            for node in nodes:
+                value = getattr(node, attr)
+                if value in seen:
+                    raise ValueError(f"two nodes share {attr} {value}")
+                seen.add(value)
+        return nodes
+
+    @property
+    def rdzv_endpoint(self) -> str:
+        return f"{self.nodes[0].private_ip}:{self.rdzv_port}"
+
+
+def unwrap_outputs(doc: dict, cluster: str | None = None) -> dict:
+    """The bare `cluster` object from any of the three shapes of DESIGN.md."""
+    if not isinstance(doc, dict):
+        raise FatpipeError("outputs: expected a JSON object")
+    if "cluster" in doc:  # terraform/tofu output -json, or cdktf's `--outputs-file` per stack
+        inner = doc["cluster"]
+        return inner["value"] if isinstance(inner, dict) and "value" in inner and "type" in inner else inner
+    if "nodes" in doc and "provider" in doc:  # the bare object
+        return doc
+    stacks = {k: v for k, v in doc.items() if isinstance(v, dict) and "cluster" in v}
+    if stacks:  # cdktf deploy --outputs-file: {"<stack>": {"cluster": {...}}}
+        if cluster is None and len(stacks) > 1:
+            raise FatpipeError(f"outputs hold several stacks ({', '.join(stacks)}): name the cluster")
+        key = cluster if cluster is not None else next(iter(stacks))
+        if key not in stacks:
+            raise FatpipeError(f"outputs have no stack {key!r}; found {', '.join(stacks)}")
+        return unwrap_outputs(stacks[key])
+    raise FatpipeError("outputs: no `cluster` output found (expected cdktf, terraform or bare shape)")
+
+
+def parse_outputs(doc: dict, cluster: str | None = None, label: str = "outputs") -> ClusterOutputs:
+    bare = unwrap_outputs(doc, cluster)
+    try:
+        return ClusterOutputs.model_validate(bare)
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        key = ".".join(str(p) for p in err["loc"]) or "cluster"
+        msg = err["msg"].removeprefix("Value error, ")
+        if err["type"] == "missing":
+            msg = "required but missing"
+        raise FatpipeError(f"{label}: {key}: {msg}") from None
+
+
+def read_outputs(path: Path, cluster: str | None = None) -> ClusterOutputs:
+    """Read and validate an outputs file of any supported shape."""
+    path = Path(path)
+    try:
+        doc = json.loads(path.read_text())
+    except FileNotFoundError:
+        raise FatpipeError(f"{path}: no outputs file; deploy the cluster first (fatpipe deploy)") from None
+    except json.JSONDecodeError as e:
+        raise FatpipeError(f"{path}: not JSON ({e.msg} at line {e.lineno})") from None
+    return parse_outputs(doc, cluster, label=str(path))

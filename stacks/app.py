@@ -1,0 +1,67 @@
+"""Build the CDKTF app: one ClusterStack per cluster of the project, synthesized in-process."""
+
+from __future__ import annotations
+
+import importlib
+import os
+from pathlib import Path
+
+from fatpipe.infra.errors import FatpipeError
+
+# jsii warns on every start that this Node is past its end of life; the synthesized JSON is
+# the same, and the banner would bury fatpipe's own output.
+os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
+
+OUTDIR = "cdktf.out"
+PROVIDER_MODULES = {"aws": "aws", "digitalocean": "digitalocean", "sim": "sim"}
+
+
+def state_path_from_stack_dir(cluster_name: str) -> str:
+    """The local state file, relative to cdktf.out/stacks/<name>/ where terraform runs."""
+    return f"../../../.fatpipe/{cluster_name}/terraform.tfstate"
+
+
+def build_stack(app, cluster, project):
+    """A TerraformStack for `cluster`: its backend, its provider's resources, one `cluster` output."""
+    from cdktf import LocalBackend, S3Backend, TerraformOutput, TerraformStack
+
+    stack = TerraformStack(app, cluster.name)
+    backend = cluster.backend
+    if backend.type == "s3":
+        S3Backend(
+            stack,
+            bucket=backend.bucket,
+            key=backend.key or f"fatpipe/{cluster.name}.tfstate",
+            region=backend.region or getattr(cluster, "region", None),
+            use_lockfile=backend.use_lockfile,
+            encrypt=True,
+        )
+    else:
+        LocalBackend(stack, path=state_path_from_stack_dir(cluster.name))
+    module = importlib.import_module(f"fatpipe.infra.{PROVIDER_MODULES[cluster.provider]}")
+    value = module.build_cluster(stack, cluster, project)
+    TerraformOutput(stack, "cluster", value=value, description="fatpipe cluster contract (DESIGN.md)")
+    return stack
+
+
+def build_app(project, names: list[str] | None = None, outdir: Path | None = None):
+    """An App holding the named clusters' stacks (all of them when `names` is None)."""
+    from cdktf import App
+
+    outdir = outdir or project.root / OUTDIR
+    app = App(outdir=str(outdir), skip_validation=False)
+    for name in names or list(project.clusters):
+        build_stack(app, project.cluster(name), project)
+    return app
+
+
+def synth(project, names: list[str] | None = None, outdir: Path | None = None) -> dict[str, Path]:
+    """Synthesize and return each cluster's stack folder (which holds cdk.tf.json)."""
+    outdir = Path(outdir or project.root / OUTDIR)
+    app = build_app(project, names, outdir)
+    app.synth()
+    folders = {name: outdir / "stacks" / name for name in names or list(project.clusters)}
+    for name, folder in folders.items():
+        if not (folder / "cdk.tf.json").is_file():
+            raise FatpipeError(f"synth wrote no {folder / 'cdk.tf.json'} for cluster {name}")
+    return folders
