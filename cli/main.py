@@ -13,8 +13,12 @@ from fatpipe.infra.errors import FatpipeError
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("fatpipe.cli.init:init", "Write a commented fatpipe.toml."),
     "config": ("fatpipe.cli.config:config", "Show the resolved cluster and train settings."),
+    "deploy": ("fatpipe.cli.deploy:deploy", "Create the cluster's nodes and write its outputs."),
+    "down": ("fatpipe.cli.down:down", "Destroy the cluster's nodes."),
 }
-HIDDEN: dict[str, str] = {}
+HIDDEN: dict[str, str] = {
+    "sim": "fatpipe.cli.sim:sim",
+}
 
 
 class LazyGroup(click.Group):

@@ -1,0 +1,23 @@
+"""`fatpipe down [CLUSTER]`: destroy the cluster's resources and remove its outputs."""
+
+from __future__ import annotations
+
+import click
+
+from .deploy import engine_option, terraform_log
+from .options import cluster_argument, console, pass_project
+
+
+@click.command()
+@cluster_argument
+@engine_option
+@click.option("-v", "--verbose", is_flag=True, help="Show the engine's full output.")
+@pass_project
+def down(project, cluster: str | None, engine: str, verbose: bool):
+    """Destroy every node of the cluster (a sim cluster's namespaces and bridge too)."""
+    from fatpipe.infra.engine import destroy_cluster
+
+    name = cluster or project.cluster(None).name
+    swept = destroy_cluster(project, name, engine=engine, log=terraform_log(verbose))
+    note = f" (also removed leftovers: {', '.join(swept)})" if swept else ""
+    console().print(f"{name}: destroyed{note}")

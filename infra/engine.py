@@ -1,0 +1,221 @@
+"""Apply or destroy a cluster's synthesized stack with terraform, tofu or cdktf; write its outputs."""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+
+from .errors import FatpipeError
+from .files import write_json_atomic
+from .outputs import ClusterOutputs, parse_outputs
+
+ENGINES = ("cdktf", "terraform", "tofu")
+CDKTF_LOCAL = Path(".tools/node_modules/.bin/cdktf")
+# Offline and non-interactive: no version-check call home, no prompts, no "run terraform X next".
+QUIET_ENV = {"CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1", "TF_INPUT": "0", "CI": "1"}
+
+Log = Callable[[str], None]
+
+
+def outputs_path(project, name: str) -> Path:
+    return project.state_dir(name) / "outputs.json"
+
+
+def deploy_cluster(project, name: str | None = None, engine: str = "terraform", yes: bool = False,
+                   confirm: Callable[[str], bool] | None = None,
+                   log: Log | None = None) -> ClusterOutputs:
+    """Synthesize and apply `name`'s stack, then write .fatpipe/<name>/outputs.json (bare shape)."""
+    cluster = project.cluster(name)
+    name = cluster.name
+    log = log or _quiet
+    if cluster.provider == "aws":
+        from .aws_preflight import preflight  # boto3: only for AWS clusters
+
+        preflight(cluster)
+    if cluster.provider != "sim" and not yes:
+        question = (f"Create {cluster.nodes} {cluster.provider} node(s) in {cluster.region} for "
+                    f"cluster {name}? They cost money until `fatpipe down {name}`.")
+        if confirm is None or not confirm(question):
+            raise FatpipeError(f"deploy of {name} cancelled; nothing was created (--yes skips the question)")
+    runner = Runner(engine, project, name, log)
+    doc = runner.apply()
+    outputs = parse_outputs(doc, name, label=f"{engine} outputs of {name}")
+    write_json_atomic(outputs_path(project, name), outputs.model_dump(mode="json"))
+    return outputs
+
+
+def destroy_cluster(project, name: str | None = None, engine: str = "terraform",
+                    log: Log | None = None) -> list[str]:
+    """Destroy `name`'s stack and remove its outputs; returns sim leftovers that had to be swept."""
+    log = log or _quiet
+    if name is None:
+        name = project.cluster(None).name
+    runner = Runner(engine, project, name, log)
+    runner.destroy()
+    swept = _sweep_sim(project, name, log)
+    outputs_path(project, name).unlink(missing_ok=True)
+    return swept
+
+
+class Runner:
+    """One cluster's stack folder and the engine binary that works on it."""
+
+    def __init__(self, engine: str, project, name: str, log: Log):
+        if engine not in ENGINES:
+            raise FatpipeError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
+        self.engine, self.project, self.name, self.log = engine, project, name, log
+        self.binary = _find_binary(engine, project.root)
+
+    # --- the two operations ---
+
+    def apply(self) -> dict:
+        stack_dir = self._synth(required=True)
+        if self.engine == "cdktf":
+            return self._cdktf_deploy(stack_dir)
+        self._tf(stack_dir, "init", "-input=false")
+        try:
+            self._tf(stack_dir, "apply", "-auto-approve", "-input=false")
+        except FatpipeError as e:
+            raise FatpipeError(self._partial_message("apply", stack_dir, e)) from None
+        return json.loads(_capture([self.binary, f"-chdir={stack_dir}", "output", "-json"],
+                                   self.project.root))
+
+    def destroy(self) -> None:
+        stack_dir = self._synth(required=False)
+        if stack_dir is None:
+            self.log(f"{self.name}: no stack was ever synthesized; nothing to destroy")
+            return
+        try:
+            if self.engine == "cdktf":
+                self._cdktf(stack_dir, "destroy", self.name, "--auto-approve")
+            else:
+                self._tf(stack_dir, "init", "-input=false")
+                self._tf(stack_dir, "destroy", "-auto-approve", "-input=false")
+        except FatpipeError as e:
+            raise FatpipeError(self._partial_message("destroy", stack_dir, e)) from None
+
+    # --- helpers ---
+
+    def _synth(self, required: bool) -> Path | None:
+        """A fresh synth while the cluster is declared; else the folder of its last synth."""
+        from fatpipe.stacks.app import OUTDIR, synth  # the stacks package builds the JSON
+
+        if self.name in self.project.clusters:
+            return synth(self.project, [self.name])[self.name]
+        if required:
+            self.project.cluster(self.name)  # raises the "no cluster" message
+        stack_dir = self.project.root / OUTDIR / "stacks" / self.name
+        return stack_dir if (stack_dir / "cdk.tf.json").is_file() else None
+
+    def _tf(self, stack_dir: Path, *args: str) -> str:
+        return _stream([self.binary, f"-chdir={stack_dir}", *args, "-no-color"], self.project.root,
+                       self.log)
+
+    def _cdktf(self, stack_dir: Path, command: str, *args: str) -> str:
+        # --skip-synth: deploy exactly the JSON fatpipe synthesized. The CLI still insists on a
+        # cdktf.json in its working folder; a project folder need not have one, so give it a
+        # minimal one elsewhere (terraform itself runs in the stack folder either way).
+        outdir = stack_dir.parent.parent
+        argv = [self.binary, command, *args, "--skip-synth", "--output", str(outdir), "--no-color"]
+        if (self.project.root / "cdktf.json").is_file():
+            return _stream(argv, self.project.root, self.log)
+        with tempfile.TemporaryDirectory(prefix="fatpipe-cdktf-") as tmp:
+            Path(tmp, "cdktf.json").write_text(json.dumps({"language": "python", "app": "true"}))
+            return _stream(argv, Path(tmp), self.log)
+
+    def _cdktf_deploy(self, stack_dir: Path) -> dict:
+        with tempfile.TemporaryDirectory(prefix="fatpipe-cdktf-") as tmp:
+            path = Path(tmp) / "outputs.json"
+            try:
+                self._cdktf(stack_dir, "deploy", self.name, "--auto-approve",
+                            "--outputs-file", str(path))
+            except FatpipeError as e:
+                raise FatpipeError(self._partial_message("deploy", stack_dir, e)) from None
+            return json.loads(path.read_text())  # {"<stack>": {"cluster": {...}}}
+
+    def _partial_message(self, what: str, stack_dir: Path, error: FatpipeError) -> str:
+        """The failure, and which resources exist now: nothing half-made goes unreported."""
+        binary = self.binary if self.engine != "cdktf" else _find_binary("terraform", self.project.root)
+        try:
+            left = _capture([binary, f"-chdir={stack_dir}", "state", "list"], self.project.root).split()
+        except FatpipeError:
+            left = ["(could not read the state)"]
+        exists = ", ".join(left) if left else "none"
+        return (f"{self.engine} {what} of {self.name} failed: {error}\n"
+                f"resources that exist now: {exists}\n"
+                f"fix the cause and run `fatpipe deploy {self.name}` again, "
+                f"or `fatpipe down {self.name}` to remove them")
+
+
+def _stream(argv: list, cwd: Path, log: Log) -> str:
+    """Run `argv`, handing each output line to `log`; return stdout, or raise with the error lines."""
+    env = {**os.environ, **QUIET_ENV}
+    tail: collections.deque[str] = collections.deque(maxlen=60)
+    out: list[str] = []
+    with subprocess.Popen([str(a) for a in argv], cwd=cwd, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        for line in proc.stdout:
+            line = line.rstrip("\n")
+            out.append(line)
+            tail.append(line)
+            log(line)
+    if proc.returncode != 0:
+        raise FatpipeError(_error_lines(list(tail)) or f"{argv[0]} exited with {proc.returncode}")
+    return "\n".join(out)
+
+
+def _capture(argv: list, cwd: Path) -> str:
+    """Run `argv` quietly and return its stdout (terraform warns on stderr, which stays apart)."""
+    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env={**os.environ, **QUIET_ENV},
+                          text=True, capture_output=True)
+    if proc.returncode != 0:
+        raise FatpipeError(_error_lines(proc.stderr.splitlines()) or f"{argv[0]} exited with {proc.returncode}")
+    return proc.stdout
+
+
+def _error_lines(lines: list[str]) -> str:
+    """From the first `Error:` on (terraform's diagnostics), else the last lines."""
+    for i, line in enumerate(lines):
+        if "Error:" in line:
+            return "\n".join(x for x in lines[i:i + 20] if x.strip(" │╷╵"))
+    return "\n".join(lines[-10:])
+
+
+def _find_binary(engine: str, root: Path) -> str:
+    if engine == "cdktf":
+        source_checkout = Path(__file__).resolve().parent.parent
+        for base in (root, source_checkout):
+            if (base / CDKTF_LOCAL).is_file():
+                return str(base / CDKTF_LOCAL)
+    found = shutil.which(engine)
+    if not found:
+        hint = {"cdktf": "run `make cdktf-cli` or npm install -g cdktf-cli@0.21",
+                "terraform": "install terraform >= 1.4, or pass --engine tofu",
+                "tofu": "install OpenTofu, or pass --engine terraform"}[engine]
+        raise FatpipeError(f"{engine} not found on PATH; {hint}")
+    return found
+
+
+def _sweep_sim(project, name: str, log: Log) -> list[str]:
+    """After a sim destroy, remove namespaces whose destroy provisioner never ran (e.g. tainted)."""
+    cluster = project.clusters.get(name)
+    if cluster is not None and cluster.provider != "sim":
+        return []
+    from .simnet import sweep_cluster
+
+    nodes_dir = project.state_dir(name) / "nodes"
+    swept = sweep_cluster(name, nodes_dir, log) if os.geteuid() == 0 else []
+    for leftover in swept:
+        log(f"{name}: removed leftover {leftover}")
+    shutil.rmtree(nodes_dir, ignore_errors=True)
+    return swept
+
+
+def _quiet(_line: str) -> None:
+    pass
