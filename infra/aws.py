@@ -1,0 +1,191 @@
+"""The AWS cluster: a VPC subnet, a members-only security group, a placement group, the nodes.
+
+Only `build_cluster` touches the AWS provider package (~500 MB, ~15 s to import), and only
+inside its body, so importing this module stays cheap.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+from dataclasses import dataclass
+from typing import Any
+
+from .catalog import MachineType, machine_for
+from .cloud_init import render_cloud_init
+
+PROVIDER_SOURCE = "registry.terraform.io/hashicorp/aws"
+
+# Canonical's and AWS's public SSM parameters always name the current AMI of the region.
+UBUNTU_AMI = "/aws/service/canonical/ubuntu/server/24.04/stable/current/{arch}/hvm/ebs-gp3/ami-id"
+GPU_AMI = "/aws/service/deeplearning/ami/{arch}/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
+ROOT_GIB = {"cpu": 30, "gpu": 100}  # the GPU AMI's own snapshot is ~75 GB
+
+
+@dataclass(frozen=True)
+class Network:
+    """What the nodes attach to."""
+
+    subnet_id: str
+    security_group_id: str
+    internet_route: Any  # nodes wait on it: cloud-init needs apt at first boot
+
+
+def build_cluster(stack, cluster, project) -> dict:
+    """Add `cluster`'s AWS resources to `stack`; return the `cluster` output value (DESIGN.md)."""
+    from cdktf import TerraformLocal
+    from cdktf_cdktf_provider_aws.key_pair import KeyPair
+    from cdktf_cdktf_provider_aws.provider import AwsProvider
+
+    machine = machine_for(cluster, project.root if project is not None else None)
+    AwsProvider(
+        stack, "aws", region=cluster.region,
+        default_tags=[{"tags": {"fatpipe:cluster": cluster.name, "managed-by": "fatpipe"}}],
+    )
+    # A fully qualified source lets both terraform and tofu apply the JSON (opentofu#2402).
+    stack.add_override("terraform.required_providers.aws.source", PROVIDER_SOURCE)
+
+    network = _network(stack, cluster, machine)
+    key = KeyPair(stack, "key", key_name_prefix=f"fatpipe-{cluster.name}-", public_key=cluster.public_key)
+    # One copy of the user data in the JSON, however many nodes share it.
+    user_data = TerraformLocal(stack, "user_data", render_cloud_init(cluster.tier, "aws", cluster))
+    nodes = _nodes(stack, cluster, machine, network, key.key_name, user_data.as_string)
+    return {
+        "name": cluster.name,
+        "provider": "aws",
+        "region": cluster.region,
+        "tier_gbps": cluster.tier_gbps,
+        "private_cidr": cluster.private_cidr,
+        "ssh_user": cluster.ssh_user,
+        "gpus_per_node": cluster.gpus_per_node,
+        "rdzv_port": cluster.rdzv_port,
+        "nodes": [
+            {"name": cluster.node_name(i), "public_ip": node.public_ip,
+             "private_ip": cluster.private_ip(i), "transport": "ssh"}
+            for i, node in enumerate(nodes)
+        ],
+    }
+
+
+def _network(stack, cluster, machine: MachineType) -> Network:
+    """VPC, one subnet in a zone that offers the type, an internet route, the security group."""
+    from cdktf import Fn
+    from cdktf_cdktf_provider_aws.data_aws_ec2_instance_type_offerings import (
+        DataAwsEc2InstanceTypeOfferings,
+    )
+    from cdktf_cdktf_provider_aws.default_security_group import DefaultSecurityGroup
+    from cdktf_cdktf_provider_aws.internet_gateway import InternetGateway
+    from cdktf_cdktf_provider_aws.route import Route
+    from cdktf_cdktf_provider_aws.route_table import RouteTable
+    from cdktf_cdktf_provider_aws.route_table_association import RouteTableAssociation
+    from cdktf_cdktf_provider_aws.subnet import Subnet
+    from cdktf_cdktf_provider_aws.vpc import Vpc
+
+    vpc = Vpc(stack, "vpc", cidr_block=cluster.private_cidr, enable_dns_support=True,
+              enable_dns_hostnames=True, tags={"Name": f"fatpipe-{cluster.name}"})
+    # The VPC's default group would let any member of it talk to any other: empty it.
+    DefaultSecurityGroup(stack, "default_sg", vpc_id=vpc.id)
+    zone = cluster.availability_zone
+    if zone is None:
+        # Not every zone offers every type: take the first that offers this one.
+        offers = DataAwsEc2InstanceTypeOfferings(
+            stack, "zones", location_type="availability-zone",
+            filter=[{"name": "instance-type", "values": [machine.name]}],
+        )
+        zone = Fn.element(Fn.sort(offers.locations), 0)
+    subnet = Subnet(stack, "subnet", vpc_id=vpc.id, cidr_block=cluster.private_cidr,
+                    availability_zone=zone, map_public_ip_on_launch=False,
+                    tags={"Name": f"fatpipe-{cluster.name}"})
+    igw = InternetGateway(stack, "igw", vpc_id=vpc.id)
+    table = RouteTable(stack, "routes", vpc_id=vpc.id)
+    route = Route(stack, "internet", route_table_id=table.id, destination_cidr_block="0.0.0.0/0",
+                  gateway_id=igw.id)
+    RouteTableAssociation(stack, "subnet_routes", subnet_id=subnet.id, route_table_id=table.id)
+    group = _security_group(stack, cluster, vpc.id)
+    return Network(subnet.id, group, route)
+
+
+def _security_group(stack, cluster, vpc_id: str) -> str:
+    """SSH from `ssh_cidr` only, everything between members, and explicit egress for apt/pip."""
+    from cdktf_cdktf_provider_aws.security_group import SecurityGroup
+    from cdktf_cdktf_provider_aws.vpc_security_group_egress_rule import VpcSecurityGroupEgressRule
+    from cdktf_cdktf_provider_aws.vpc_security_group_ingress_rule import (
+        VpcSecurityGroupIngressRule,
+    )
+
+    group = SecurityGroup(stack, "members", name=f"fatpipe-{cluster.name}", vpc_id=vpc_id,
+                          description=f"fatpipe cluster {cluster.name}: SSH from ssh_cidr, all traffic between members")
+    ssh_net = ipaddress.ip_network(cluster.ssh_cidr)
+    source = {"cidr_ipv6" if ssh_net.version == 6 else "cidr_ipv4": str(ssh_net)}
+    ingress = {
+        "ssh": dict(ip_protocol="tcp", from_port=22, to_port=22, description="SSH from ssh_cidr", **source),
+        # Training ports (rendezvous, NCCL/gloo) are open between members and nowhere else.
+        "from_members": dict(ip_protocol="-1", referenced_security_group_id=group.id,
+                             description="all traffic between cluster members"),
+        # Path-MTU discovery: nodes run 9001-byte frames, the internet gateway passes 1500.
+        "pmtud": dict(ip_protocol="icmp", from_port=3, to_port=4, cidr_ipv4="0.0.0.0/0",
+                      description="ICMP fragmentation-needed, for path-MTU discovery"),
+    }
+    egress = {
+        "to_members": dict(ip_protocol="-1", referenced_security_group_id=group.id,
+                           description="all traffic between cluster members"),
+        "https": dict(ip_protocol="tcp", from_port=443, to_port=443, cidr_ipv4="0.0.0.0/0",
+                      description="HTTPS: pip, apt, git"),
+        "http": dict(ip_protocol="tcp", from_port=80, to_port=80, cidr_ipv4="0.0.0.0/0",
+                     description="HTTP: Ubuntu apt mirrors"),
+    }
+    for name, rule in ingress.items():
+        VpcSecurityGroupIngressRule(stack, f"in_{name}", security_group_id=group.id, **rule)
+    for name, rule in egress.items():
+        VpcSecurityGroupEgressRule(stack, f"out_{name}", security_group_id=group.id, **rule)
+    return group.id
+
+
+def _ami(stack, machine: MachineType) -> str:
+    from cdktf_cdktf_provider_aws.data_aws_ssm_parameter import DataAwsSsmParameter
+
+    if machine.gpus:
+        name = GPU_AMI.format(arch="arm64" if machine.arch == "arm64" else "x86_64")
+    else:
+        name = UBUNTU_AMI.format(arch="arm64" if machine.arch == "arm64" else "amd64")
+    # insecure_value: an AMI id is no secret, and `value` would hide it in every plan.
+    return DataAwsSsmParameter(stack, "ami", name=name).insecure_value
+
+
+def _nodes(stack, cluster, machine: MachineType, network: Network, key_name: str, user_data: str):
+    from cdktf_cdktf_provider_aws.instance import Instance
+    from cdktf_cdktf_provider_aws.placement_group import PlacementGroup
+
+    placement = None
+    if machine.cluster_placement:
+        # One rack-local group: the lowest latency and the full per-flow bandwidth between nodes.
+        placement = PlacementGroup(stack, "placement", name=f"fatpipe-{cluster.name}",
+                                   strategy="cluster").name
+    ami = _ami(stack, machine)
+    return [
+        Instance(
+            stack, f"node_{i}",
+            ami=ami,
+            instance_type=machine.name,
+            subnet_id=network.subnet_id,
+            private_ip=cluster.private_ip(i),  # known before boot: node 0 is the rendezvous host
+            vpc_security_group_ids=[network.security_group_id],
+            associate_public_ip_address=True,  # SSH and apt/pip; the security group limits who
+            key_name=key_name,
+            placement_group=placement,
+            ebs_optimized=True,
+            monitoring=True,  # 1-minute CloudWatch NetworkIn/Out: link use without logging in
+            user_data=user_data,
+            # IMDSv2 only. Hop limit 1: nothing in a container or behind a forwarding hop on
+            # the node can reach the metadata service (the trainer runs on the host and needs
+            # no instance credentials; none are attached).
+            metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
+                              "http_put_response_hop_limit": 1},
+            root_block_device={"volume_type": "gp3", "encrypted": True, "delete_on_termination": True,
+                               "volume_size": ROOT_GIB["gpu" if machine.gpus else "cpu"]},
+            # A newer AMI in the SSM parameter must not replace running nodes.
+            lifecycle={"ignore_changes": ["ami"]},
+            depends_on=[network.internet_route],
+            tags={"Name": cluster.node_name(i)},
+        )
+        for i in range(cluster.nodes)
+    ]

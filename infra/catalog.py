@@ -1,0 +1,245 @@
+"""Machine catalogs: each type's baseline private bandwidth and price, and the pick for a tier.
+
+Offline catalogs ship beside this file (`aws_catalog.json`, `digitalocean_catalog.json`,
+each with its date and source). `fatpipe catalog aws --region R` refreshes AWS's from
+DescribeInstanceTypes into `.fatpipe/catalog/aws-<region>.json`, which then takes precedence
+for that region; prices always come from the offline table.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import date
+from functools import lru_cache
+from pathlib import Path
+
+from .errors import ConfigError
+
+HERE = Path(__file__).parent
+
+# A type picked automatically must be able to run the trainer: torch alone needs ~1 GiB and
+# the data loader a core of its own. An explicitly named type is taken as given.
+MIN_VCPUS = 2
+MIN_MEMORY_GIB = 4.0
+
+
+@dataclass(frozen=True)
+class MachineType:
+    """One machine type as a tier sees it."""
+
+    name: str
+    baseline_gbps: float | None  # sustained, not burst; None when the provider does not say
+    peak_gbps: float | None
+    vcpus: int
+    memory_gib: float
+    gpus: int = 0
+    arch: str = "x86_64"  # x86_64 | arm64
+    cluster_placement: bool = True  # AWS: may join a cluster placement group
+    price_hourly: float | None = None  # USD, from the offline price table
+
+    def bandwidth_text(self) -> str:
+        if self.baseline_gbps is None:
+            return "unknown baseline"
+        text = f"{self.baseline_gbps:g} Gbit/s baseline"
+        if self.peak_gbps and self.peak_gbps > self.baseline_gbps:
+            text += f", bursts to {self.peak_gbps:g} on credits"
+        return text
+
+    def price_text(self) -> str:
+        return f"${self.price_hourly:.4f}/h" if self.price_hourly is not None else "price unknown"
+
+
+@dataclass(frozen=True)
+class Catalog:
+    provider: str
+    date: str
+    source: str
+    region: str | None  # None: not specific to one region
+    prices_date: str
+    prices_source: str
+    types: dict[str, MachineType]
+    path: Path
+
+    def qualifying(self, gbps: float, gpus: int = 0) -> list[MachineType]:
+        """Types able to run the trainer whose baseline reaches `gbps`, cheapest first."""
+        found = [
+            t for t in self.types.values()
+            if t.baseline_gbps is not None and t.baseline_gbps >= gbps
+            and t.price_hourly is not None
+            and t.vcpus >= MIN_VCPUS and t.memory_gib >= MIN_MEMORY_GIB
+            and (t.gpus >= gpus if gpus else t.gpus == 0)
+        ]  # fmt: skip
+        return sorted(found, key=lambda t: (t.price_hourly, t.name))
+
+    def label(self) -> str:
+        where = f" for {self.region}" if self.region else ""
+        return f"{self.provider} catalog {self.date}{where} ({self.path.name}); prices {self.prices_date}"
+
+
+def _machine(name: str, raw: dict, prices: dict[str, float]) -> MachineType:
+    return MachineType(
+        name=name,
+        baseline_gbps=raw.get("baseline_gbps"),
+        peak_gbps=raw.get("peak_gbps"),
+        vcpus=int(raw.get("vcpus", 0)),
+        memory_gib=float(raw.get("memory_gib", 0)),
+        gpus=int(raw.get("gpus", 0)),
+        arch=raw.get("arch", "x86_64"),
+        cluster_placement=bool(raw.get("cluster_placement", True)),
+        price_hourly=prices.get(name, raw.get("price_hourly")),
+    )
+
+
+@lru_cache(maxsize=8)
+def _read(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read machine catalog {path}: {e}") from None
+
+
+def offline_path(provider: str) -> Path:
+    return HERE / f"{provider}_catalog.json"
+
+
+def refreshed_path(root: Path, provider: str, region: str) -> Path:
+    """Where `fatpipe catalog` writes a refreshed catalog inside a project."""
+    return Path(root) / ".fatpipe" / "catalog" / f"{provider}-{region}.json"
+
+
+def load_catalog(provider: str, region: str | None = None, root: Path | None = None) -> Catalog:
+    """The project's refreshed catalog for `region` when there is one, else the offline one."""
+    offline = _read(offline_path(provider))
+    path = offline_path(provider)
+    if root is not None and region is not None and refreshed_path(root, provider, region).is_file():
+        path = refreshed_path(root, provider, region)
+    data = _read(path)
+    prices = offline.get("prices", {})
+    hourly = prices.get("hourly", {})
+    types = {name: _machine(name, raw, hourly) for name, raw in data["types"].items()}
+    return Catalog(
+        provider=provider, date=data["date"], source=data["source"], region=data.get("region"),
+        prices_date=prices.get("date", "?"), prices_source=prices.get("source", ""),
+        types=types, path=path,
+    )
+
+
+def machine_for(cluster, root: Path | None = None) -> MachineType:
+    """The cluster's machine type: the one it names if that meets its tier, else the cheapest.
+
+    Raises ConfigError naming a type that qualifies when the named one falls short.
+    """
+    provider = cluster.provider
+    catalog = load_catalog(provider, getattr(cluster, "region", None), root)
+    key = "instance_type" if provider == "aws" else "size"
+    wanted = getattr(cluster, key, None)
+    gbps, gpus = cluster.tier_gbps, cluster.gpus_per_node
+    candidates = catalog.qualifying(gbps, gpus)
+    suggestion = _suggest(candidates)
+    where = f"clusters.{cluster.name}.{key}"
+    if wanted is None:
+        if not candidates:
+            need = f" with {gpus} GPU(s)" if gpus else ""
+            raise ConfigError(
+                f"clusters.{cluster.name}: no {provider} type in the {catalog.label()} reaches "
+                f"tier {cluster.tier} ({gbps} Gbit/s baseline){need}; choose a lower tier or another provider"
+            )
+        return candidates[0]
+    machine = catalog.types.get(wanted)
+    if machine is None:
+        refresh = f"; refresh it with `fatpipe catalog aws --region {cluster.region}`" if provider == "aws" else ""
+        raise ConfigError(f"{where}: {wanted} is not in the {catalog.label()}{refresh}. {suggestion}")
+    if machine.baseline_gbps is None or machine.baseline_gbps < gbps:
+        raise ConfigError(
+            f"{where}: {wanted} has {machine.bandwidth_text()}, below tier {cluster.tier} "
+            f"({gbps} Gbit/s sustained). {suggestion}"
+        )
+    if machine.gpus < gpus:
+        raise ConfigError(f"{where}: {wanted} has {machine.gpus} GPU(s), gpus_per_node is {gpus}. {suggestion}")
+    return machine
+
+
+def _suggest(candidates: list[MachineType]) -> str:
+    if not candidates:
+        return "No type in the catalog qualifies."
+    best = candidates[0]
+    return f"{best.name} qualifies ({best.bandwidth_text()}, {best.price_text()})."
+
+
+# -- refreshing the AWS catalog from the EC2 API ----------------------------------------------
+
+_GBIT = re.compile(r"^([\d.]+) Gigabit$")
+
+
+def aws_type_record(info: dict) -> dict:
+    """One DescribeInstanceTypes entry reduced to what a tier needs.
+
+    Baseline comes from the default network card (fatpipe attaches one interface). Types
+    without per-card data fall back to a fixed "N Gigabit" rating; "Up to N Gigabit" alone
+    is a burst ceiling, so their baseline stays unknown and they never qualify.
+    """
+    net = info.get("NetworkInfo", {})
+    cards = {c.get("NetworkCardIndex", 0): c for c in net.get("NetworkCards", [])}
+    card = cards.get(net.get("DefaultNetworkCardIndex", 0), {})
+    baseline = card.get("BaselineBandwidthInGbps")
+    peak = card.get("PeakBandwidthInGbps")
+    if baseline is None:
+        fixed = _GBIT.match(net.get("NetworkPerformance", ""))
+        baseline = peak = float(fixed.group(1)) if fixed else None
+    gpus = sum(g.get("Count", 0) for g in (info.get("GpuInfo") or {}).get("Gpus", []))
+    arches = info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
+    strategies = info.get("PlacementGroupInfo", {}).get("SupportedStrategies", ["cluster"])
+    return {
+        "baseline_gbps": baseline,
+        "peak_gbps": peak,
+        "network": net.get("NetworkPerformance"),
+        "vcpus": info.get("VCpuInfo", {}).get("DefaultVCpus", 0),
+        "memory_gib": round(info.get("MemoryInfo", {}).get("SizeInMiB", 0) / 1024, 3),
+        "gpus": gpus,
+        "arch": "arm64" if "arm64" in arches else arches[0],
+        "cluster_placement": "cluster" in strategies,
+    }
+
+
+def fetch_aws_types(region: str, client=None, families: set[str] | None = None) -> dict[str, dict]:
+    """Every instance type offered in `region` (optionally only `families`), as catalog records."""
+    if client is None:
+        import boto3
+
+        client = boto3.client("ec2", region_name=region)
+    offered: set[str] = set()
+    pages = client.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="region", Filters=[{"Name": "location", "Values": [region]}]
+    )
+    for page in pages:
+        offered.update(o["InstanceType"] for o in page["InstanceTypeOfferings"])
+    types: dict[str, dict] = {}
+    for page in client.get_paginator("describe_instance_types").paginate():
+        for info in page["InstanceTypes"]:
+            name = info["InstanceType"]
+            if name not in offered or (families and name.split(".")[0] not in families):
+                continue
+            types[name] = aws_type_record(info)
+    return dict(sorted(types.items()))
+
+
+def refresh_aws_catalog(region: str, root: Path, client=None) -> Path:
+    """Fetch the types offered in `region` and write the project's refreshed AWS catalog."""
+    from .files import write_json_atomic
+
+    types = fetch_aws_types(region, client)
+    if not types:
+        raise ConfigError(f"EC2 reported no instance types offered in {region}")
+    doc = {
+        "provider": "aws",
+        "date": date.today().isoformat(),
+        "region": region,
+        "source": f"EC2 DescribeInstanceTypes + DescribeInstanceTypeOfferings in {region}",
+        "types": types,
+    }
+    path = refreshed_path(root, "aws", region)
+    write_json_atomic(path, doc)
+    _read.cache_clear()
+    return path

@@ -1,0 +1,94 @@
+"""The DigitalOcean cluster: a VPC, droplets tagged as members, and a firewall keyed on that tag.
+
+Only `build_cluster` touches the DigitalOcean provider package, and only inside its body.
+The API token comes from DIGITALOCEAN_TOKEN at apply time; it never enters the JSON.
+"""
+
+from __future__ import annotations
+
+from .catalog import machine_for
+from .cloud_init import render_cloud_init
+
+PROVIDER_SOURCE = "registry.terraform.io/digitalocean/digitalocean"
+ANYWHERE = ["0.0.0.0/0", "::/0"]
+
+
+def build_cluster(stack, cluster, project) -> dict:
+    """Add `cluster`'s DigitalOcean resources to `stack`; return the `cluster` output value."""
+    from cdktf import TerraformLocal
+    from cdktf_cdktf_provider_digitalocean.droplet import Droplet
+    from cdktf_cdktf_provider_digitalocean.provider import DigitaloceanProvider
+    from cdktf_cdktf_provider_digitalocean.ssh_key import SshKey
+    from cdktf_cdktf_provider_digitalocean.tag import Tag
+    from cdktf_cdktf_provider_digitalocean.vpc import Vpc
+
+    size = machine_for(cluster, project.root if project is not None else None)
+    DigitaloceanProvider(stack, "digitalocean")
+    # A fully qualified source lets both terraform and tofu apply the JSON (opentofu#2402).
+    stack.add_override("terraform.required_providers.digitalocean.source", PROVIDER_SOURCE)
+
+    vpc = Vpc(stack, "vpc", name=f"fatpipe-{cluster.name}", region=cluster.region,
+              ip_range=cluster.private_cidr, description=f"fatpipe cluster {cluster.name}")
+    key = SshKey(stack, "key", name=f"fatpipe-{cluster.name}", public_key=cluster.public_key)
+    tag = Tag(stack, "members", name=f"fatpipe-{cluster.name}")
+    _firewall(stack, cluster, tag.name)
+    user_data = TerraformLocal(stack, "user_data", render_cloud_init(cluster.tier, "digitalocean", cluster))
+    droplets = [
+        Droplet(
+            stack, f"node_{i}",
+            name=cluster.node_name(i),
+            image=cluster.image,
+            size=size.name,
+            region=cluster.region,
+            vpc_uuid=vpc.id,
+            ssh_keys=[key.fingerprint],
+            tags=[tag.id],
+            user_data=user_data.as_string,
+            ipv6=False,
+            monitoring=True,  # the metrics agent: bandwidth graphs per droplet
+        )
+        for i in range(cluster.nodes)
+    ]
+    return {
+        "name": cluster.name,
+        "provider": "digitalocean",
+        "region": cluster.region,
+        "tier_gbps": cluster.tier_gbps,
+        "private_cidr": cluster.private_cidr,
+        "ssh_user": cluster.ssh_user,
+        "gpus_per_node": cluster.gpus_per_node,
+        "rdzv_port": cluster.rdzv_port,
+        # DigitalOcean assigns VPC addresses itself: the private IPs are known after apply.
+        "nodes": [
+            {"name": cluster.node_name(i), "public_ip": d.ipv4_address,
+             "private_ip": d.ipv4_address_private, "transport": "ssh"}
+            for i, d in enumerate(droplets)
+        ],
+    }
+
+
+def _firewall(stack, cluster, tag: str):
+    """SSH from `ssh_cidr`; all TCP/UDP/ICMP between members; out only what nodes need."""
+    from cdktf_cdktf_provider_digitalocean.firewall import Firewall
+
+    members = {"source_tags": [tag]}
+    inbound = [
+        {"protocol": "tcp", "port_range": "22", "source_addresses": [cluster.ssh_cidr]},
+        {"protocol": "tcp", "port_range": "1-65535", **members},
+        {"protocol": "udp", "port_range": "1-65535", **members},
+        {"protocol": "icmp", **members},
+    ]
+    to_members = {"destination_tags": [tag]}
+    outbound = [
+        {"protocol": "tcp", "port_range": "1-65535", **to_members},
+        {"protocol": "udp", "port_range": "1-65535", **to_members},
+        {"protocol": "icmp", **to_members},
+        {"protocol": "tcp", "port_range": "443", "destination_addresses": ANYWHERE},  # pip, apt
+        {"protocol": "tcp", "port_range": "80", "destination_addresses": ANYWHERE},  # apt mirrors
+        {"protocol": "udp", "port_range": "53", "destination_addresses": ANYWHERE},  # DNS
+        {"protocol": "tcp", "port_range": "53", "destination_addresses": ANYWHERE},
+        {"protocol": "udp", "port_range": "123", "destination_addresses": ANYWHERE},  # NTP
+        {"protocol": "icmp", "destination_addresses": ANYWHERE},  # mtr/ping, path-MTU replies
+    ]
+    return Firewall(stack, "firewall", name=f"fatpipe-{cluster.name}", tags=[tag],
+                    inbound_rule=inbound, outbound_rule=outbound)

@@ -1,0 +1,92 @@
+"""Network tiers (1g, 10g, 25g): the sysctls, NCCL socket settings and MTU each node gets."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from .spec import TIER_GBPS
+
+# TCP buffers hold twice the bandwidth-delay product (the kernel charges packet overhead to
+# the buffer, so only about half of it is window) at an RTT budget of 10 ms: far above
+# in-region RTTs (0.05-2 ms), so a queue that builds up during an all-reduce burst never caps
+# the window. Rounded up to a power of two and never below 8 MiB, so a profile only raises
+# the kernel's own limits (tcp_rmem max 6 MiB, tcp_wmem max 4 MiB).
+RTT_BUDGET_S = 0.010
+MIN_BUFFER = 8 << 20
+
+# Packets queued per CPU before the NIC's softirq drops them; a 10G+ NIC outruns the 1000 default.
+NETDEV_BACKLOG = {"1g": 5000, "10g": 30000, "25g": 100000}
+
+# NCCL's socket transport: threads per peer connection x sockets per thread (product <= 64).
+# One TCP flow fills 1 Gbit/s; faster links need parallel flows to spread over NIC queues
+# and CPU cores (NCCL's docs suggest 4 x 4 for 100G-class networks).
+NCCL_SOCKETS = {"1g": (1, 2), "10g": (2, 4), "25g": (4, 4)}
+
+# Jumbo frames: AWS allows 9001 bytes inside a VPC; DigitalOcean's VPC network stays at 1500.
+# Traffic through the internet gateway falls back to 1500 by path-MTU discovery, which
+# tcp_mtu_probing backs up when ICMP is filtered.
+PROVIDER_MTU = {"aws": 9001, "digitalocean": 1500, "sim": 1500}
+
+
+def buffer_bytes(gbps: float) -> int:
+    """The TCP buffer ceiling for a link of `gbps`: 2 x BDP at RTT_BUDGET_S, a power of two."""
+    need = max(int(2 * gbps * 1e9 / 8 * RTT_BUDGET_S), MIN_BUFFER)
+    return 1 << (need - 1).bit_length()
+
+
+@dataclass(frozen=True)
+class TierProfile:
+    """What a tier declares on every node; `fatpipe wait` compares the node's read-back to it."""
+
+    name: str
+    gbps: int
+    sysctls: dict[str, str] = field(repr=False, hash=False)  # name -> value as `sysctl -n` prints it
+    nccl: dict[str, str] = field(repr=False, hash=False)  # NCCL_* settings for env and nccl.conf
+
+    def mtu(self, provider: str) -> int:
+        return PROVIDER_MTU[provider]
+
+
+def tier_profile(tier: str) -> TierProfile:
+    """The profile of tier `tier` ("1g", "10g" or "25g")."""
+    if tier not in TIER_GBPS:
+        raise ValueError(f"unknown tier {tier!r}; allowed: {', '.join(TIER_GBPS)}")
+    gbps = TIER_GBPS[tier]
+    size = buffer_bytes(gbps)
+    sysctls = {
+        "net.core.rmem_max": str(size),
+        "net.core.wmem_max": str(size),
+        # min, default, max: autotuning grows each socket up to max; rmem_max alone does not.
+        "net.ipv4.tcp_rmem": f"4096 131072 {size}",
+        "net.ipv4.tcp_wmem": f"4096 65536 {size}",
+        "net.core.default_qdisc": "fq",  # BBR paces packets; fq does the pacing
+        "net.ipv4.tcp_congestion_control": "bbr",
+        "net.ipv4.tcp_mtu_probing": "1",  # find the working MTU when ICMP is blocked
+        "net.core.netdev_max_backlog": str(NETDEV_BACKLOG[tier]),
+        # Gradient sync is bursty: keep the congestion window across the idle compute phase.
+        "net.ipv4.tcp_slow_start_after_idle": "0",
+    }
+    threads, socks = NCCL_SOCKETS[tier]
+    nccl = {
+        "NCCL_SOCKET_NTHREADS": str(threads),
+        "NCCL_NSOCKS_PERTHREAD": str(socks),
+        "NCCL_IB_DISABLE": "1",  # no InfiniBand on these networks: go straight to sockets
+    }
+    return TierProfile(tier, gbps, sysctls, nccl)  # fresh dicts each call: callers may edit them
+
+
+def normalize_sysctl(value: str) -> str:
+    """`sysctl -n` separates tcp_rmem's fields with tabs; compare with single spaces."""
+    return " ".join(str(value).split())
+
+
+def sysctl_mismatches(declared: dict, observed: dict) -> list[str]:
+    """One line per declared sysctl whose read-back value differs (or is missing)."""
+    problems = []
+    for name, want in declared.items():
+        got = observed.get(name)
+        if got is None:
+            problems.append(f"{name}: not read back (want {want})")
+        elif normalize_sysctl(got) != normalize_sysctl(want):
+            problems.append(f"{name}: {normalize_sysctl(got)} (want {want})")
+    return problems
