@@ -19,7 +19,7 @@ def terraform_log(verbose: bool):
     def log(line: str) -> None:
         if verbose or ": Creation complete" in line or ": Destruction complete" in line \
                 or "Apply complete" in line or "Destroy complete" in line:
-            err.print(line, style="dim", markup=False)
+            err.print(line, style="dim", markup=False, soft_wrap=True)
 
     return log
 

@@ -180,10 +180,11 @@ def _capture(argv: list, cwd: Path) -> str:
 
 
 def _error_lines(lines: list[str]) -> str:
-    """From the first `Error:` on (terraform's diagnostics), else the last lines."""
+    """From terraform's first `Error:` diagnostic on (not a provisioner's echo), else the last lines."""
     for i, line in enumerate(lines):
-        if "Error:" in line:
-            return "\n".join(x for x in lines[i:i + 20] if x.strip(" │╷╵"))
+        if line.lstrip("│╷ ").startswith("Error:"):
+            kept = [x for x in lines[i:i + 20] if x.strip(" │╷╵")]
+            return "\n".join([kept[0].lstrip("│╷ ").removeprefix("Error: "), *kept[1:]])
     return "\n".join(lines[-10:])
 
 
