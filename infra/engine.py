@@ -37,7 +37,7 @@ def deploy_cluster(project, name: str | None = None, engine: str = "terraform", 
     if cluster.provider == "aws":
         from .aws_preflight import preflight  # boto3: only for AWS clusters
 
-        preflight(cluster)
+        preflight(cluster, root=project.root)
     if cluster.provider != "sim" and not yes:
         question = (f"Create {cluster.nodes} {cluster.provider} node(s) in {cluster.region} for "
                     f"cluster {name}? They cost money until `fatpipe down {name}`.")

@@ -51,7 +51,7 @@ def calls(monkeypatch):
     """Record preflight and engine calls; the engine 'applies' by returning terraform's JSON."""
     seen: list[str] = []
 
-    def preflight(cluster):
+    def preflight(cluster, root=None):
         seen.append(f"preflight {cluster.name}")
 
     monkeypatch.setitem(__import__("sys").modules, "fatpipe.infra.aws_preflight",
@@ -85,7 +85,7 @@ def test_aws_runs_preflight_then_asks_and_can_be_cancelled(cloud_project, calls)
 
 
 def test_failed_preflight_stops_before_the_question(cloud_project, calls, monkeypatch):
-    def refuse(cluster):
+    def refuse(cluster, root=None):
         raise FatpipeError("no default VPC quota")
 
     monkeypatch.setattr(__import__("sys").modules["fatpipe.infra.aws_preflight"], "preflight", refuse)
