@@ -54,7 +54,7 @@ class ClusterOutputs(BaseModel):
     name: str
     provider: Literal["sim", "aws", "digitalocean"]
     region: str = ""
-    tier_gbps: float = Field(gt=0)
+    tier_gbps: int = Field(gt=0)
     private_cidr: str
     ssh_user: str = ""
     gpus_per_node: int = Field(0, ge=0)

@@ -9,7 +9,8 @@ from pathlib import Path
 from fatpipe.infra.errors import FatpipeError
 
 # jsii warns on every start that this Node is past its end of life; the synthesized JSON is
-# the same, and the banner would bury fatpipe's own output.
+# the same, and the banner would bury fatpipe's own output. The variable lists Node majors.
+os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "18,20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
 OUTDIR = "cdktf.out"
