@@ -34,9 +34,10 @@ def build_stack(app, cluster, project):
             bucket=backend.bucket,
             key=backend.key or f"fatpipe/{cluster.name}.tfstate",
             region=backend.region or getattr(cluster, "region", None),
-            use_lockfile=backend.use_lockfile,
             encrypt=True,
         )
+        # cdktf 0.21's S3Backend predates S3-native locking (terraform/tofu >= 1.10): set it raw.
+        stack.add_override("terraform.backend.s3.use_lockfile", backend.use_lockfile)
     else:
         LocalBackend(stack, path=state_path_from_stack_dir(cluster.name))
     module = importlib.import_module(f"fatpipe.infra.{PROVIDER_MODULES[cluster.provider]}")
