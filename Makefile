@@ -6,8 +6,10 @@ STAMP := $(VENV)/.fatpipe-installed
 # The CPU build, installed before the project so pip does not pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 CDKTF_CLI := .tools/node_modules/.bin/cdktf
+CHECKOV := .tools/checkov/bin/checkov
+CHECKOV_VERSION ?= 3.3.30
 
-.PHONY: install cdktf-cli demo test lint clean
+.PHONY: install cdktf-cli checkov demo test lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -26,13 +28,20 @@ $(CDKTF_CLI):
 
 cdktf-cli: $(CDKTF_CLI)
 
+# checkov (scans the synthesized stacks) in its own venv: its pins stay out of the project's.
+$(CHECKOV):
+	$(PYTHON) -m venv .tools/checkov
+	.tools/checkov/bin/python -m pip install -q "checkov==$(CHECKOV_VERSION)"
+
+checkov: $(CHECKOV)
+
 demo: install
 	$(BIN)/fatpipe config
 
 lint: install
 	$(BIN)/ruff check .
 
-test: install cdktf-cli lint
+test: install cdktf-cli checkov lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
 
 clean:
