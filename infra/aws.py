@@ -34,12 +34,12 @@ def build_cluster(stack, cluster, project) -> dict:
     """Add `cluster`'s AWS resources to `stack`; return the `cluster` output value (DESIGN.md)."""
     from cdktf import TerraformLocal
     from cdktf_cdktf_provider_aws.key_pair import KeyPair
-    from cdktf_cdktf_provider_aws.provider import AwsProvider
+    from cdktf_cdktf_provider_aws.provider import AwsProvider, AwsProviderDefaultTags
 
     machine = machine_for(cluster, project.root if project is not None else None)
     AwsProvider(
         stack, "aws", region=cluster.region,
-        default_tags=[{"tags": {"fatpipe:cluster": cluster.name, "managed-by": "fatpipe"}}],
+        default_tags=[AwsProviderDefaultTags(tags={"fatpipe:cluster": cluster.name, "managed-by": "fatpipe"})],
     )
     # A fully qualified source lets both terraform and tofu apply the JSON (opentofu#2402).
     stack.add_override("terraform.required_providers.aws.source", PROVIDER_SOURCE)
@@ -71,6 +71,7 @@ def _network(stack, cluster, machine: MachineType) -> Network:
     from cdktf import Fn
     from cdktf_cdktf_provider_aws.data_aws_ec2_instance_type_offerings import (
         DataAwsEc2InstanceTypeOfferings,
+        DataAwsEc2InstanceTypeOfferingsFilter,
     )
     from cdktf_cdktf_provider_aws.default_security_group import DefaultSecurityGroup
     from cdktf_cdktf_provider_aws.internet_gateway import InternetGateway
@@ -89,7 +90,7 @@ def _network(stack, cluster, machine: MachineType) -> Network:
         # Not every zone offers every type: take the first that offers this one.
         offers = DataAwsEc2InstanceTypeOfferings(
             stack, "zones", location_type="availability-zone",
-            filter=[{"name": "instance-type", "values": [machine.name]}],
+            filter=[DataAwsEc2InstanceTypeOfferingsFilter(name="instance-type", values=[machine.name])],
         )
         zone = Fn.element(Fn.sort(offers.locations), 0)
     subnet = Subnet(stack, "subnet", vpc_id=vpc.id, cidr_block=cluster.private_cidr,
@@ -152,7 +153,12 @@ def _ami(stack, machine: MachineType) -> str:
 
 
 def _nodes(stack, cluster, machine: MachineType, network: Network, key_name: str, user_data: str):
-    from cdktf_cdktf_provider_aws.instance import Instance
+    from cdktf import TerraformResourceLifecycle
+    from cdktf_cdktf_provider_aws.instance import (
+        Instance,
+        InstanceMetadataOptions,
+        InstanceRootBlockDevice,
+    )
     from cdktf_cdktf_provider_aws.placement_group import PlacementGroup
 
     placement = None
@@ -161,6 +167,15 @@ def _nodes(stack, cluster, machine: MachineType, network: Network, key_name: str
         placement = PlacementGroup(stack, "placement", name=f"fatpipe-{cluster.name}",
                                    strategy="cluster").name
     ami = _ami(stack, machine)
+    # IMDSv2 only. Hop limit 1: nothing in a container or behind a forwarding hop on the node
+    # reaches the metadata service (the trainer runs on the host and needs no instance
+    # credentials; none are attached).
+    metadata = InstanceMetadataOptions(http_endpoint="enabled", http_tokens="required",
+                                       http_put_response_hop_limit=1)
+    root = InstanceRootBlockDevice(volume_type="gp3", encrypted=True, delete_on_termination=True,
+                                   volume_size=ROOT_GIB["gpu" if machine.gpus else "cpu"])
+    # A newer AMI in the SSM parameter must not replace running nodes.
+    lifecycle = TerraformResourceLifecycle(ignore_changes=["ami"])
     return [
         Instance(
             stack, f"node_{i}",
@@ -175,15 +190,9 @@ def _nodes(stack, cluster, machine: MachineType, network: Network, key_name: str
             ebs_optimized=True,
             monitoring=True,  # 1-minute CloudWatch NetworkIn/Out: link use without logging in
             user_data=user_data,
-            # IMDSv2 only. Hop limit 1: nothing in a container or behind a forwarding hop on
-            # the node can reach the metadata service (the trainer runs on the host and needs
-            # no instance credentials; none are attached).
-            metadata_options={"http_endpoint": "enabled", "http_tokens": "required",
-                              "http_put_response_hop_limit": 1},
-            root_block_device={"volume_type": "gp3", "encrypted": True, "delete_on_termination": True,
-                               "volume_size": ROOT_GIB["gpu" if machine.gpus else "cpu"]},
-            # A newer AMI in the SSM parameter must not replace running nodes.
-            lifecycle={"ignore_changes": ["ami"]},
+            metadata_options=metadata,
+            root_block_device=root,
+            lifecycle=lifecycle,
             depends_on=[network.internet_route],
             tags={"Name": cluster.node_name(i)},
         )

@@ -69,26 +69,34 @@ def build_cluster(stack, cluster, project) -> dict:
 
 def _firewall(stack, cluster, tag: str):
     """SSH from `ssh_cidr`; all TCP/UDP/ICMP between members; out only what nodes need."""
-    from cdktf_cdktf_provider_digitalocean.firewall import Firewall
+    from cdktf_cdktf_provider_digitalocean.firewall import (
+        Firewall,
+        FirewallInboundRule,
+        FirewallOutboundRule,
+    )
 
-    members = {"source_tags": [tag]}
+    # Struct classes, not dicts: jsii passes dicts inside lists through with their keys as
+    # written, and snake_case keys would silently vanish from the JSON.
     inbound = [
-        {"protocol": "tcp", "port_range": "22", "source_addresses": [cluster.ssh_cidr]},
-        {"protocol": "tcp", "port_range": "1-65535", **members},
-        {"protocol": "udp", "port_range": "1-65535", **members},
-        {"protocol": "icmp", **members},
+        FirewallInboundRule(protocol="tcp", port_range="22", source_addresses=[cluster.ssh_cidr]),
+        FirewallInboundRule(protocol="tcp", port_range="1-65535", source_tags=[tag]),
+        FirewallInboundRule(protocol="udp", port_range="1-65535", source_tags=[tag]),
+        FirewallInboundRule(protocol="icmp", source_tags=[tag]),
     ]
-    to_members = {"destination_tags": [tag]}
+
+    def out(protocol, ports=None, **where):
+        return FirewallOutboundRule(protocol=protocol, port_range=ports, **where)
+
     outbound = [
-        {"protocol": "tcp", "port_range": "1-65535", **to_members},
-        {"protocol": "udp", "port_range": "1-65535", **to_members},
-        {"protocol": "icmp", **to_members},
-        {"protocol": "tcp", "port_range": "443", "destination_addresses": ANYWHERE},  # pip, apt
-        {"protocol": "tcp", "port_range": "80", "destination_addresses": ANYWHERE},  # apt mirrors
-        {"protocol": "udp", "port_range": "53", "destination_addresses": ANYWHERE},  # DNS
-        {"protocol": "tcp", "port_range": "53", "destination_addresses": ANYWHERE},
-        {"protocol": "udp", "port_range": "123", "destination_addresses": ANYWHERE},  # NTP
-        {"protocol": "icmp", "destination_addresses": ANYWHERE},  # mtr/ping, path-MTU replies
+        out("tcp", "1-65535", destination_tags=[tag]),
+        out("udp", "1-65535", destination_tags=[tag]),
+        out("icmp", destination_tags=[tag]),
+        out("tcp", "443", destination_addresses=ANYWHERE),  # pip, apt
+        out("tcp", "80", destination_addresses=ANYWHERE),  # apt mirrors
+        out("udp", "53", destination_addresses=ANYWHERE),  # DNS
+        out("tcp", "53", destination_addresses=ANYWHERE),
+        out("udp", "123", destination_addresses=ANYWHERE),  # NTP
+        out("icmp", destination_addresses=ANYWHERE),  # mtr/ping, path-MTU replies
     ]
     return Firewall(stack, "firewall", name=f"fatpipe-{cluster.name}", tags=[tag],
                     inbound_rule=inbound, outbound_rule=outbound)
