@@ -15,6 +15,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("fatpipe.cli.config:config", "Show the resolved cluster and train settings."),
     "deploy": ("fatpipe.cli.deploy:deploy", "Create the cluster's nodes and write its outputs."),
     "down": ("fatpipe.cli.down:down", "Destroy the cluster's nodes."),
+    "netcheck": ("fatpipe.cli.netcheck:netcheck", "Prove the links deliver the tier before training."),
 }
 HIDDEN: dict[str, str] = {
     "sim": "fatpipe.cli.sim:sim",

@@ -1,0 +1,57 @@
+"""`fatpipe netcheck [CLUSTER]`: prove the links deliver the tier (all-reduce, p2p, latency) and gate on it."""
+
+from __future__ import annotations
+
+import click
+
+from .options import cluster_argument, console, pass_project
+
+
+def _size(ctx, param, value):
+    from fatpipe.trainer.netbench import parse_size
+
+    try:
+        return parse_size(value)
+    except ValueError as e:
+        raise click.BadParameter(str(e)) from None
+
+
+@click.command()
+@cluster_argument
+@click.option("--min-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.8, show_default=True,
+              help="Pass when busbw at the largest size and every pair reach this fraction of the tier.")
+@click.option("--no-gate", is_flag=True, help="Report only: exit 0 even when the links fall short.")
+@click.option("--max-size", default="256M", show_default=True, callback=_size,
+              help="Largest all-reduce of the sweep (1M, 64M, 256M ...).")
+@click.option("--min-size", default="1M", show_default=True, callback=_size, help="Smallest all-reduce.")
+@click.option("--quick", is_flag=True, help="Fewer iterations and 1 s p2p runs: a smoke check.")
+@click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True,
+              help="Parallel TCP streams of the multi-stream p2p test.")
+@click.option("--p2p-seconds", type=click.FloatRange(1, 60), default=3.0, show_default=True,
+              help="Length of each p2p run.")
+@click.option("--p2p-tool", type=click.Choice(["auto", "iperf3", "socket"]), default="auto", show_default=True,
+              help="auto: iperf3 where every node has it, else the built-in socket test.")
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
+              help="Run folder for netcheck.json (default: a new one under .fatpipe/<cluster>/runs/).")
+@click.option("-v", "--verbose", is_flag=True, help="Stream every node's output.")
+@pass_project
+def netcheck(project, cluster, min_fraction, no_gate, max_size, min_size, quick, streams, p2p_seconds,
+             p2p_tool, run_dir, verbose):
+    """Measure all-reduce busbw, node-to-node TCP and latency on every node; exit 1 below the bar."""
+    from fatpipe.infra.netcheck import NetcheckOptions, run_netcheck
+
+    options = NetcheckOptions(
+        min_fraction=min_fraction, enforce=not no_gate, min_size=min_size, max_size=max_size,
+        quick=quick, streams=streams, p2p_seconds=p2p_seconds, p2p_tool=p2p_tool,
+    )
+    err = console(stderr=True)
+
+    def log(line: str) -> None:
+        err.print(line, style="dim", markup=False, soft_wrap=True)
+
+    def sink(node: str, line: str) -> None:
+        # The sweep rows come from rank 0 as they are measured; the rest only with -v.
+        if verbose or line.startswith(("#", " ")):
+            err.print(f"{node}: {line}", style="dim", markup=False, soft_wrap=True)
+
+    run_netcheck(project, cluster, run_dir=run_dir, options=options, log=log, sink=sink, console=console())

@@ -1,0 +1,80 @@
+"""The netcheck gate: do the links deliver the tier? Pure functions over netbench's numbers.
+
+Pass when all-reduce bus bandwidth at the largest size is at least `min_fraction` of the tier
+and every node reaches it point-to-point from node 0. A pair's throughput is the best of its
+1-stream and N-stream runs: the link's capacity, whatever one flow's window allows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+
+DEFAULT_MIN_FRACTION = 0.8
+
+
+@dataclass(frozen=True)
+class PairResult:
+    """Node-to-node TCP throughput from `client` to `server`, in Gbit/s per stream count."""
+
+    server: str
+    client: str
+    gbps_by_streams: dict[int, float] = field(default_factory=dict)
+    error: str | None = None
+
+    @property
+    def best_gbps(self) -> float:
+        return max(self.gbps_by_streams.values(), default=0.0)
+
+
+@dataclass(frozen=True)
+class GateResult:
+    passed: bool
+    threshold_gbps: float
+    reasons: list[str]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def fmt_gbps(value: float) -> str:
+    return f"{value:.2f}"
+
+
+def fmt_size(nbytes: int) -> str:
+    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
+        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
+            return f"{nbytes >> shift} {unit}iB"
+    return f"{nbytes} B"
+
+
+def evaluate_gate(
+    tier_gbps: float,
+    busbw_gbps: float | None,
+    busbw_size: int | None,
+    pairs: list[PairResult],
+    min_fraction: float = DEFAULT_MIN_FRACTION,
+    nnodes: int = 2,
+) -> GateResult:
+    """The verdict and, when it fails, one reason per slow node or pair, each with its numbers."""
+    if not 0 < min_fraction <= 1.5:
+        raise ValueError(f"min_fraction {min_fraction} must be in (0, 1.5]")
+    threshold = min_fraction * tier_gbps
+    bar = f"{min_fraction:.2f} x {tier_gbps:g} Gbit/s"
+    reasons: list[str] = []
+    for pair in pairs:
+        if pair.error:
+            reasons.append(f"node {pair.client}: p2p to {pair.server} failed: {pair.error}")
+        elif pair.best_gbps < threshold:
+            detail = ", ".join(f"{n} stream{'s' if n > 1 else ''} {fmt_gbps(g)}"
+                               for n, g in sorted(pair.gbps_by_streams.items()))
+            reasons.append(f"node {pair.client}: p2p {fmt_gbps(pair.best_gbps)} Gbit/s to {pair.server} "
+                           f"is below {bar} ({detail})")
+    if nnodes > 1:  # one node: all-reduce crosses no network link, nothing to hold to the tier
+        if busbw_gbps is None:
+            reasons.append("no all-reduce result")
+        elif busbw_gbps < threshold:
+            slow = sorted({p.client for p in pairs if p.error or p.best_gbps < threshold})
+            hint = f"; slow: {', '.join(slow)}" if slow else ""
+            reasons.append(f"all-reduce busbw {fmt_gbps(busbw_gbps)} Gbit/s at {fmt_size(busbw_size or 0)} "
+                           f"is below {bar}{hint}")
+    return GateResult(passed=not reasons, threshold_gbps=threshold, reasons=reasons)
