@@ -15,6 +15,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "config": ("fatpipe.cli.config:config", "Show the resolved cluster and train settings."),
     "deploy": ("fatpipe.cli.deploy:deploy", "Create the cluster's nodes and write its outputs."),
     "down": ("fatpipe.cli.down:down", "Destroy the cluster's nodes."),
+    "rendezvous": ("fatpipe.cli.rendezvous:rendezvous", "Write a run's rendezvous files and torchrun commands."),
+    "wait": ("fatpipe.cli.wait:wait", "Wait until every node is reachable, booted and tuned."),
+    "launch": ("fatpipe.cli.launch:launch", "Run torchrun on every node and stream the logs."),
+    "logs": ("fatpipe.cli.logs:logs", "Print or follow a run's per-node logs."),
+    "stop": ("fatpipe.cli.stop:stop", "Stop a run on every node."),
+    "status": ("fatpipe.cli.status:status", "Show the cluster's nodes and the latest run."),
+    "up": ("fatpipe.cli.up:up", "Deploy, wait, check the links, train, summarize: one command."),
     "netcheck": ("fatpipe.cli.netcheck:netcheck", "Prove the links deliver the tier before training."),
 }
 HIDDEN: dict[str, str] = {

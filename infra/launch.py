@@ -41,7 +41,10 @@ TORCH_SPEC_ENV = "FATPIPE_TORCH"  # what the node venv installs for torch (defau
 TORCH_INDEX_ENV = "FATPIPE_TORCH_INDEX_URL"
 CPU_TORCH_INDEX = "https://download.pytorch.org/whl/cpu"
 LOST = 255  # the status of a node whose process vanished without writing its exit status
-STOP_WAIT_S = 10
+STOP_WAIT_S = 10  # from SIGTERM to SIGKILL: torchrun stops its workers in this time
+# Once a node's torchrun has failed, the run cannot finish (the node count is fixed): its peers
+# get this long to print their own errors, then they are stopped.
+FAIL_GRACE_S = 10
 
 Sink = Callable[[str, str], None]  # (node name, log line)
 Log = Callable[[str], None]
@@ -54,6 +57,7 @@ class LaunchResult:
     run_id: str
     run_dir: Path
     exit_codes: dict[str, int | None] = field(default_factory=dict)
+    stopped: list[str] = field(default_factory=list)  # nodes fatpipe stopped after another failed
     interrupted: bool = False
     timed_out: bool = False
     elapsed_s: float = 0.0
@@ -64,7 +68,9 @@ class LaunchResult:
             return 130
         if self.timed_out:
             return 124
-        return worst_status(self.exit_codes.values())
+        # A node stopped because a peer failed reports the stop, not the cause: prefer the cause.
+        own = [c for name, c in self.exit_codes.items() if name not in self.stopped]
+        return worst_status(own) or worst_status(self.exit_codes.values())
 
     @property
     def ok(self) -> bool:
@@ -181,6 +187,16 @@ def venv_command(stamp: str, spec: str, index: str) -> str:
     )
 
 
+def trainer_package_dir() -> Path:
+    """The folder of the installed fatpipe.trainer (an editable install may load it as a namespace)."""
+    import fatpipe.trainer
+
+    for entry in fatpipe.trainer.__path__:
+        if (Path(entry) / "__main__.py").is_file():
+            return Path(entry)
+    raise FatpipeError("cannot find the fatpipe.trainer package folder to ship to the nodes")
+
+
 def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
     """Ship the project and the run folder to an ssh node and make sure its Python can run torch."""
     t, plan = node.transport, node.plan
@@ -191,9 +207,7 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
         ("copy the run folder", lambda: t.push(run_dir, f"{plan.workdir}/{node.rdzv.run_rel}", ("*.log",))),
     ]
     if node.rdzv.builtin_trainer:
-        import fatpipe.trainer
-
-        trainer_dir = Path(fatpipe.trainer.__file__).parent
+        trainer_dir = trainer_package_dir()
         steps.append(("copy the trainer",
                       lambda: t.push(trainer_dir, f"{plan.workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES)))
     if plan.python == f"{REMOTE_VENV}/bin/python":
@@ -235,13 +249,15 @@ def stop_nodes(nodes: list[NodeRun]) -> None:
 
 
 def follow_nodes(nodes: list[NodeRun], sink: Sink | None, follow: bool = True,
-                 timeout_s: float | None = None, fail_grace_s: float | None = 30,
-                 on_exit: Callable[[str, int | None], None] | None = None) -> dict:
+                 timeout_s: float | None = None, fail_grace_s: float | None = FAIL_GRACE_S,
+                 on_exit: Callable[[str, int | None], None] | None = None,
+                 stopped: list[str] | None = None) -> dict:
     """Stream every node's log to `sink` until all nodes exit; return {node: exit code}.
 
     When one node fails, the others get `fail_grace_s` to finish before they are stopped (their
-    workers would otherwise wait in a collective until the process-group timeout). Raises
-    TimeoutError past `timeout_s`; the caller stops the nodes.
+    workers would otherwise wait in a collective, or torchrun in its exit barrier, for minutes);
+    their names are appended to `stopped`. Raises TimeoutError past `timeout_s`; the caller
+    stops the nodes.
     """
     codes: dict[str, int | None] = {}
     lock = threading.Lock()
@@ -278,13 +294,15 @@ def follow_nodes(nodes: list[NodeRun], sink: Sink | None, follow: bool = True,
         if follow and failed_at and fail_grace_s is not None and not stopping and now - failed_at > fail_grace_s:
             stopping = True
             left = [n for n in nodes if n.name not in codes]
+            if stopped is not None:
+                stopped.extend(n.name for n in left)
             threading.Thread(target=stop_nodes, args=(left,), daemon=True).start()
     return {n.name: codes.get(n.name) for n in nodes}
 
 
 def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None,
            log: Log = lambda _: None, timeout_s: float | None = None, detach: bool = False,
-           gpus_per_node: int = 0, fail_grace_s: float | None = 30) -> LaunchResult:
+           gpus_per_node: int = 0, fail_grace_s: float | None = FAIL_GRACE_S) -> LaunchResult:
     """Prepare every node, start the run, stream its logs, and return how it ended.
 
     Ctrl-C (KeyboardInterrupt) or the timeout stops the run on every node before returning.
@@ -295,12 +313,17 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
     started = time.monotonic()
     try:
         fan_out(lambda n: prepare_node(project, n, run_dir, gpus_per_node, log), nodes)
-        start_nodes(nodes)
+        try:
+            start_nodes(nodes)
+        except KeyboardInterrupt:  # some nodes may have started already
+            stop_nodes(nodes)
+            raise
         log(f"started run {rdzv.run_id} on {len(nodes)} node(s)")
         if detach:
             return result
         try:
-            result.exit_codes = follow_nodes(nodes, sink, timeout_s=timeout_s, fail_grace_s=fail_grace_s)
+            result.exit_codes = follow_nodes(nodes, sink, timeout_s=timeout_s, fail_grace_s=fail_grace_s,
+                                             stopped=result.stopped)
         except TimeoutError as e:
             log(f"{e}: stopping every node")
             result.timed_out = True

@@ -17,6 +17,7 @@ from pathlib import Path
 
 from .errors import FatpipeError
 from .files import write_atomic, write_json_atomic
+from .spec import TIER_GBPS
 
 TRAINER_MODULE = "fatpipe.trainer"
 REMOTE_DIR_ENV = "FATPIPE_REMOTE_DIR"  # where the project folder goes on ssh nodes; {cluster}, {node}
@@ -82,6 +83,14 @@ class Rendezvous:
     def from_json(cls, doc: dict) -> Rendezvous:
         nodes = [NodePlan(**n) for n in doc["nodes"]]
         return cls(**{**doc, "nodes": nodes})
+
+
+def tier_name(gbps: float) -> str:
+    """The tier ("1g", "10g", "25g") of an outputs' tier_gbps."""
+    for name, value in TIER_GBPS.items():
+        if value == gbps:
+            return name
+    raise FatpipeError(f"no tier of {gbps:g} Gbit/s; tiers: {', '.join(TIER_GBPS)}")
 
 
 def remote_dir(cluster: str, node: str, template: str | None = None) -> str:
@@ -157,6 +166,7 @@ def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str
         "FATPIPE_TIER_GBPS": f"{outputs.tier_gbps:g}",
         "PYTHONUNBUFFERED": "1",  # the per-node log streams line by line, not in 8 KiB blocks
     }
+    env |= _tier_nccl(outputs.tier_gbps)
     if shared:
         # Sim nodes share one machine: NCCL would use shared memory and bypass the shaped links,
         # and every rank using every core would oversubscribe the CPUs.
@@ -172,6 +182,30 @@ def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str
         public_ip=node.public_ip, netns=node.netns, workdir=workdir, python=python,
         ssh_user=extra.get("ssh_user") or outputs.ssh_user, ssh_port=extra.get("ssh_port"), env=env,
     )
+
+
+def _tier_nccl(gbps: float) -> dict[str, str]:
+    """NCCL socket settings of the tier (threads and sockets per peer): nodes of every provider get them."""
+    from .tiers import tier_profile
+
+    return dict(tier_profile(tier_name(gbps)).nccl)
+
+
+def make_rendezvous(project, outputs, run_id: str, run_dir: Path, train=None,
+                    script: list[str] | None = None, **options) -> Rendezvous:
+    """Plan and write a run's rendezvous: the user's `script` (with args) or the built-in trainer.
+
+    `train` is the TrainSpec for the built-in trainer (default: the project's [train]);
+    `options` go to `plan_rendezvous` (nproc_per_node, max_restarts, join_timeout_s, remote_python).
+    """
+    if script:
+        shared = all(node.transport in ("local", "netns") for node in outputs.nodes)
+        entry, train_args = script_entry(project.root, script, shared), None
+    else:
+        entry, train_args = None, (train or project.train).trainer_args()
+    rdzv = plan_rendezvous(project, outputs, run_id, run_dir, entry=entry, train_args=train_args, **options)
+    write_rendezvous(rdzv, run_dir)
+    return rdzv
 
 
 def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
@@ -211,6 +245,7 @@ def node_script_text(rdzv: Rendezvous, node: NodePlan) -> str:
 # fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, rank {node.rank} of {rdzv.nnodes}.
 # Runnable by hand on that node, from the project folder: bash {rdzv.run_rel}/node-{node.rank}.sh
 set -euo pipefail
+export PATH="$PATH:/usr/sbin:/sbin"  # `ip` lives there on some images, outside a user's PATH
 cd "$(dirname "$0")/{up}"
 set -a; . "{rdzv.run_rel}/node-{node.rank}.env"; set +a
 IFACE=$(ip -o -4 addr show | awk -v want="$FATPIPE_PRIVATE_IP" '{IFACE_AWK}')

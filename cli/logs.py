@@ -1,0 +1,61 @@
+"""`fatpipe logs [CLUSTER]`: print a run's per-node logs, or follow them until the run ends."""
+
+from __future__ import annotations
+
+import click
+
+from .options import cluster_argument, console, pass_project
+
+
+@click.command()
+@cluster_argument
+@click.option("--run", "run_id", default=None, help="Which run (default: the latest).")
+@click.option("-f", "--follow", is_flag=True, help="Keep printing until every node's process has exited.")
+@click.option("-n", "--node", "node_names", multiple=True, help="Only this node (repeatable).")
+@pass_project
+def logs(project, cluster: str | None, run_id, follow: bool, node_names):
+    """Print every node's log, each line prefixed with the node's name.
+
+    With -f, reattach to a running run (Ctrl-C detaches; the run goes on).
+    """
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.infra.launch import follow_nodes, node_runs
+    from fatpipe.infra.rendezvous import read_rendezvous
+    from fatpipe.infra.runs import find_run
+
+    from .launch import exit_table, log_sink
+
+    name = project.cluster(cluster).name
+    run_id, run_dir = find_run(project, name, run_id)
+    rdzv = read_rendezvous(run_dir)
+    nodes = node_runs(rdzv, project.state_dir(name))
+    if node_names:
+        unknown = set(node_names) - {n.name for n in nodes}
+        if unknown:
+            raise FatpipeError(f"run {run_id} has no node {', '.join(sorted(unknown))}")
+        nodes = [n for n in nodes if n.name in node_names]
+    out = console()
+    sink = log_sink(out, [n.name for n in nodes])
+    if not follow:
+        for node in nodes:
+            local = run_dir / f"node-{node.plan.rank}.log"
+            if node.transport.shares_fs or (local.exists() and node.status() != "running"):
+                text = local.read_text(errors="replace") if local.exists() else ""
+            else:
+                result = node.transport.run(node.follow_command(follow=False), timeout=60)
+                if not result.ok:
+                    raise FatpipeError(f"{node.transport.describe()}: cannot read the log: {result.reason()}")
+                text = result.stdout
+            for line in text.splitlines():
+                sink(node.name, line)
+        return
+    from fatpipe.infra.launch import LaunchResult, fetch_run
+
+    try:
+        codes = follow_nodes(nodes, sink, fail_grace_s=None)
+    except KeyboardInterrupt:
+        out.print(f"detached; run {run_id} goes on (fatpipe stop {name} ends it)")
+        return
+    for node in nodes:
+        fetch_run(node, run_dir)
+    out.print(exit_table(LaunchResult(run_id, run_dir, codes)))

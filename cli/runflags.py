@@ -1,0 +1,95 @@
+"""Flags shared by rendezvous, launch and up: [train] overrides, torchrun settings, `-- SCRIPT ARGS`."""
+
+from __future__ import annotations
+
+import click
+
+from fatpipe.infra.errors import ConfigError
+
+# flag name -> click type; each overrides the [train] key of the same name for this run.
+TRAIN_OVERRIDES = {
+    "preset": click.Choice(["tiny", "small", "124m"]),
+    "steps": int,
+    "comm": click.Choice(["auto", "none", "bf16", "fp16", "powersgd"]),
+    "batch_size": int,
+    "seq_len": int,
+    "grad_accum": int,
+    "lr": float,
+    "checkpoint_every": int,
+    "data": str,
+}
+
+
+class ScriptCommand(click.Command):
+    """A command whose arguments after `--` are the user's script and its args (`ctx.meta["script"]`).
+
+    Split off before click parses, so `fatpipe launch -- train.py` does not take `train.py`
+    for the optional CLUSTER argument.
+    """
+
+    def parse_args(self, ctx, args):
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["script"] = list(args[cut + 1:])
+            args = args[:cut]
+        else:
+            ctx.meta["script"] = []
+        return super().parse_args(ctx, args)
+
+
+def script_args() -> list[str]:
+    return list(click.get_current_context().meta.get("script", []))
+
+
+def _store_override(ctx, param, value):
+    if value is not None:
+        ctx.meta.setdefault("train", {})[param.name] = value
+    return value
+
+
+def train_overrides(func):
+    """Add one --flag per TRAIN_OVERRIDES key; `overrides()` returns the ones given."""
+    for name, kind in reversed(TRAIN_OVERRIDES.items()):
+        flag = "--" + name.replace("_", "-")
+        func = click.option(flag, name, type=kind, default=None, expose_value=False,
+                            callback=_store_override, help=f"Override [train] {name}.")(func)
+    return func
+
+
+def overrides() -> dict:
+    """The [train] overrides given on the command line."""
+    return dict(click.get_current_context().meta.get("train", {}))
+
+
+def run_options(func):
+    """torchrun and node settings: processes per node, restarts, join timeout, the remote Python."""
+    options = [
+        click.option("--outputs", "outputs_file", type=click.Path(dir_okay=False, exists=True),
+                     help="Read this outputs file instead of .fatpipe/<cluster>/outputs.json."),
+        click.option("--nproc-per-node", type=click.IntRange(1, 64), default=None,
+                     help="Processes per node (default: gpus_per_node, else 1)."),
+        click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
+                     help="torchrun restarts of the whole worker group after a failure."),
+        click.option("--join-timeout", type=click.IntRange(10, 3600), default=180, show_default=True,
+                     help="Seconds torchrun waits for every node to join the rendezvous."),
+        click.option("--remote-python", envvar="FATPIPE_REMOTE_PYTHON", default=None,
+                     help="On ssh nodes, run this interpreter (an image that ships torch) instead "
+                          "of making a venv. Env: FATPIPE_REMOTE_PYTHON."),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def resolve_train(project, overrides: dict):
+    """[train] with this run's overrides, validated like the file."""
+    from pydantic import ValidationError
+
+    from fatpipe.infra.spec import TrainSpec
+
+    try:
+        return TrainSpec.model_validate({**project.train.model_dump(), **overrides})
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "[train]"
+        raise ConfigError(f"{flag}: {err['msg'].removeprefix('Value error, ')}") from None
