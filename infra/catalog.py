@@ -73,6 +73,11 @@ class Catalog:
         ]  # fmt: skip
         return sorted(found, key=lambda t: (t.price_hourly, t.name))
 
+    def offline_prices_label(self) -> str:
+        offline = _read(offline_path(self.provider)).get("prices", {})
+        where = f" {offline['region']}" if offline.get("region") else ""
+        return f"{self.provider}{where} on-demand prices of {self.prices_date}"
+
     def label(self) -> str:
         where = f" for {self.region}" if self.region else ""
         return f"{self.provider} catalog {self.date}{where} ({self.path.name}); prices {self.prices_date}"
@@ -243,3 +248,26 @@ def refresh_aws_catalog(region: str, root: Path, client=None) -> Path:
     write_json_atomic(path, doc)
     _read.cache_clear()
     return path
+
+
+# -- what a cluster costs ------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Estimate:
+    """A cluster's machine, its baseline bandwidth and the estimated price of all its nodes."""
+
+    machine: str
+    baseline_gbps: float | None
+    hourly: float | None  # USD for the whole cluster; None when the price table lacks the type
+    prices: str  # which price table, and its date
+
+
+def estimate(cluster, root: Path | None = None) -> Estimate:
+    """The machine `cluster` gets and what its nodes cost per hour (sim clusters cost nothing)."""
+    if cluster.provider == "sim":
+        return Estimate("local", float(cluster.tier_gbps), 0.0, "sim: this machine")
+    machine = machine_for(cluster, root)
+    catalog = load_catalog(cluster.provider, getattr(cluster, "region", None), root)
+    prices = catalog.offline_prices_label()
+    hourly = machine.price_hourly * cluster.nodes if machine.price_hourly is not None else None
+    return Estimate(machine.name, machine.baseline_gbps, hourly, prices)

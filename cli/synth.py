@@ -1,0 +1,76 @@
+"""`fatpipe synth [CLUSTER]`: write each cluster's Terraform JSON and show what it will cost."""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import click
+
+from .options import cluster_argument, console, pass_project
+
+
+@click.command()
+@cluster_argument
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@pass_project
+def synth(project, cluster: str | None, as_json: bool):
+    """Synthesize the cluster stacks (all when none is named) into cdktf.out/ and summarize them."""
+    from fatpipe.infra.catalog import estimate
+
+    names = [project.cluster(cluster).name] if cluster else list(project.clusters)
+    # Priced first: a machine type below its tier fails here, before the provider imports.
+    estimates = {name: estimate(project.cluster(name), project.root) for name in names}
+    from fatpipe.stacks.app import synth as synth_stacks
+
+    folders = synth_stacks(project, names)
+    rows = [_row(project.cluster(name), estimates[name], folders[name] / "cdk.tf.json") for name in names]
+    if as_json:
+        click.echo(json.dumps({"clusters": rows}, indent=2))
+        return
+    out = console()
+    out.print(_table(rows))
+    # Paths on lines of their own: a table column would fold them, and they are for copying.
+    for r in rows:
+        out.print(f"{r['cluster']}: {r['json']}", soft_wrap=True)
+    out.print("[dim]Gbit/s: each node's baseline (sustained, not burst) private bandwidth[/]")
+    for prices in sorted({e.prices for e in estimates.values() if e.hourly}):
+        out.print(f"[dim]$/hour: all nodes, estimated from the offline {prices}[/]")
+
+
+def _row(cluster, est, path: Path) -> dict:
+    return {
+        "cluster": cluster.name,
+        "provider": cluster.provider,
+        "nodes": cluster.nodes,
+        "machine": est.machine,
+        "baseline_gbps": est.baseline_gbps,
+        "tier": cluster.tier,
+        "usd_per_hour": None if est.hourly is None else round(est.hourly, 4),
+        "json": _shown(path),
+    }
+
+
+def _shown(path: Path) -> str:
+    try:
+        return os.path.relpath(path)
+    except ValueError:  # another drive (Windows)
+        return str(path)
+
+
+def _table(rows: list[dict]):
+    from rich import box
+    from rich.table import Table
+
+    table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
+    for column, justify in [("cluster", "left"), ("provider", "left"), ("nodes", "right"),
+                            ("machine", "left"), ("Gbit/s", "right"), ("tier", "left"),
+                            ("$/hour", "right")]:
+        table.add_column(column, justify=justify, no_wrap=True)
+    for r in rows:
+        price = "?" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.2f}"
+        baseline = "?" if r["baseline_gbps"] is None else f"{r['baseline_gbps']:g}"
+        table.add_row(r["cluster"], r["provider"], str(r["nodes"]), r["machine"], baseline,
+                      r["tier"], price)
+    return table
