@@ -51,18 +51,26 @@ def _check_offered(ec2, cluster, name: str) -> None:
     location, where = cluster.region, "region"
     if cluster.availability_zone:
         location, where = cluster.availability_zone, "availability-zone"
-    offers = ec2.describe_instance_type_offerings(
-        LocationType=where,
-        Filters=[{"Name": "location", "Values": [location]}, {"Name": "instance-type", "Values": [name]}],
-    )["InstanceTypeOfferings"]
-    if not offers:
-        raise FatpipeError(f"{name} is not offered in {location}; {_qualifying(cluster, None, name)}")
+    offered: set[str] = set()
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType=where, Filters=[{"Name": "location", "Values": [location]}]
+    )
+    for page in pages:
+        offered.update(o["InstanceType"] for o in page["InstanceTypeOfferings"])
+    if name not in offered:
+        fix = f"run `fatpipe catalog aws --region {cluster.region}` so the automatic pick knows what it offers"
+        raise FatpipeError(
+            f"{name} is not offered in {location}; {_qualifying(cluster, None, name, offered)}; "
+            f"set instance_type, or {fix}"
+        )
 
 
-def _qualifying(cluster, root: Path | None, refused: str) -> str:
+def _qualifying(cluster, root: Path | None, refused: str, offered: set[str] | None = None) -> str:
     catalog = load_catalog("aws", cluster.region, root)
-    candidates = [t for t in catalog.qualifying(cluster.tier_gbps, cluster.gpus_per_node) if t.name != refused]
+    candidates = [t for t in catalog.qualifying(cluster.tier_gbps, cluster.gpus_per_node)
+                  if t.name != refused and (offered is None or t.name in offered)]
     if not candidates:
         return "no type in the catalog qualifies"
     best = candidates[0]
-    return f"{best.name} qualifies ({best.bandwidth_text()}, {best.price_text()})"
+    there = " and is offered there" if offered is not None else ""
+    return f"{best.name} qualifies ({best.bandwidth_text()}, {best.price_text()}){there}"

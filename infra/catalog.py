@@ -220,13 +220,14 @@ def fetch_aws_types(region: str, client=None, families: set[str] | None = None) 
     )
     for page in pages:
         offered.update(o["InstanceType"] for o in page["InstanceTypeOfferings"])
+    if families:
+        offered = {name for name in offered if name.split(".")[0] in families}
+    wanted = sorted(offered)
     types: dict[str, dict] = {}
-    for page in client.get_paginator("describe_instance_types").paginate():
-        for info in page["InstanceTypes"]:
-            name = info["InstanceType"]
-            if name not in offered or (families and name.split(".")[0] not in families):
-                continue
-            types[name] = aws_type_record(info)
+    for start in range(0, len(wanted), 100):  # DescribeInstanceTypes takes 100 names a call
+        pages = client.get_paginator("describe_instance_types").paginate(InstanceTypes=wanted[start:start + 100])
+        for page in pages:
+            types.update((info["InstanceType"], aws_type_record(info)) for info in page["InstanceTypes"])
     return dict(sorted(types.items()))
 
 
