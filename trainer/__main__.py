@@ -1,0 +1,33 @@
+"""`python -m fatpipe.trainer`: parse flags, join the process group, train, tear down."""
+
+from __future__ import annotations
+
+import logging
+import sys
+
+from .config import ConfigError, parse_config
+
+
+def main(argv: list[str] | None = None) -> int:
+    try:
+        cfg = parse_config(argv)
+    except ConfigError as e:
+        print(f"python -m fatpipe.trainer: error: {e}", file=sys.stderr)
+        return 2
+    # Imported after parsing so a bad flag fails fast, before torch loads.
+    from .distenv import destroy_process_group, init_process_group, read_env
+    from .train import run_training
+
+    env = read_env()
+    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
+                        format=f"[trainer r{env.rank}] %(message)s", stream=sys.stderr)
+    init_process_group(env, cfg.timeout_s)
+    try:
+        run_training(cfg, env)
+    finally:
+        destroy_process_group()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,88 @@
+"""Checkpoints: atomic writes by rank 0, the last two kept, and one agreed checkpoint to resume.
+
+A checkpoint is one `torch.save` file, `checkpoints/step-00000050.pt`, written to a temporary
+name, fsynced, renamed, and the folder fsynced: a crash leaves either the old set or the new
+one, never a torn file. It holds only tensors and plain values, so it loads with
+`weights_only=True`.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+log = logging.getLogger(__name__)
+
+KEEP = 2
+_NAME = re.compile(r"^step-(\d{8})\.pt$")
+
+
+def checkpoint_path(folder: Path, step: int) -> Path:
+    return folder / f"step-{step:08d}.pt"
+
+
+def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every complete checkpoint in `folder`, oldest first."""
+    if not folder.is_dir():
+        return []
+    found = [(int(m.group(1)), folder / m.group(0))
+             for m in map(_NAME.match, os.listdir(folder)) if m]
+    return sorted(found)
+
+
+def save_checkpoint(folder: Path, step: int, payload: dict, keep: int = KEEP) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    final = checkpoint_path(folder, step)
+    tmp = folder / f".{final.name}.tmp-{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(payload, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, final)
+    _fsync_dir(folder)
+    for _, old in list_checkpoints(folder)[:-keep]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def load_checkpoint(path: Path) -> dict:
+    return torch.load(path, map_location="cpu", weights_only=True)
+
+
+def load_agreed_checkpoint(folder: Path, rank: int) -> dict | None:
+    """The latest checkpoint of rank 0, on every rank (collective).
+
+    Every rank reads the file itself when it can see it (shared folder, or a single node);
+    if any rank cannot (a multi-node run on local disks), rank 0 broadcasts its copy.
+    """
+    mine = list_checkpoints(folder)
+    latest = [mine[-1][0] if mine else -1]
+    dist.broadcast_object_list(latest, src=0)
+    step = latest[0]
+    if step < 0:
+        return None
+    path = checkpoint_path(folder, step)
+    have = [None] * dist.get_world_size()
+    dist.all_gather_object(have, path.is_file())
+    if all(have):
+        payload = load_checkpoint(path)
+    else:
+        log.info("checkpoint step %d missing on some ranks: broadcasting rank 0's copy", step)
+        box = [load_checkpoint(path) if rank == 0 else None]
+        dist.broadcast_object_list(box, src=0)
+        payload = box[0]
+    log.info("resuming from %s", path)
+    return payload

@@ -1,0 +1,112 @@
+"""The trainer's run configuration: one validated object, and the argparse flags that fill it.
+
+The flags mirror the `[train]` table of fatpipe.toml one to one (key `k` is `--k-with-dashes`),
+plus a few flags that only make sense per run (`--out`, `--deterministic`, `--timeout-s`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import NoReturn
+
+PRESETS = ("tiny", "small", "124m")
+COMMS = ("auto", "none", "bf16", "fp16", "powersgd")
+
+
+class ConfigError(ValueError):
+    """A bad value given by the user; the entry point turns it into a one-line error."""
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything one training run needs to know; validated on construction."""
+
+    preset: str = "small"  # model size: tiny (~1M, tests), small (~25M), 124m (GPT-2 small)
+    steps: int = 200  # optimizer steps
+    comm: str = "auto"  # DDP comm hook; auto picks one from link bandwidth and step time
+    batch_size: int = 8  # micro-batch per rank, in sequences
+    seq_len: int = 256  # tokens (bytes) per sequence
+    grad_accum: int = 1  # micro-batches per optimizer step
+    lr: float = 6e-4  # peak learning rate, reached after warmup
+    warmup_steps: int = 20  # linear warmup, then cosine decay to lr / 10
+    checkpoint_every: int = 50  # steps between checkpoints (0: only the final one)
+    bucket_cap_mb: float = 25.0  # DDP gradient bucket size
+    seed: int = 1337  # model init and data order
+    data: str | None = None  # text file or folder; default: text that ships with Python
+    compile: bool = False  # torch.compile the model (CUDA only)
+    powersgd_rank: int = 4  # PowerSGD matrix approximation rank
+    out: str = "run"  # run directory: metrics, summary, checkpoints, tb/
+    deterministic: bool = False  # deterministic kernels, for bitwise-reproducible runs
+    timeout_s: float = 300.0  # process-group timeout: a lost peer fails the run instead of hanging
+
+    def __post_init__(self) -> None:
+        if self.preset not in PRESETS:
+            raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, not {self.preset!r}")
+        if self.comm not in COMMS:
+            raise ConfigError(f"--comm must be one of {', '.join(COMMS)}, not {self.comm!r}")
+        for name in ("steps", "batch_size", "seq_len", "grad_accum", "powersgd_rank"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
+        for name in ("warmup_steps", "checkpoint_every"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
+        for name in ("lr", "bucket_cap_mb", "timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"--{_flag(name)} must be > 0, got {getattr(self, name)}")
+        if self.data is not None and not Path(self.data).exists():
+            raise ConfigError(f"--data {self.data}: no such file or folder")
+
+    @property
+    def out_dir(self) -> Path:
+        return Path(self.out)
+
+    def to_dict(self) -> dict:
+        return dataclasses.asdict(self)
+
+
+def _flag(name: str) -> str:
+    return name.replace("_", "-")
+
+
+class _OneLineErrorParser(argparse.ArgumentParser):
+    """argparse that reports a bad flag as one line (no usage dump) and exits 2."""
+
+    def error(self, message: str) -> NoReturn:
+        sys.stderr.write(f"{self.prog}: error: {message}\n")
+        sys.exit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    d = TrainConfig()
+    p = _OneLineErrorParser(
+        prog="python -m fatpipe.trainer",
+        description="Train a byte-level GPT with DDP; run under torchrun or alone.",
+    )
+    p.add_argument("--preset", choices=PRESETS, default=d.preset)
+    p.add_argument("--steps", type=int, default=d.steps)
+    p.add_argument("--comm", choices=COMMS, default=d.comm)
+    p.add_argument("--batch-size", type=int, default=d.batch_size, help="micro-batch per rank")
+    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--grad-accum", type=int, default=d.grad_accum)
+    p.add_argument("--lr", type=float, default=d.lr)
+    p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
+    p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
+    p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
+    p.add_argument("--seed", type=int, default=d.seed)
+    p.add_argument("--data", metavar="PATH", default=None, help="text file or folder")
+    p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
+    p.add_argument("--powersgd-rank", type=int, default=d.powersgd_rank)
+    p.add_argument("--out", metavar="RUN_DIR", default=d.out)
+    p.add_argument("--deterministic", action="store_true", default=d.deterministic)
+    p.add_argument("--timeout-s", type=float, default=d.timeout_s)
+    return p
+
+
+def parse_config(argv: list[str] | None = None) -> TrainConfig:
+    """Parse flags into a TrainConfig; raises ConfigError for values argparse cannot check."""
+    args = build_parser().parse_args(argv)
+    return TrainConfig(**vars(args))

@@ -1,0 +1,112 @@
+"""Byte-level training data: the corpus, and each rank's deterministic, resumable batches.
+
+The corpus is a flat array of bytes, cut into non-overlapping windows of `seq_len + 1`
+bytes. Every epoch the windows are shuffled by a generator seeded with (seed, epoch) and dealt
+round-robin to the ranks, so each rank reads only its own shard, all ranks take the same
+number of batches per epoch, and the position in the data is one small cursor
+(epoch, batch index) that a checkpoint can hold.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+# Source folders of the standard library left out of the default corpus: tests, GUI demos and
+# vendored code add bulk without adding variety.
+_SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo",
+              "lib2to3", "ensurepip", "__pycache__"}
+_DEFAULT_CORPUS_BYTES = 16 << 20
+_TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".json", ".toml", ".csv", ".html", ".xml", ".c",
+                  ".h", ".sh", ".yaml", ".yml", ".tex", ".js", ".ts", ".go", ".rs", ".java"}
+
+
+def stdlib_corpus(limit: int = _DEFAULT_CORPUS_BYTES) -> np.ndarray:
+    """The default corpus: the Python standard library's own source, in a fixed order."""
+    root = Path(sysconfig.get_paths()["stdlib"])
+    return np.frombuffer(b"".join(_read_all(_walk(root, {".py"}), limit)), dtype=np.uint8)
+
+
+def load_corpus(path: str | None) -> np.ndarray:
+    """All bytes of a text file (memory-mapped), of a folder's text files, or the default corpus."""
+    if path is None:
+        return stdlib_corpus()
+    p = Path(path)
+    if p.is_file():
+        return np.memmap(p, dtype=np.uint8, mode="r")
+    files = _walk(p, _TEXT_SUFFIXES)
+    if not files:
+        raise ValueError(f"--data {path}: no text files in that folder")
+    return np.frombuffer(b"".join(_read_all(files, limit=None)), dtype=np.uint8)
+
+
+def _walk(root: Path, suffixes: set[str]) -> list[Path]:
+    # Sorted at every level so every node assembles the same bytes in the same order.
+    found = []
+    for folder, dirs, names in os.walk(root):
+        dirs[:] = sorted(d for d in dirs if d not in _SKIP_DIRS and not d.startswith("."))
+        found += [Path(folder, n) for n in sorted(names) if Path(n).suffix in suffixes]
+    return found
+
+
+def _read_all(files: list[Path], limit: int | None) -> list[bytes]:
+    parts, total = [], 0
+    for f in files:
+        parts.append(f.read_bytes())
+        total += len(parts[-1])
+        if limit is not None and total >= limit:
+            break
+    return parts
+
+
+@dataclass
+class DataCursor:
+    """Where a rank's data stream stands: the next batch is batch `index` of epoch `epoch`."""
+
+    epoch: int = 0
+    index: int = 0
+
+    def to_dict(self) -> dict:
+        return {"epoch": self.epoch, "index": self.index}
+
+
+class ShardedBatches:
+    """One rank's stream of (input, target) batches of shape (batch_size, seq_len)."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, rank: int,
+                 world_size: int, seed: int, cursor: DataCursor | None = None):
+        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
+        self.rank, self.world_size, self.seed = rank, world_size, seed
+        self.cursor = cursor or DataCursor()
+        n_windows = (len(tokens) - 1) // seq_len
+        # Equal shares per rank, so every rank reaches the end of an epoch at the same step.
+        self.batches_per_epoch = n_windows // world_size // batch_size
+        if self.batches_per_epoch < 1:
+            raise ValueError(
+                f"corpus of {len(tokens)} bytes is too small for {world_size} rank(s) x "
+                f"batch {batch_size} x seq_len {seq_len}")
+        self._n_windows = n_windows
+        self._order_epoch, self._order = -1, np.empty(0, dtype=np.int64)
+
+    def _shard(self, epoch: int) -> np.ndarray:
+        if epoch != self._order_epoch:
+            perm = np.random.default_rng([self.seed, epoch]).permutation(self._n_windows)
+            take = self.batches_per_epoch * self.batch_size
+            self._order, self._order_epoch = perm[self.rank::self.world_size][:take], epoch
+        return self._order
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        c = self.cursor
+        rows = self._shard(c.epoch)[c.index * self.batch_size:(c.index + 1) * self.batch_size]
+        starts = rows * self.seq_len
+        chunk = np.stack([self.tokens[s:s + self.seq_len + 1] for s in starts]).astype(np.int64)
+        c.index += 1
+        if c.index == self.batches_per_epoch:
+            c.epoch, c.index = c.epoch + 1, 0
+        t = torch.from_numpy(chunk)
+        return t[:, :-1].contiguous(), t[:, 1:].contiguous()

@@ -1,0 +1,159 @@
+"""Rank 0's metrics: one JSON line per step, TensorBoard, a console line, and summary.json.
+
+After a restart the run resumes at its checkpoint, so metrics.jsonl is first cut back to that
+step: lines a killed attempt wrote past the checkpoint are dropped and then written again, so
+every step appears exactly once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import sys
+from pathlib import Path
+
+import numpy as np
+
+log = logging.getLogger(__name__)
+
+STEP_FIELDS = ("step", "loss", "lr", "step_s", "tokens_per_s", "sync_s", "exposed_comm_s",
+               "grad_bytes", "wire_bytes", "busbw_gbps", "nic_tx_gbps", "nic_rx_gbps", "comm")
+
+
+def truncate_metrics(path: Path, last_step: int) -> int:
+    """Keep only complete lines with step <= last_step; return how many were kept."""
+    if not path.exists():
+        return 0
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line torn by the kill
+        if isinstance(rec, dict) and rec.get("step", math.inf) <= last_step:
+            kept.append(line)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text("".join(f"{line}\n" for line in kept))
+    os.replace(tmp, path)
+    return len(kept)
+
+
+def read_metrics(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+class MetricsLog:
+    """Writes each step's record to metrics.jsonl, TensorBoard and the console."""
+
+    def __init__(self, run_dir: Path, total_steps: int, start_step: int):
+        self.path = run_dir / "metrics.jsonl"
+        truncate_metrics(self.path, start_step)
+        self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses one line
+        self._tb = _tensorboard(run_dir / "tb", purge_step=start_step + 1)
+        self._console = (_RichLine if sys.stdout.isatty() else _PlainLines)(total_steps,
+                                                                             start_step)
+
+    def log(self, rec: dict) -> None:
+        self._file.write(json.dumps(rec) + "\n")
+        if self._tb is not None:
+            for key, value in rec.items():
+                if key != "step" and isinstance(value, (int, float)):
+                    self._tb.add_scalar(f"train/{key}", value, rec["step"])
+        self._console.update(rec)
+
+    def close(self) -> None:
+        self._console.close()
+        self._file.close()
+        if self._tb is not None:
+            self._tb.close()
+
+
+def _tensorboard(folder: Path, purge_step: int):
+    try:
+        from torch.utils.tensorboard import SummaryWriter
+    except ImportError:  # tensorboard is optional
+        return None
+    # purge_step drops events a killed attempt logged past the checkpoint.
+    return SummaryWriter(str(folder), purge_step=purge_step)
+
+
+def format_record(rec: dict, total: int) -> str:
+    return (f"step {rec['step']}/{total} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
+            f"step {rec['step_s'] * 1e3:.0f} ms sync {rec['sync_s'] * 1e3:.0f} ms "
+            f"exposed {rec['exposed_comm_s'] * 1e3:.0f} ms {rec['tokens_per_s']:,.0f} tok/s "
+            f"wire {rec['wire_bytes'] / 1e6:.2f}/{rec['grad_bytes'] / 1e6:.2f} MB "
+            f"busbw {rec['busbw_gbps']:.2f} tx {rec['nic_tx_gbps']:.2f} Gbit/s "
+            f"comm {rec['comm']}")
+
+
+class _PlainLines:
+    """Plain lines for logs and pipes: the first step, every tenth, and the last."""
+
+    def __init__(self, total: int, start: int):
+        self.total = total
+        self.every = max(1, min(10, total // 20))
+
+    def update(self, rec: dict) -> None:
+        s = rec["step"]
+        if s == 1 or s % self.every == 0 or s == self.total:
+            print(format_record(rec, self.total), flush=True)
+
+    def close(self) -> None:
+        pass
+
+
+class _RichLine:
+    """A live progress bar with the latest step's numbers, for terminals."""
+
+    def __init__(self, total: int, start: int):
+        from rich.progress import (
+            BarColumn,
+            MofNCompleteColumn,
+            Progress,
+            TextColumn,
+            TimeRemainingColumn,
+        )
+
+        self.total = total
+        self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
+                                  TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+        self._task = self._progress.add_task("train", total=total, completed=start, info="")
+        self._progress.start()
+
+    def update(self, rec: dict) -> None:
+        info = (f"loss {rec['loss']:.3f}  {rec['tokens_per_s']:,.0f} tok/s  "
+                f"sync {rec['sync_s'] * 1e3:.0f} ms  exposed {rec['exposed_comm_s'] * 1e3:.0f} ms"
+                f"  tx {rec['nic_tx_gbps']:.2f} Gbit/s  {rec['comm']}")
+        self._progress.update(self._task, completed=rec["step"], info=info)
+
+    def close(self) -> None:
+        self._progress.stop()
+
+
+def summarize(records: list[dict], tokens_per_step: int, **extra) -> dict:
+    """summary.json: percentiles and totals over every step of the run (all attempts)."""
+
+    def pct(key: str, q: float) -> float:
+        values = [r[key] for r in records]
+        return float(np.percentile(values, q)) if values else 0.0
+
+    last = records[-1] if records else {}
+    step_p50 = pct("step_s", 50)
+    return {
+        "steps": len(records),
+        "final_loss": last.get("loss"),
+        # Throughput at the median step: robust to the compile / first-step outliers.
+        "tokens_per_s": tokens_per_step / step_p50 if step_p50 else 0.0,
+        "step_s_p50": step_p50,
+        "step_s_p95": pct("step_s", 95),
+        "sync_s_p50": pct("sync_s", 50),
+        "sync_s_p95": pct("sync_s", 95),
+        "exposed_comm_s_p50": pct("exposed_comm_s", 50),
+        "busbw_gbps": pct("busbw_gbps", 50),
+        "nic_tx_gbps": pct("nic_tx_gbps", 50),
+        "grad_bytes_total": sum(r["grad_bytes"] for r in records),
+        "wire_bytes_total": sum(r["wire_bytes"] for r in records),
+        **extra,
+    }
