@@ -10,6 +10,8 @@ from .options import cluster_argument, console, pass_project
 def _size(ctx, param, value):
     from fatpipe.trainer.netbench import parse_size
 
+    if value is None:
+        return None
     try:
         return parse_size(value)
     except ValueError as e:
@@ -21,10 +23,10 @@ def _size(ctx, param, value):
 @click.option("--min-fraction", type=click.FloatRange(0, 1, min_open=True), default=0.8, show_default=True,
               help="Pass when busbw at the largest size and every pair reach this fraction of the tier.")
 @click.option("--no-gate", is_flag=True, help="Report only: exit 0 even when the links fall short.")
-@click.option("--max-size", default="256M", show_default=True, callback=_size,
-              help="Largest all-reduce of the sweep (1M, 64M, 256M ...).")
+@click.option("--max-size", default=None, callback=_size,
+              help="Largest all-reduce of the sweep, e.g. 64M  [default: 256M, 32M with --quick]")
 @click.option("--min-size", default="1M", show_default=True, callback=_size, help="Smallest all-reduce.")
-@click.option("--quick", is_flag=True, help="Fewer iterations and 1 s p2p runs: a smoke check.")
+@click.option("--quick", is_flag=True, help="Up to 32M, fewer iterations, 1 s p2p runs: a smoke check.")
 @click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Parallel TCP streams of the multi-stream p2p test.")
 @click.option("--p2p-seconds", type=click.FloatRange(1, 60), default=3.0, show_default=True,

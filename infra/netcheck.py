@@ -21,6 +21,7 @@ from .netgate import DEFAULT_MIN_FRACTION, PairResult, evaluate_gate, fmt_size
 NETBENCH_MODULE = "fatpipe.trainer.netbench"
 RESULT_PREFIX = "NETBENCH_JSON "  # netbench's rank 0 prints its result on one such line
 MiB = 1 << 20
+FULL_MAX_SIZE, QUICK_MAX_SIZE = 256 * MiB, 32 * MiB
 STARTUP_ALLOWANCE_S = 180  # torchrun and torch start-up on every node, rendezvous, process group
 
 Log = Callable[[str], None]
@@ -41,8 +42,8 @@ class NetcheckOptions:
     min_fraction: float = DEFAULT_MIN_FRACTION  # of the tier, for busbw and every pair
     enforce: bool = True  # False (--no-gate): report, never fail
     min_size: int = 1 * MiB
-    max_size: int = 256 * MiB
-    quick: bool = False  # fewer iterations and 1 s p2p runs (tests, smoke checks)
+    max_size: int | None = None  # default 256 MiB, 32 MiB with `quick`
+    quick: bool = False  # up to 32 MiB, fewer iterations, 1 s p2p runs (smoke checks, tests)
     streams: int = 4  # parallel TCP streams of the multi-stream p2p test
     p2p_seconds: float = 3.0
     p2p_port: int | None = None  # default: the cluster's rdzv_port + 1
@@ -50,6 +51,8 @@ class NetcheckOptions:
     timeout_s: float | None = None  # default: estimated from the sizes and the tier
 
     def __post_init__(self):
+        if self.max_size is None:
+            object.__setattr__(self, "max_size", (QUICK_MAX_SIZE if self.quick else FULL_MAX_SIZE))
         if not 0 < self.min_fraction <= 1:
             raise FatpipeError(f"min fraction {self.min_fraction} must be in (0, 1]", exit_code=2)
         if self.max_size < self.min_size:
@@ -104,9 +107,8 @@ def run_netcheck(project, cluster_name: str | None = None, *, run_dir: Path | No
     if outputs is None:
         outputs = load_outputs(project, project.cluster(cluster_name).name)
     if run_dir is None:
-        # A folder of its own, not marked `latest`: that stays the last training run.
-        run_id = "netcheck-" + new_run_id()
-        run_dir = runs_dir(project, outputs.name) / run_id
+        # A run folder of its own, not marked `latest`: that stays the last training run.
+        run_dir = runs_dir(project, outputs.name) / new_run_id()
         run_dir.mkdir(parents=True)
     run_dir = Path(run_dir)
     bench = launch_netbench(project, outputs, run_dir, options, log, sink)

@@ -141,6 +141,12 @@ def test_gate_single_node_has_no_link_to_judge():
     assert evaluate_gate(1, 0.0, 256 * MiB, [], nnodes=1).passed
 
 
+def test_quick_options_stop_at_32_mib():
+    assert NetcheckOptions().max_size == 256 * MiB
+    assert NetcheckOptions(quick=True).max_size == 32 * MiB
+    assert NetcheckOptions(quick=True, max_size=MiB).max_size == MiB
+
+
 def test_options_validate():
     from fatpipe.infra.errors import FatpipeError
 
@@ -247,7 +253,7 @@ def test_cli_passes(run_cli, project_dir, deployed):
     result = run_cli("netcheck", "demo")
     assert result.exit_code == 0, result.output
     assert "netcheck passed" in result.output
-    [doc_path] = list((project_dir / ".fatpipe/demo/runs").glob("netcheck-*/netcheck.json"))
+    [doc_path] = list((project_dir / ".fatpipe/demo/runs").glob("*/netcheck.json"))
     assert json.loads(doc_path.read_text())["gate"]["passed"]
     assert (doc_path.parent / "netcheck.png").exists()
 

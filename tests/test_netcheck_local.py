@@ -55,6 +55,30 @@ def test_p2p_cli_client_against_cli_server():
             server.kill()
 
 
+def test_server_start_is_confirmed_or_explained():
+    port = free_port()
+    proc = p2p.start_server("socket", "127.0.0.1", port, idle_timeout=30)
+    try:
+        assert p2p.wait_listening(proc, "127.0.0.1", port) is None
+        assert p2p.is_listening("127.0.0.1", port)
+    finally:
+        p2p.stop_server(proc)
+    assert not p2p.is_listening("127.0.0.1", port)
+
+
+def test_server_that_cannot_bind_says_why():
+    """A port already in use: the reason comes back instead of clients retrying into a void."""
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        proc = p2p.start_server("socket", "127.0.0.1", port, idle_timeout=30)
+        # Poll for the exit rather than the port, which `taken` holds.
+        proc.wait(timeout=30)
+        why = p2p.wait_listening(proc, "127.0.0.1", port, timeout=1)
+    assert why is not None and why.startswith("the server exited") and "in use" in why
+
+
 @pytest.mark.slow
 def test_netbench_under_torchrun_on_two_local_nodes(tmp_path):
     """Two torchrun agents (two "nodes" of one process each) on 127.0.0.1: the sweep, the

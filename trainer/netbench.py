@@ -132,6 +132,12 @@ class Bench:
         if self.device.type == "cuda":
             self.torch.cuda.synchronize(self.device)
 
+    def barrier(self) -> None:
+        if self.device.type == "cuda":  # NCCL: name the device, or it guesses (and warns)
+            self.dist.barrier(device_ids=[self.device.index])
+        else:
+            self.dist.barrier()
+
     def slowest(self, seconds: float) -> float:
         """The largest of every rank's `seconds`."""
         t = self.torch.tensor([seconds], dtype=self.torch.float64, device=self.device)
@@ -143,7 +149,7 @@ class Bench:
         for _ in range(warmup):
             self.dist.all_reduce(tensor)
         self.sync()
-        self.dist.barrier()  # every rank starts the clock together
+        self.barrier()  # every rank starts the clock together
         start = time.perf_counter()
         for _ in range(iters):
             self.dist.all_reduce(tensor)
@@ -253,14 +259,22 @@ def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
     if tool == "auto":
         tool = "iperf3" if all(n["iperf3"] for n in nodes) else "socket"
     stream_counts = sorted({1, args.streams})
-    proc = None
+    proc, problem = None, None
     if bench.rank == server["rank"]:
         proc = p2p.start_server(tool, server["ip"], args.p2p_port)
+        problem = p2p.wait_listening(proc, server["ip"], args.p2p_port)
+    box = [problem]
+    bench.dist.broadcast_object_list(box, src=server["rank"])  # every client learns if it is up
+    problem = box[0]
     mine: list[dict] = []
     try:
         for client in clients:
-            bench.dist.barrier()  # one pair at a time, so pairs never share a link
+            bench.barrier()  # one pair at a time, so pairs never share a link
             if bench.rank != client["rank"]:
+                continue
+            if problem:
+                mine += [_p2p_row(server, client, {"tool": tool, "streams": n, "error": problem})
+                         for n in stream_counts]
                 continue
             for streams in stream_counts:
                 try:
@@ -268,10 +282,8 @@ def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
                                        bind=client["ip"])
                 except Exception as e:  # report it; a raise here would leave the others waiting
                     r = {"tool": tool, "streams": streams, "error": str(e)}
-                mine.append({"server": server["name"], "server_ip": server["ip"],
-                             "client": client["name"], "client_ip": client["ip"],
-                             "client_node": client["node"], **r})
-        bench.dist.barrier()
+                mine.append(_p2p_row(server, client, r))
+        bench.barrier()
     finally:
         if proc is not None:
             p2p.stop_server(proc)
@@ -280,6 +292,11 @@ def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
     results = [r for part in gathered for r in part]
     return {"tool": tool, "server_ip": server["ip"], "port": args.p2p_port,
             "seconds": args.p2p_seconds, "streams": stream_counts, "results": results}
+
+
+def _p2p_row(server: dict, client: dict, result: dict) -> dict:
+    return {"server": server["name"], "server_ip": server["ip"], "client": client["name"],
+            "client_ip": client["ip"], "client_node": client["node"], **result}
 
 
 # --- the entry point -------------------------------------------------------------------------

@@ -223,6 +223,36 @@ def start_server(tool: str, bind: str, port: int, idle_timeout: float = 120.0) -
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
 
+def wait_listening(proc: subprocess.Popen, bind: str, port: int, timeout: float = 10.0) -> str | None:
+    """None once `proc` listens on bind:port, else why not (it exited, or never got there)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            err = (proc.stderr.read() if proc.stderr else "").strip().splitlines()
+            return f"the server exited ({err[-1] if err else f'status {proc.returncode}'})"
+        if is_listening(bind, port):
+            return None
+        time.sleep(0.05)
+    return f"the server did not listen on {bind}:{port} within {timeout:g} s"
+
+
+def is_listening(bind: str, port: int) -> bool:
+    """Whether this network namespace has a TCP socket listening on bind:port (or 0.0.0.0:port)."""
+    wanted = {f"{_hex_ip(bind)}:{port:04X}", f"00000000:{port:04X}"}
+    try:
+        with open("/proc/net/tcp") as f:
+            next(f)
+            return any(fields[1] in wanted and fields[3] == "0A" for fields in map(str.split, f))
+    except OSError:  # not Linux: let the client's retries cover the start-up
+        time.sleep(0.5)
+        return True
+
+
+def _hex_ip(ip: str) -> str:
+    """/proc/net/tcp's form of an IPv4 address: the 32-bit value in host (little-endian) order."""
+    return socket.inet_aton(ip)[::-1].hex().upper()
+
+
 def stop_server(proc: subprocess.Popen) -> None:
     if proc.poll() is None:
         proc.terminate()
