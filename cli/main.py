@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "status": ("fatpipe.cli.status:status", "Show the cluster's nodes and the latest run."),
     "up": ("fatpipe.cli.up:up", "Deploy, wait, check the links, train, summarize: one command."),
     "netcheck": ("fatpipe.cli.netcheck:netcheck", "Prove the links deliver the tier before training."),
+    "train": ("fatpipe.cli.train:train", "Train the built-in GPT on this machine with torchrun."),
 }
 HIDDEN: dict[str, str] = {
     "sim": "fatpipe.cli.sim:sim",

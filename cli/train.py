@@ -1,0 +1,65 @@
+"""`fatpipe train`: run the built-in trainer on this machine, through torchrun (standalone)."""
+
+from __future__ import annotations
+
+import glob
+import shlex
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+
+from .options import console, pass_project
+from .runflags import overrides, resolve_train, train_overrides
+
+LOCAL = "local"  # runs of `fatpipe train` live in .fatpipe/local/runs/<run-id>/
+
+
+def default_nproc() -> int:
+    """One process per GPU (a /dev/nvidiaN per GPU, counted without importing torch), else 1."""
+    return len(glob.glob("/dev/nvidia[0-9]*")) or 1
+
+
+def torchrun_command(trainer_args: list[str], run_dir: Path, nproc: int,
+                     max_restarts: int) -> list[str]:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone",
+            "--nproc-per-node", str(nproc), "--max-restarts", str(max_restarts),
+            "-m", "fatpipe.trainer", *trainer_args, "--out", str(run_dir)]
+
+
+@click.command()
+@click.option("--nproc-per-node", type=click.IntRange(1, 64), default=None,
+              help="Processes to start (default: one per GPU, else 1).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="Run folder (default .fatpipe/local/runs/<run-id>/ beside the cluster file).")
+@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True,
+              help="torchrun restarts after a worker fails; the run resumes from its checkpoint.")
+@train_overrides
+@pass_project
+def train(project, nproc_per_node, out_dir, max_restarts):
+    """Train the built-in GPT here with [train] and the overrides given; exit with torchrun's status.
+
+    Metrics, summary.json and checkpoints land in the run folder; a netcheck.json placed there
+    is what comm = "auto" reads instead of probing the link.
+    """
+    from fatpipe.infra.errors import ConfigError
+    from fatpipe.infra.runs import new_run
+
+    spec = resolve_train(project, overrides())
+    if spec.data is not None and not Path(spec.data).exists():
+        raise ConfigError(f"--data {spec.data}: no such file or folder")
+    run_dir = Path(out_dir) if out_dir else new_run(project, LOCAL)[1]
+    cmd = torchrun_command(spec.trainer_args(), run_dir, nproc_per_node or default_nproc(),
+                           max_restarts)
+    out = console(stderr=True)
+    out.print(shlex.join(cmd), style="dim", markup=False, highlight=False)
+    # Inherited stdout/stderr: the trainer's output streams as it comes (a live progress line
+    # on a terminal), and Ctrl-C reaches torchrun, which stops its workers.
+    proc = subprocess.Popen(cmd)
+    try:
+        code = proc.wait()
+    except KeyboardInterrupt:
+        code = proc.wait()
+    out.print(f"results in {run_dir}", markup=False, highlight=False)
+    sys.exit(code)
