@@ -67,11 +67,13 @@ def launch(project, cluster: str | None, run_id, outputs_file, nproc_per_node, m
     the run on every node.
     """
     from fatpipe.infra.errors import FatpipeError
+    from fatpipe.infra.launch import refuse_if_running
     from fatpipe.infra.rendezvous import read_rendezvous
     from fatpipe.infra.runs import find_run, load_outputs
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)
+    refuse_if_running(project, name)
     if run_id:
         if script_args() or overrides():
             raise FatpipeError("--run starts a rendezvous as written; give no script or [train] overrides")

@@ -261,6 +261,7 @@ def up(project, cluster, engine, yes, down_after, netcheck_mode, no_gate, wait_t
 def _up(project, spec, phases: Phases, report: dict, out, *, train, script, engine, yes,
         netcheck_mode, no_gate, wait_timeout, timeout_s, outputs_file, verbose, rdzv_options) -> int:
     from fatpipe.infra.errors import FatpipeError
+    from fatpipe.infra.launch import refuse_if_running
     from fatpipe.infra.runs import new_run
     from fatpipe.infra.runs import outputs_file as default_outputs
 
@@ -304,6 +305,7 @@ def _up(project, spec, phases: Phases, report: dict, out, *, train, script, engi
                                + "; ".join(f"{s.name}: {s.reason}" for s in late))
         phases.get("wait").note = f"{len(states)}/{len(states)} ready"
 
+    refuse_if_running(project, name)
     run_id, run_dir = new_run(project, name)
     report["run_id"], report["run_dir"] = run_id, run_dir
     out.print(f"run [bold]{run_id}[/] in {run_dir.relative_to(project.root)}")

@@ -132,12 +132,19 @@ class NodeRun:
             "for (p in par) if (!(p in keep) && (par[p] in keep)) {keep[p]=1; ch=1}} while (ch); "
             "for (p in keep) print p}'"
         )
+        # TERM the group (the wrapper outlives it and records torchrun's status), give torchrun
+        # STOP_WAIT_S to stop its workers, then KILL whatever of the tree is left: workers run in
+        # sessions of their own, and torchrun stuck in its exit barrier ignores TERM.
         return self.sh(
             f'pg=$(cat {self.pid} 2>/dev/null) || exit 0; [ -e {self.exit} ] && exit 0; '
             f"pids=$({descendants}); kill -TERM -- -$pg 2>/dev/null; "
-            f"for i in $(seq {STOP_WAIT_S * 10}); do [ -e {self.exit} ] && exit 0; sleep 0.1; done; "
-            # torchrun did not wind down in time: kill the whole tree (its workers run in sessions of their own).
-            f"kill -KILL $pids 2>/dev/null; [ -e {self.exit} ] || echo 137 > {self.exit}; exit 0"
+            f"for i in $(seq {STOP_WAIT_S * 10}); do [ -e {self.exit} ] && break; sleep 0.1; done; "
+            # Zombies count as gone: nothing reaps an orphan's child quickly in some containers.
+            "live() { for p in \"$@\"; do s=$(ps -o stat= -p $p 2>/dev/null); "
+            "[ -n \"$s\" ] && [ \"${s#Z}\" = \"$s\" ] && echo $p; done; }; "
+            "left=$(live $pids); if [ -n \"$left\" ]; then kill -KILL $left 2>/dev/null; "
+            "for i in $(seq 20); do [ -z \"$(live $left)\" ] && break; sleep 0.1; done; fi; "
+            f"[ -e {self.exit} ] || echo 137 > {self.exit}; exit 0"
         )
 
     def status(self, timeout: float = 30) -> str:
@@ -179,7 +186,8 @@ def venv_command(stamp: str, spec: str, index: str) -> str:
     py = f"{REMOTE_VENV}/bin/python"
     index_flag = f"--index-url {shlex.quote(index)} " if index else ""
     return (
-        f'[ "$(cat {REMOTE_VENV}/.fatpipe-stamp 2>/dev/null)" = {stamp} ] && exit 0; set -e; '
+        f"have=; [ -f {REMOTE_VENV}/.fatpipe-stamp ] && read -r have < {REMOTE_VENV}/.fatpipe-stamp; "
+        f'[ "$have" = {stamp} ] && exit 0; set -e; '
         f"python3 -m venv {REMOTE_VENV}; {py} -m pip install -q --upgrade pip; "
         f"{py} -m pip install -q {index_flag}{shlex.quote(spec)}; "
         f"if [ -f requirements.txt ]; then {py} -m pip install -q -r requirements.txt; fi; "
@@ -338,6 +346,32 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
     finally:
         result.elapsed_s = time.monotonic() - started
     return result
+
+
+def running_nodes(project, cluster: str) -> tuple[str, list[str]] | None:
+    """(run id, nodes still running it) for the cluster's latest run, or None when nothing runs.
+
+    A second run would collide with it on the rendezvous port and the CPUs.
+    """
+    from .rendezvous import read_rendezvous
+    from .runs import find_run
+
+    try:
+        run_id, run_dir = find_run(project, cluster)
+        nodes = node_runs(read_rendezvous(run_dir), project.state_dir(cluster))
+    except FatpipeError:
+        return None
+    states = fan_out(lambda n: n.status(timeout=15), nodes)
+    busy = [n.name for n, state in zip(nodes, states, strict=True) if state == "running"]
+    return (run_id, busy) if busy else None
+
+
+def refuse_if_running(project, cluster: str) -> None:
+    busy = running_nodes(project, cluster)
+    if busy:
+        run_id, names = busy
+        raise FatpipeError(f"run {run_id} is still running on {', '.join(names)}: follow it with "
+                           f"`fatpipe logs {cluster} -f` or end it with `fatpipe stop {cluster}`")
 
 
 def run_on_all_nodes(project, outputs, entry: list[str] | None, *, run_id: str | None = None,

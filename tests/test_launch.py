@@ -83,6 +83,8 @@ def test_detach_then_follow(run_cli, project_dir):
     write_cluster(project_dir, octet=62)
     result = run_cli("launch", "--outputs", "outputs.json", "--max-restarts", "0", "--detach", "--", "job.py")
     assert result.exit_code == 0 and "fatpipe logs demo -f" in result.output
+    second = run_cli("launch", "--outputs", "outputs.json", "--", "job.py")
+    assert second.exit_code == 1 and "still running on demo-0, demo-1" in second.output
     follow = run_cli("logs", "demo", "-f")
     assert follow.exit_code == 0, follow.output
     assert "demo-0 | rank 0 of 2" in follow.output and "demo-1 | rank 1 of 2" in follow.output
