@@ -31,19 +31,32 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _env() -> dict[str, str]:
+def _env(torch_only: Path | None = None) -> dict[str, str]:
     # One thread per rank (2 cores) and gloo pinned to loopback, whatever the host's name says.
-    return {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
+    if torch_only:
+        env["PYTHONPATH"] = str(_block_optional_modules(torch_only))
+    return env
 
 
-def torchrun(out: Path, *args: str, nproc: int = 2, max_restarts: int = 0) -> subprocess.Popen:
+def _block_optional_modules(folder: Path) -> Path:
+    """Stand-ins that fail to import, as on a node whose venv holds torch and nothing else."""
+    for name in ("numpy", "psutil", "rich", "tensorboard"):
+        (folder / "blocked" / name).mkdir(parents=True, exist_ok=True)
+        (folder / "blocked" / name / "__init__.py").write_text(
+            f"raise ModuleNotFoundError('not installed on this node: {name}', name='{name}')\n")
+    return folder / "blocked"
+
+
+def torchrun(out: Path, *args: str, nproc: int = 2, max_restarts: int = 0,
+             torch_only: Path | None = None) -> subprocess.Popen:
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
            "--nproc-per-node", str(nproc), "--rdzv-backend", "c10d",
            "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", "--max-restarts", str(max_restarts),
            "--monitor-interval", "0.2",
            "-m", "fatpipe.trainer", *TINY, "--out", str(out), *args]
-    return subprocess.Popen(cmd, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True)
+    return subprocess.Popen(cmd, env=_env(torch_only), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
 
 
 def finish(proc: subprocess.Popen) -> str:
@@ -104,7 +117,9 @@ def test_loss_falls_and_replicas_agree(straight_run):
 @pytest.mark.parametrize("comm", ["bf16", "fp16"])
 def test_half_precision_hooks_run_and_send_half(tmp_path, comm):
     out = tmp_path / "run"
-    finish(torchrun(out, "--steps", "6", "--comm", comm, "--bucket-cap-mb", "0.25"))
+    # bf16 also runs on torch alone: no numpy, psutil, rich or tensorboard, as on a fresh node.
+    finish(torchrun(out, "--steps", "6", "--comm", comm, "--bucket-cap-mb", "0.25",
+                    torch_only=tmp_path if comm == "bf16" else None))
     records = read_metrics(out / "metrics.jsonl")
     assert all(r["comm"] == comm and r["wire_bytes"] * 2 == r["grad_bytes"] for r in records)
     s = summary(out)
@@ -169,8 +184,8 @@ def _kill_rank_after(proc: subprocess.Popen, out: Path, rank: int, min_step: int
 def test_runs_alone_without_torchrun(tmp_path):
     out = tmp_path / "run"
     proc = subprocess.run([sys.executable, "-m", "fatpipe.trainer", *TINY, "--steps", "3",
-                           "--out", str(out)], env=_env(), capture_output=True, text=True,
-                          timeout=JOIN_TIMEOUT_S)
+                           "--out", str(out)], env=_env(torch_only=tmp_path), capture_output=True,
+                          text=True, timeout=JOIN_TIMEOUT_S)
     assert proc.returncode == 0, proc.stderr[-4000:]
     s = summary(out)
     assert s["world_size"] == 1 and s["steps"] == 3 and s["comm"] == "none"

@@ -109,8 +109,9 @@ def powersgd_wire_elements(shapes: list[torch.Size], rank: int, min_rate: float 
 
 def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, grad_bytes: int,
                 powersgd_bytes: int, buckets: int, world_size: int,
-                powersgd_buckets: int | None = None) -> CommDecision:
-    """Apply the model above to each hook and pick the least lossy one within budget.
+                powersgd_buckets: int | None = None,
+                hooks: tuple[str, ...] = LOSSY_ORDER) -> CommDecision:
+    """Apply the model above to each of `hooks` and pick the least lossy one within budget.
 
     `powersgd_buckets` overrides the bucket count for PowerSGD (one bucket on gloo).
     """
@@ -124,20 +125,21 @@ def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, grad_byte
     rounds = {"none": 1, "bf16": 1, "fp16": 1, "powersgd": 3}
     bytes_per_s = max(link.busbw_gbps, 1e-9) * 1e9 / 8
     hideable = BACKWARD_SHARE * compute_s / grad_accum
+    candidates = [name for name in LOSSY_ORDER if name in hooks]
     predicted = {}
-    for name in LOSSY_ORDER:
+    for name in candidates:
         n_buckets = (powersgd_buckets or buckets) if name == "powersgd" else buckets
         comm_s = (rounds[name] * n_buckets * link.latency_s
                   + wire[name] * bus_factor(world_size) / bytes_per_s)
         exposed = max(comm_s - hideable, comm_s / n_buckets)
         predicted[name] = {"wire_bytes": wire[name], "comm_s": comm_s, "exposed_s": exposed,
                            "share": exposed / (compute_s + exposed) if compute_s + exposed else 0}
-    for name in LOSSY_ORDER:
+    for name in candidates:
         if predicted[name]["share"] <= EXPOSED_BUDGET:
             reason = (f"least lossy hook with predicted exposed comm "
                       f"{predicted[name]['share']:.0%} <= {EXPOSED_BUDGET:.0%} of the step")
             return CommDecision(name, reason, predicted=predicted, **common)
-    best = min(LOSSY_ORDER, key=lambda n: predicted[n]["exposed_s"])
+    best = min(candidates, key=lambda n: predicted[n]["exposed_s"])
     reason = (f"no hook keeps exposed comm within {EXPOSED_BUDGET:.0%}; "
               f"{best} exposes the least ({predicted[best]['share']:.0%})")
     return CommDecision(best, reason, predicted=predicted, **common)

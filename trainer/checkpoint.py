@@ -16,6 +16,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .collectives import all_gather_objects, broadcast_object
+
 log = logging.getLogger(__name__)
 
 KEEP = 2
@@ -62,27 +64,22 @@ def load_checkpoint(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)
 
 
-def load_agreed_checkpoint(folder: Path, rank: int) -> dict | None:
+def load_agreed_checkpoint(folder: Path, device: torch.device) -> dict | None:
     """The latest checkpoint of rank 0, on every rank (collective).
 
     Every rank reads the file itself when it can see it (shared folder, or a single node);
     if any rank cannot (a multi-node run on local disks), rank 0 broadcasts its copy.
     """
     mine = list_checkpoints(folder)
-    latest = [mine[-1][0] if mine else -1]
-    dist.broadcast_object_list(latest, src=0)
-    step = latest[0]
+    step = broadcast_object(mine[-1][0] if mine else -1, 0, device)
     if step < 0:
         return None
     path = checkpoint_path(folder, step)
-    have = [None] * dist.get_world_size()
-    dist.all_gather_object(have, path.is_file())
-    if all(have):
+    if all(all_gather_objects(path.is_file(), device)):
         payload = load_checkpoint(path)
     else:
         log.info("checkpoint step %d missing on some ranks: broadcasting rank 0's copy", step)
-        box = [load_checkpoint(path) if rank == 0 else None]
-        dist.broadcast_object_list(box, src=0)
-        payload = box[0]
+        payload = broadcast_object(load_checkpoint(path) if dist.get_rank() == 0 else None, 0,
+                                   device)
     log.info("resuming from %s", path)
     return payload

@@ -14,7 +14,6 @@ import sysconfig
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 # Source folders of the standard library left out of the default corpus: tests, GUI demos and
@@ -26,23 +25,35 @@ _TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".json", ".toml", ".csv", ".html
                   ".h", ".sh", ".yaml", ".yml", ".tex", ".js", ".ts", ".go", ".rs", ".java"}
 
 
-def stdlib_corpus(limit: int = _DEFAULT_CORPUS_BYTES) -> np.ndarray:
+def stdlib_corpus(limit: int = _DEFAULT_CORPUS_BYTES) -> torch.Tensor:
     """The default corpus: the Python standard library's own source, in a fixed order."""
     root = Path(sysconfig.get_paths()["stdlib"])
-    return np.frombuffer(b"".join(_read_all(_walk(root, {".py"}), limit)), dtype=np.uint8)
+    return _as_tensor(b"".join(_read_all(_walk(root, {".py"}), limit)))
 
 
-def load_corpus(path: str | None) -> np.ndarray:
-    """All bytes of a text file (memory-mapped), of a folder's text files, or the default corpus."""
+def load_corpus(path: str | None) -> torch.Tensor:
+    """All bytes of a text file (memory-mapped), of a folder's text files, or the default corpus.
+
+    Only torch and the standard library: the nodes' venvs hold torch and little else.
+    """
     if path is None:
         return stdlib_corpus()
     p = Path(path)
     if p.is_file():
-        return np.memmap(p, dtype=np.uint8, mode="r")
+        size = p.stat().st_size
+        if size == 0:
+            raise ValueError(f"--data {path}: the file is empty")
+        # A private mapping: pages load as rank's windows touch them, nothing is copied.
+        return torch.from_file(str(p), shared=False, size=size, dtype=torch.uint8)
     files = _walk(p, _TEXT_SUFFIXES)
     if not files:
         raise ValueError(f"--data {path}: no text files in that folder")
-    return np.frombuffer(b"".join(_read_all(files, limit=None)), dtype=np.uint8)
+    return _as_tensor(b"".join(_read_all(files, limit=None)))
+
+
+def _as_tensor(data: bytes) -> torch.Tensor:
+    return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
+        torch.empty(0, dtype=torch.uint8)
 
 
 def _walk(root: Path, suffixes: set[str]) -> list[Path]:
@@ -78,7 +89,7 @@ class DataCursor:
 class ShardedBatches:
     """One rank's stream of (input, target) batches of shape (batch_size, seq_len)."""
 
-    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, rank: int,
+    def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, rank: int,
                  world_size: int, seed: int, cursor: DataCursor | None = None):
         self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
@@ -91,11 +102,14 @@ class ShardedBatches:
                 f"corpus of {len(tokens)} bytes is too small for {world_size} rank(s) x "
                 f"batch {batch_size} x seq_len {seq_len}")
         self._n_windows = n_windows
-        self._order_epoch, self._order = -1, np.empty(0, dtype=np.int64)
+        self._order_epoch, self._order = -1, torch.empty(0, dtype=torch.long)
+        self._offsets = torch.arange(seq_len + 1)
 
-    def _shard(self, epoch: int) -> np.ndarray:
+    def _shard(self, epoch: int) -> torch.Tensor:
         if epoch != self._order_epoch:
-            perm = np.random.default_rng([self.seed, epoch]).permutation(self._n_windows)
+            # hash() of a tuple of ints is stable across processes (no hash randomisation).
+            g = torch.Generator().manual_seed(hash((self.seed, epoch)) % (1 << 63))
+            perm = torch.randperm(self._n_windows, generator=g)
             take = self.batches_per_epoch * self.batch_size
             self._order, self._order_epoch = perm[self.rank::self.world_size][:take], epoch
         return self._order
@@ -103,10 +117,8 @@ class ShardedBatches:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cursor
         rows = self._shard(c.epoch)[c.index * self.batch_size:(c.index + 1) * self.batch_size]
-        starts = rows * self.seq_len
-        chunk = np.stack([self.tokens[s:s + self.seq_len + 1] for s in starts]).astype(np.int64)
+        chunk = self.tokens[rows[:, None] * self.seq_len + self._offsets].long()
         c.index += 1
         if c.index == self.batches_per_epoch:
             c.epoch, c.index = c.epoch + 1, 0
-        t = torch.from_numpy(chunk)
-        return t[:, :-1].contiguous(), t[:, 1:].contiguous()
+        return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()

@@ -23,6 +23,15 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 HOOK_NAMES = ("none", "bf16", "fp16", "powersgd")
 
 
+def powersgd_available() -> bool:
+    """torch's PowerSGDState draws its random seeds from numpy, which torch does not require."""
+    try:
+        import numpy  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
 @dataclass(frozen=True)
 class StepComm:
     """What the gradient synchronisation of one optimizer step cost."""

@@ -14,8 +14,6 @@ import os
 import sys
 from pathlib import Path
 
-import numpy as np
-
 log = logging.getLogger(__name__)
 
 STEP_FIELDS = ("step", "loss", "lr", "step_s", "tokens_per_s", "sync_s", "exposed_comm_s",
@@ -52,8 +50,7 @@ class MetricsLog:
         truncate_metrics(self.path, start_step)
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses one line
         self._tb = _tensorboard(run_dir / "tb", purge_step=start_step + 1)
-        self._console = (_RichLine if sys.stdout.isatty() else _PlainLines)(total_steps,
-                                                                             start_step)
+        self._console = _console(total_steps, start_step)
 
     def log(self, rec: dict) -> None:
         self._file.write(json.dumps(rec) + "\n")
@@ -77,6 +74,26 @@ def _tensorboard(folder: Path, purge_step: int):
         return None
     # purge_step drops events a killed attempt logged past the checkpoint.
     return SummaryWriter(str(folder), purge_step=purge_step)
+
+
+def _console(total: int, start: int):
+    if sys.stdout.isatty():
+        try:
+            return _RichLine(total, start)
+        except ImportError:  # rich is optional on the nodes
+            pass
+    return _PlainLines(total, start)
+
+
+def percentile(values: list[float], q: float) -> float:
+    """Linear interpolation between closest ranks (numpy's default)."""
+    if not values:
+        return 0.0
+    ordered = sorted(values)
+    pos = (len(ordered) - 1) * q / 100
+    lo = math.floor(pos)
+    hi = min(lo + 1, len(ordered) - 1)
+    return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
 def format_record(rec: dict, total: int) -> str:
@@ -136,8 +153,7 @@ def summarize(records: list[dict], tokens_per_step: int, **extra) -> dict:
     """summary.json: percentiles and totals over every step of the run (all attempts)."""
 
     def pct(key: str, q: float) -> float:
-        values = [r[key] for r in records]
-        return float(np.percentile(values, q)) if values else 0.0
+        return percentile([r[key] for r in records], q)
 
     last = records[-1] if records else {}
     step_p50 = pct("step_s", 50)

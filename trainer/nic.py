@@ -2,7 +2,8 @@
 
 Which interface: the one named by GLOO_SOCKET_IFNAME / NCCL_SOCKET_IFNAME when set (that is
 what the backends bind to), else the one holding the local address the kernel would use to
-reach MASTER_ADDR, else `lo`.
+reach MASTER_ADDR, else `lo`. psutil is used when installed; without it (node venvs hold torch
+and little else) the same facts come from Linux's /proc and ioctl.
 """
 
 from __future__ import annotations
@@ -10,14 +11,64 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+import struct
 import time
 
-import psutil
+_SIOCGIFADDR = 0x8915
+
+
+def interface_addresses() -> dict[str, list[str]]:
+    """Interface name -> its IP addresses."""
+    try:
+        import psutil
+    except ImportError:
+        return _linux_interface_addresses()
+    return {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
+
+
+def _linux_interface_addresses() -> dict[str, list[str]]:
+    import fcntl
+
+    found: dict[str, list[str]] = {name: [] for _, name in socket.if_nameindex()}
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        for name in found:
+            try:
+                req = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+                found[name].append(socket.inet_ntoa(req[20:24]))
+            except OSError:  # no IPv4 address
+                pass
+    try:
+        with open("/proc/net/if_inet6") as f:  # "<32 hex digits> idx plen scope flags name"
+            for line in f:
+                parts = line.split()
+                found.setdefault(parts[5], []).append(str(ipaddress.IPv6Address(int(parts[0], 16))))
+    except OSError:
+        pass
+    return found
+
+
+def interface_counters(name: str) -> tuple[int, int]:
+    """(bytes sent, bytes received) by one interface since boot; (0, 0) if unknown."""
+    try:
+        import psutil
+    except ImportError:
+        try:
+            with open("/proc/net/dev") as f:
+                for line in f:
+                    nic, sep, fields = line.partition(":")
+                    if sep and nic.strip() == name:
+                        values = fields.split()
+                        return int(values[8]), int(values[0])
+        except OSError:
+            pass
+        return 0, 0
+    c = psutil.net_io_counters(pernic=True).get(name)
+    return (c.bytes_sent, c.bytes_recv) if c else (0, 0)
 
 
 def traffic_interface(env: dict[str, str] | None = None) -> str:
     env = os.environ if env is None else env
-    nics = psutil.net_if_addrs()
+    nics = interface_addresses()
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         value = env.get(var, "").strip()
         if not value or value.startswith("^"):  # unset, or an NCCL exclusion list
@@ -32,8 +83,10 @@ def traffic_interface(env: dict[str, str] | None = None) -> str:
     local_ip = _source_address(env.get("MASTER_ADDR", ""))
     if local_ip:
         for name, addrs in nics.items():
-            if any(_same_ip(a.address, local_ip) for a in addrs):
+            if any(_same_ip(a, local_ip) for a in addrs):
                 return name
+        if _is_loopback(local_ip):  # 127.0.0.x beyond .1 belongs to lo without being listed
+            return next((n for n, addrs in nics.items() if any(map(_is_loopback, addrs))), "lo")
     return "lo"
 
 
@@ -48,6 +101,13 @@ def _source_address(host: str) -> str | None:
             return s.getsockname()[0]
     except OSError:
         return None
+
+
+def _is_loopback(ip: str) -> bool:
+    try:
+        return ipaddress.ip_address(ip.split("%")[0]).is_loopback
+    except ValueError:
+        return False
 
 
 def _same_ip(a: str, b: str) -> bool:
@@ -65,8 +125,7 @@ class NicMeter:
         self._last = self._read()
 
     def _read(self) -> tuple[float, int, int]:
-        c = psutil.net_io_counters(pernic=True).get(self.interface)
-        return time.perf_counter(), (c.bytes_sent if c else 0), (c.bytes_recv if c else 0)
+        return (time.perf_counter(), *interface_counters(self.interface))
 
     def rates(self) -> tuple[float, float]:
         """(tx_gbps, rx_gbps) averaged since the last call."""

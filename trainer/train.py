@@ -7,6 +7,7 @@ Read top to bottom: `Trainer.setup` (resume point, comm choice, DDP), `Trainer.r
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import hashlib
 import json
 import logging
@@ -23,10 +24,18 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from .allreduce import bus_factor
 from .autocomm import CommDecision, choose_comm, powersgd_wire_elements, probe_link, read_netcheck
 from .checkpoint import load_agreed_checkpoint, save_checkpoint
+from .collectives import all_gather_objects, broadcast_object, gather_objects
 from .config import TrainConfig
 from .data import DataCursor, ShardedBatches, load_corpus
 from .distenv import DistEnv
-from .hooks import TimedCommHook, load_powersgd_state, make_powersgd_state, powersgd_state_dict
+from .hooks import (
+    HOOK_NAMES,
+    TimedCommHook,
+    load_powersgd_state,
+    make_powersgd_state,
+    powersgd_available,
+    powersgd_state_dict,
+)
 from .metrics import MetricsLog, read_metrics, summarize
 from .model import GPT, preset_config
 from .nic import NicMeter, traffic_interface
@@ -54,7 +63,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = GPT(preset_config(cfg.preset, cfg.seq_len)).to(self.device)
         self.grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
-        ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", env.rank)
+        ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
         self.start_step = ckpt["step"] if ckpt else 0
         if ckpt:
             self.model.load_state_dict(ckpt["model"])
@@ -85,6 +94,9 @@ class Trainer:
 
     def _decide_comm(self, ckpt: dict | None) -> dict:
         cfg, env = self.cfg, self.env
+        if cfg.comm == "powersgd" and not powersgd_available():
+            raise RuntimeError("comm=powersgd needs numpy (torch's PowerSGD uses it): "
+                               "pip install numpy, or pick another --comm")
         if cfg.comm != "auto":
             return CommDecision(cfg.comm, "set by --comm", world_size=env.world_size).to_dict()
         if ckpt and ckpt.get("comm_decision"):
@@ -94,21 +106,20 @@ class Trainer:
         if env.world_size == 1:
             return CommDecision("none", "single process, nothing to send").to_dict()
         compute_s = self._measure_compute()
-        box = [read_netcheck(self.run_dir) if env.is_main else None]
-        dist.broadcast_object_list(box, src=0)  # netcheck.json may exist on rank 0's disk only
-        link = box[0] or probe_link(self.device, self.grad_bytes)
+        # netcheck.json may exist on rank 0's disk only.
+        link = broadcast_object(read_netcheck(self.run_dir) if env.is_main else None, 0,
+                                self.device) or probe_link(self.device, self.grad_bytes)
         shapes = [p.shape for p in self.model.parameters()]
         decision = choose_comm(
             link, compute_s, cfg.grad_accum, self.grad_bytes,
             powersgd_bytes=powersgd_wire_elements(shapes, cfg.powersgd_rank) * 4,
             buckets=max(1, math.ceil(self.grad_bytes / (cfg.bucket_cap_mb * _MIB))),
             powersgd_buckets=1 if env.backend == "gloo" else None,
-            world_size=env.world_size)
-        box = [decision.to_dict()]
-        dist.broadcast_object_list(box, src=0)  # every rank must register the same hook
+            world_size=env.world_size,
+            hooks=tuple(h for h in HOOK_NAMES if h != "powersgd" or powersgd_available()))
         if env.is_main:
             log.info("%s", decision.describe())
-        return box[0]
+        return broadcast_object(decision.to_dict(), 0, self.device)  # one hook on every rank
 
     def _measure_compute(self) -> float:
         """Seconds of forward + backward for one step, no communication (slowest rank)."""
@@ -229,8 +240,7 @@ class Trainer:
         mine = {"rng": _rng_state(self.device)}
         if self.meter.state is not None:  # error feedback differs per rank
             mine["powersgd"] = powersgd_state_dict(self.meter.state)
-        every = [None] * self.env.world_size if self.env.is_main else None
-        dist.gather_object(mine, every, dst=0)
+        every = gather_objects(mine, 0, self.device)
         if not self.env.is_main:
             return
         save_checkpoint(self.run_dir / "checkpoints", step, {
@@ -264,8 +274,7 @@ class Trainer:
 
     def finish(self) -> None:
         """Collective: check the replicas agree, then rank 0 writes summary.json."""
-        digests = [None] * self.env.world_size
-        dist.all_gather_object(digests, param_digest(self.model))
+        digests = all_gather_objects(param_digest(self.model), self.device)
         if self.meter.ran_powersgd and self.env.backend == "gloo":
             # powerSGD_hook's future callbacks can still be unwinding on gloo's worker threads
             # after backward returns; destroying the group under them aborts the process.
@@ -299,7 +308,11 @@ def param_digest(model: torch.nn.Module) -> str:
     h = hashlib.sha256()
     for name, t in model.state_dict().items():
         h.update(name.encode())
-        h.update(t.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+        flat = t.detach().cpu().contiguous()
+        # The tensor's memory as a buffer, without numpy (node venvs may lack it); `flat`
+        # stays alive while the view is hashed.
+        h.update((ctypes.c_char * (flat.numel() * flat.element_size())).from_address(
+            flat.data_ptr()))
     return h.hexdigest()
 
 

@@ -1,0 +1,68 @@
+"""Broadcast and gather of small Python objects over the process group, needing torch only.
+
+torch.distributed's `*_object*` collectives convert through numpy, which torch does not
+install and the nodes' venvs may lack; these pickle into a uint8 tensor instead. The payload
+is pickled by peers of the same job, the same trust torch's versions assume.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import pickle
+
+import torch
+import torch.distributed as dist
+
+
+def _encode(obj, device: torch.device) -> torch.Tensor:
+    return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
+
+
+def _decode(t: torch.Tensor):
+    cpu = t.cpu().contiguous()
+    if cpu.numel() == 0:
+        raise ValueError("empty object payload")
+    return pickle.loads(bytes((ctypes.c_char * cpu.numel()).from_address(cpu.data_ptr())))
+
+
+def _sizes(n: int, device: torch.device) -> list[int]:
+    mine = torch.tensor([n], dtype=torch.long, device=device)
+    every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    dist.all_gather(every, mine)
+    return [int(s.item()) for s in every]
+
+
+def broadcast_object(obj, src: int, device: torch.device):
+    """`obj` of rank `src`, on every rank."""
+    payload = _encode(obj, device) if dist.get_rank() == src else None
+    size = torch.tensor([payload.numel() if payload is not None else 0], device=device)
+    dist.broadcast(size, src)
+    if payload is None:
+        payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    dist.broadcast(payload, src)
+    return obj if dist.get_rank() == src else _decode(payload)
+
+
+def all_gather_objects(obj, device: torch.device) -> list:
+    """Every rank's `obj`, in rank order, on every rank."""
+    payload = _encode(obj, device)
+    sizes = _sizes(payload.numel(), device)
+    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    padded[:payload.numel()] = payload
+    every = [torch.empty_like(padded) for _ in sizes]
+    dist.all_gather(every, padded)
+    return [_decode(t[:n]) for t, n in zip(every, sizes, strict=True)]
+
+
+def gather_objects(obj, dst: int, device: torch.device) -> list | None:
+    """Every rank's `obj`, in rank order, on rank `dst` (None elsewhere)."""
+    payload = _encode(obj, device)
+    sizes = _sizes(payload.numel(), device)
+    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    padded[:payload.numel()] = payload
+    if dist.get_rank() != dst:
+        dist.gather(padded, None, dst=dst)
+        return None
+    every = [torch.empty_like(padded) for _ in sizes]
+    dist.gather(padded, every, dst=dst)
+    return [_decode(t[:n]) for t, n in zip(every, sizes, strict=True)]
