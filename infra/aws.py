@@ -48,7 +48,7 @@ def build_cluster(stack, cluster, project) -> dict:
     key = KeyPair(stack, "key", key_name_prefix=f"fatpipe-{cluster.name}-", public_key=cluster.public_key)
     # One copy of the user data in the JSON, however many nodes share it.
     user_data = TerraformLocal(stack, "user_data", render_cloud_init(cluster.tier, "aws", cluster))
-    nodes = _nodes(stack, cluster, machine, network, key.key_name, user_data.as_string)
+    _nodes(stack, cluster, machine, network, key.key_name, user_data.as_string)
     return {
         "name": cluster.name,
         "provider": "aws",
@@ -59,9 +59,9 @@ def build_cluster(stack, cluster, project) -> dict:
         "gpus_per_node": cluster.gpus_per_node,
         "rdzv_port": cluster.rdzv_port,
         "nodes": [
-            {"name": cluster.node_name(i), "public_ip": node.public_ip,
+            {"name": name, "public_ip": f'${{aws_instance.nodes["{name}"].public_ip}}',
              "private_ip": cluster.private_ip(i), "transport": "ssh"}
-            for i, node in enumerate(nodes)
+            for i, name in enumerate(map(cluster.node_name, range(cluster.nodes)))
         ],
     }
 
@@ -153,7 +153,12 @@ def _ami(stack, machine: MachineType) -> str:
 
 
 def _nodes(stack, cluster, machine: MachineType, network: Network, key_name: str, user_data: str):
-    from cdktf import TerraformResourceLifecycle
+    """One `aws_instance.nodes` with for_each over {node name: private IP}.
+
+    The map puts every node's deterministic IP literally in the JSON, and a single resource
+    keeps synth time flat in the node count (each construct costs a jsii round trip).
+    """
+    from cdktf import TerraformIterator, TerraformResourceLifecycle, Token
     from cdktf_cdktf_provider_aws.instance import (
         Instance,
         InstanceMetadataOptions,
@@ -166,7 +171,7 @@ def _nodes(stack, cluster, machine: MachineType, network: Network, key_name: str
         # One rack-local group: the lowest latency and the full per-flow bandwidth between nodes.
         placement = PlacementGroup(stack, "placement", name=f"fatpipe-{cluster.name}",
                                    strategy="cluster").name
-    ami = _ami(stack, machine)
+    nodes = TerraformIterator.from_map({cluster.node_name(i): cluster.private_ip(i) for i in range(cluster.nodes)})
     # IMDSv2 only. Hop limit 1: nothing in a container or behind a forwarding hop on the node
     # reaches the metadata service (the trainer runs on the host and needs no instance
     # credentials; none are attached).
@@ -174,27 +179,24 @@ def _nodes(stack, cluster, machine: MachineType, network: Network, key_name: str
                                        http_put_response_hop_limit=1)
     root = InstanceRootBlockDevice(volume_type="gp3", encrypted=True, delete_on_termination=True,
                                    volume_size=ROOT_GIB["gpu" if machine.gpus else "cpu"])
-    # A newer AMI in the SSM parameter must not replace running nodes.
-    lifecycle = TerraformResourceLifecycle(ignore_changes=["ami"])
-    return [
-        Instance(
-            stack, f"node_{i}",
-            ami=ami,
-            instance_type=machine.name,
-            subnet_id=network.subnet_id,
-            private_ip=cluster.private_ip(i),  # known before boot: node 0 is the rendezvous host
-            vpc_security_group_ids=[network.security_group_id],
-            associate_public_ip_address=True,  # SSH and apt/pip; the security group limits who
-            key_name=key_name,
-            placement_group=placement,
-            ebs_optimized=True,
-            monitoring=True,  # 1-minute CloudWatch NetworkIn/Out: link use without logging in
-            user_data=user_data,
-            metadata_options=metadata,
-            root_block_device=root,
-            lifecycle=lifecycle,
-            depends_on=[network.internet_route],
-            tags={"Name": cluster.node_name(i)},
-        )
-        for i in range(cluster.nodes)
-    ]
+    return Instance(
+        stack, "nodes",
+        for_each=nodes,
+        ami=_ami(stack, machine),
+        instance_type=machine.name,
+        subnet_id=network.subnet_id,
+        private_ip=Token.as_string(nodes.value),  # known before boot: node 0 is the rendezvous host
+        vpc_security_group_ids=[network.security_group_id],
+        associate_public_ip_address=True,  # SSH and apt/pip; the security group limits who
+        key_name=key_name,
+        placement_group=placement,
+        ebs_optimized=True,
+        monitoring=True,  # 1-minute CloudWatch NetworkIn/Out: link use without logging in
+        user_data=user_data,
+        metadata_options=metadata,
+        root_block_device=root,
+        # A newer AMI in the SSM parameter must not replace running nodes.
+        lifecycle=TerraformResourceLifecycle(ignore_changes=["ami"]),
+        depends_on=[network.internet_route],
+        tags={"Name": Token.as_string(nodes.key)},
+    )

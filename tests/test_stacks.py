@@ -142,22 +142,24 @@ def test_aws_security_group_ssh_only_from_ssh_cidr_members_by_self_reference(sta
 @pytest.mark.parametrize("name", ["aws1g", "aws10g", "awsgpu"])
 def test_aws_instances_imdsv2_encrypted_placed_with_fixed_private_ips(stacks, project, name):
     doc, cluster = stacks[name], project.cluster(name)
-    instances = resources(doc, "aws_instance")
-    assert sorted(instances) == sorted(f"node_{i}" for i in range(cluster.nodes))
+    (resource_name, node), = resources(doc, "aws_instance").items()
+    # One resource for_each over {node name: private IP}: the IPs are literal, known before boot.
+    net = ipaddress.ip_network(cluster.private_cidr)
+    assert node["for_each"] == {f"{name}-{i}": str(net.network_address + 10 + i) for i in range(cluster.nodes)}
+    assert node["for_each"] == {cluster.node_name(i): cluster.private_ip(i) for i in range(cluster.nodes)}
+    assert node["private_ip"] == "${each.value}" and node["tags"]["Name"] == "${each.key}"
     (placement_name, placement), = resources(doc, "aws_placement_group").items()
     assert placement["strategy"] == "cluster"
-    net = ipaddress.ip_network(cluster.private_cidr)
-    for i in range(cluster.nodes):
-        node = instances[f"node_{i}"]
-        assert node["metadata_options"]["http_tokens"] == "required"
-        assert node["metadata_options"]["http_put_response_hop_limit"] == 1
-        root = node["root_block_device"]
-        assert root["encrypted"] is True and root["volume_type"] == "gp3"
-        assert node["placement_group"] == f"${{aws_placement_group.{placement_name}.name}}"
-        assert node["private_ip"] == cluster.private_ip(i) == str(net.network_address + 10 + i)
-        assert node["user_data"] == "${local.user_data}"
-        assert node["key_name"] == "${aws_key_pair.key.key_name}"
-        assert node["tags"]["Name"] == f"{name}-{i}"
+    assert node["placement_group"] == f"${{aws_placement_group.{placement_name}.name}}"
+    assert node["metadata_options"]["http_tokens"] == "required"
+    assert node["metadata_options"]["http_put_response_hop_limit"] == 1
+    root = node["root_block_device"]
+    assert root["encrypted"] is True and root["volume_type"] == "gp3"
+    assert node["user_data"] == "${local.user_data}"
+    assert node["key_name"] == "${aws_key_pair.key.key_name}"
+    assert node["vpc_security_group_ids"] == ["${aws_security_group.members.id}"]
+    assert node["associate_public_ip_address"] is True and node["monitoring"] is True
+    assert node["depends_on"] == ["aws_route.internet"]
     (subnet,) = resources(doc, "aws_subnet").values()
     assert subnet["cidr_block"] == cluster.private_cidr
     assert resources(doc, "aws_vpc")["vpc"]["cidr_block"] == cluster.private_cidr
@@ -167,20 +169,21 @@ def test_aws_instances_imdsv2_encrypted_placed_with_fixed_private_ips(stacks, pr
 
 def test_aws_machine_types_and_amis(stacks):
     def only(doc, key):
-        return {n[key] for n in resources(doc, "aws_instance").values()}
+        return resources(doc, "aws_instance")["nodes"][key]
 
     ssm = {name: doc["data"]["aws_ssm_parameter"]["ami"]["name"] for name, doc in stacks.items()
            if name.startswith("aws")}
     # 1g: the cheapest type whose baseline reaches 1 Gbit/s (a Graviton type: arm64 Ubuntu).
-    assert only(stacks["aws1g"], "instance_type") == {"c6gn.large"}
+    assert only(stacks["aws1g"], "instance_type") == "c6gn.large"
     assert ssm["aws1g"] == "/aws/service/canonical/ubuntu/server/24.04/stable/current/arm64/hvm/ebs-gp3/ami-id"
-    assert only(stacks["aws10g"], "instance_type") == {"c5n.2xlarge"}
+    assert only(stacks["aws10g"], "instance_type") == "c5n.2xlarge"
     assert "/amd64/" in ssm["aws10g"]
     assert stacks["aws10g"]["resource"]["aws_subnet"]["subnet"]["availability_zone"] == "eu-west-1b"
     # A GPU type boots the Deep Learning Base GPU AMI on a root disk big enough for it.
-    assert only(stacks["awsgpu"], "instance_type") == {"g4dn.2xlarge"}
+    assert only(stacks["awsgpu"], "instance_type") == "g4dn.2xlarge"
     assert ssm["awsgpu"].startswith("/aws/service/deeplearning/ami/x86_64/base-oss-nvidia-driver-gpu")
-    assert {n["root_block_device"]["volume_size"] for n in resources(stacks["awsgpu"], "aws_instance").values()} == {100}
+    assert only(stacks["awsgpu"], "root_block_device")["volume_size"] == 100
+    assert only(stacks["aws1g"], "root_block_device")["volume_size"] == 30
 
 
 @pytest.mark.parametrize("name", ["aws1g", "aws10g", "do1g", "do10g"])
@@ -218,13 +221,14 @@ def test_output_is_the_cluster_contract(stacks, project, name):
     assert [set(n) for n in value["nodes"]] == [NODE_KEYS] * cluster.nodes
     assert [n["name"] for n in value["nodes"]] == [f"{name}-{i}" for i in range(cluster.nodes)]
     assert {n["transport"] for n in value["nodes"]} == {"ssh"}
-    kind = "aws_instance" if cluster.provider == "aws" else "digitalocean_droplet"
     for i, node in enumerate(value["nodes"]):
-        assert node["public_ip"] == f"${{{kind}.node_{i}.{'public_ip' if cluster.provider == 'aws' else 'ipv4_address'}}}"
+        key = f'nodes["{name}-{i}"]'
         if cluster.provider == "aws":
+            assert node["public_ip"] == f"${{aws_instance.{key}.public_ip}}"
             assert node["private_ip"] == cluster.private_ip(i)
         else:
-            assert node["private_ip"] == f"${{digitalocean_droplet.node_{i}.ipv4_address_private}}"
+            assert node["public_ip"] == f"${{digitalocean_droplet.{key}.ipv4_address}}"
+            assert node["private_ip"] == f"${{digitalocean_droplet.{key}.ipv4_address_private}}"
 
 
 def test_provider_sources_are_fully_qualified_and_backends_portable(stacks):
@@ -256,14 +260,15 @@ def test_digitalocean_vpc_droplets_and_tag_firewall(stacks, project, name):
     assert vpc["ip_range"] == cluster.private_cidr and vpc["region"] == cluster.region
     assert resources(doc, "digitalocean_tag")["members"]["name"] == f"fatpipe-{name}"
     tag = "${digitalocean_tag.members.name}"  # a reference, so the firewall waits for the tag
-    droplets = resources(doc, "digitalocean_droplet")
-    assert len(droplets) == cluster.nodes
-    for d in droplets.values():
-        assert d["vpc_uuid"] == "${digitalocean_vpc.vpc.id}"
-        assert d["user_data"] == "${local.user_data}"
-        assert d["ssh_keys"] == ["${digitalocean_ssh_key.key.fingerprint}"]
-        assert d["tags"] == ["${digitalocean_tag.members.id}"]
-    assert {d["size"] for d in droplets.values()} == {"s-2vcpu-4gb" if cluster.tier == "1g" else "s-2vcpu-4gb-amd"}
+    (d,) = resources(doc, "digitalocean_droplet").values()
+    names = ", ".join(f'"{name}-{i}"' for i in range(cluster.nodes))
+    assert d["for_each"] == f"${{toset([{names}])}}"
+    assert d["name"] == "${each.key}"
+    assert d["vpc_uuid"] == "${digitalocean_vpc.vpc.id}"
+    assert d["user_data"] == "${local.user_data}"
+    assert d["ssh_keys"] == ["${digitalocean_ssh_key.key.fingerprint}"]
+    assert d["tags"] == ["${digitalocean_tag.members.id}"]
+    assert d["size"] == ("s-2vcpu-4gb" if cluster.tier == "1g" else "s-2vcpu-4gb-amd")
     (firewall,) = resources(doc, "digitalocean_firewall").values()
     assert firewall["tags"] == [tag]
     inbound = firewall["inbound_rule"]
