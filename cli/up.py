@@ -56,8 +56,8 @@ class Phases:
         return phase
 
     def header(self, name: str, what: str) -> None:
-        index = PHASES.index(name) + 1 if name in PHASES else len(PHASES)
-        self.out.rule(f"[bold][{index}/{len(PHASES)}] {name}[/]: {what}", align="left")
+        step = f"[{PHASES.index(name) + 1}/{len(PHASES)}] " if name in PHASES else ""
+        self.out.rule(f"[bold]{step}{name}[/]: {what}", align="left")
 
     def run(self, name: str, what: str, fn, spinner: bool = True):
         phase = self.get(name)

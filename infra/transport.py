@@ -20,6 +20,7 @@ from typing import TypeVar
 from .errors import FatpipeError
 
 SSH_CONFIG_ENV = "FATPIPE_SSH_CONFIG"  # an ssh_config file used instead of ~/.ssh/config (ssh -F)
+CONTROL_DIR_ENV = "FATPIPE_SSH_CONTROL_DIR"
 CONNECT_TIMEOUT_S = 10
 CONTROL_PERSIST_S = 120
 
@@ -200,9 +201,12 @@ class SshTransport(Transport):
 
 
 def control_dir() -> Path:
-    """Where ssh's multiplexing sockets live: short (a socket path must fit in 108 bytes), private."""
-    path = Path(tempfile.gettempdir()) / f"fatpipe-ssh-{os.getuid()}"
-    path.mkdir(mode=0o700, exist_ok=True)
+    """Where ssh's multiplexing sockets live: short (a socket path must fit in 108 bytes), private.
+
+    $FATPIPE_SSH_CONTROL_DIR overrides the default folder under the temp dir.
+    """
+    path = Path(os.environ.get(CONTROL_DIR_ENV) or Path(tempfile.gettempdir()) / f"fatpipe-ssh-{os.getuid()}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
     return path
 
 

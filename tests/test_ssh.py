@@ -81,6 +81,7 @@ Host 127.0.0.1
 """)
     monkeypatch.setenv("FATPIPE_SSH_CONFIG", str(base / "ssh_config"))
     monkeypatch.setenv("FATPIPE_REMOTE_DIR", str(base / "remote" / "{node}"))
+    monkeypatch.setenv("FATPIPE_SSH_CONTROL_DIR", str(base / "cm"))
     deadline = time.monotonic() + 10
     while True:
         with socket.socket() as s:
@@ -92,8 +93,8 @@ Host 127.0.0.1
     yield base
     proc.terminate()
     proc.wait(10)
-    # The multiplexing masters (ControlPersist) of this test's connections.
-    for sock in Path(f"/tmp/fatpipe-ssh-{os.getuid()}").glob("*"):
+    # The multiplexing masters (ControlPersist) of this test's connections outlive sshd's listener.
+    for sock in (base / "cm").glob("*"):
         subprocess.run(["ssh", "-F", str(base / "ssh_config"), "-o", f"ControlPath={sock}", "-O", "exit",
                         "127.0.0.1"], capture_output=True, timeout=10)
 
