@@ -95,3 +95,31 @@ def test_venv_is_reused_while_its_inputs_stay_the_same(tmp_path):
     done = LocalTransport("n").run(f"cd {tmp_path} && PATH=/nonexistent; {command}", timeout=10)
     assert done.ok, done.stderr
     assert os.listdir(tmp_path / ".fatpipe/venv") == [".fatpipe-stamp"]
+
+
+def test_stop_and_status_commands(run_cli, project_dir):
+    from fatpipe.infra.launch import node_runs
+    from fatpipe.infra.outputs import parse_outputs
+    from fatpipe.infra.project import load_project
+    from fatpipe.infra.rendezvous import make_rendezvous
+    from fatpipe.infra.runs import new_run
+
+    project = load_project()
+    outputs = parse_outputs({
+        "name": "demo", "provider": "sim", "tier_gbps": 1, "private_cidr": "10.42.0.0/24",
+        "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}", "transport": "local"}
+                  for i in range(2)],
+    })
+    run_id, run_dir = new_run(project, "demo")
+    rdzv = make_rendezvous(project, outputs, run_id, run_dir)
+    nodes = node_runs(rdzv, project.state_dir("demo"))
+    for node in nodes:  # stand-ins for torchrun: the commands around it are what is tested
+        (run_dir / f"node-{node.plan.rank}.sh").write_text("echo started; sleep 300\n")
+        assert node.transport.run(node.start_command()).ok
+    assert "run " + run_id in run_cli("status").output
+    assert all(n.status() == "running" for n in nodes)
+    result = run_cli("stop")
+    assert result.exit_code == 0 and f"run {run_id} stopped" in result.output
+    assert [n.status() for n in nodes] == ["143", "143"]  # bash killed by SIGTERM
+    logs = run_cli("logs", "--node", "demo-1")
+    assert logs.output.splitlines() == ["demo-1 | started"]
