@@ -71,7 +71,7 @@ def assert_nothing_left(folder: Path, name: str) -> None:
         assert not Path(f"/proc/{pid}").exists() or "Z" in Path(f"/proc/{pid}/stat").read_text().split(") ")[1][:1]
 
 
-def summary_of(output: str, folder: Path, name: str) -> dict:
+def up_report(folder: Path, name: str) -> dict:
     runs = folder / ".fatpipe" / name / "runs"
     run = runs / (runs / "latest").read_text().strip()
     return json.loads((run / "up.json").read_text())
@@ -87,7 +87,7 @@ def test_up_default_cluster_on_netns(needs_netns, project_dir):
     assert done.returncode == 0, done.stdout[-6000:]
     for shown in ("final loss", "sync latency p50 / p95", "busbw in netcheck", "time per phase", "up finished"):
         assert shown in done.stdout
-    up = summary_of(done.stdout, project_dir, "upns")
+    up = up_report(project_dir, "upns")
     assert up["summary"]["final_loss"] > 0 and up["summary"]["sync_s_p50"] > 0
     assert up["summary"]["world_size"] == 4 and up["summary"]["netcheck_busbw_gbps"] > 0
     assert [p["state"] for p in up["phases"]] == ["done"] * 8
@@ -103,7 +103,7 @@ def test_up_on_loopback_reruns_skip_what_is_done(project_dir):
         assert "final loss" in first.stdout and "sync latency" in first.stdout
         again = fatpipe(project_dir, "up", "--down-after", "--netcheck", "quick", *TRAIN)
         assert again.returncode == 0, again.stdout[-6000:]
-        up = summary_of(again.stdout, project_dir, "uplb")
+        up = up_report(project_dir, "uplb")
         states = {p["name"]: p["state"] for p in up["phases"]}
         assert states == {"synth": "skipped", "deploy": "skipped", "wait": "skipped", "netcheck": "skipped",
                           "rendezvous": "done", "launch": "done", "summary": "done", "down": "done"}
