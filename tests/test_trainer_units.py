@@ -110,6 +110,10 @@ def test_auto_comm_picks_the_least_lossy_hook_that_fits():
     assert slow.comm == "powersgd" and "no hook" in slow.reason
     assert {"wire_bytes", "comm_s", "exposed_s", "share"} <= set(slow.predicted["none"])
     assert "Gbit/s" in slow.describe()
+    grad = 100_000_000
+    no_numpy = choose_comm(LinkEstimate(0.01, 1e-4, "test"), 0.1, 1, grad, grad // 50, 4, 8,
+                           hooks=("none", "bf16", "fp16"))
+    assert no_numpy.comm == "bf16" and "powersgd" not in no_numpy.predicted
 
 
 def test_powersgd_wire_estimate_follows_torchs_rule():
@@ -119,6 +123,7 @@ def test_powersgd_wire_estimate_follows_torchs_rule():
 
 
 def test_checkpoints_are_atomic_and_the_last_two_kept(tmp_path):
+    (tmp_path / ".step-00000005.pt.tmp-999").write_bytes(b"torn by a kill")
     for step in (10, 20, 30):
         save_checkpoint(tmp_path, step, {"step": step, "w": torch.full((3,), float(step))})
     assert [s for s, _ in list_checkpoints(tmp_path)] == [20, 30]

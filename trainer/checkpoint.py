@@ -49,6 +49,9 @@ def save_checkpoint(folder: Path, step: int, payload: dict, keep: int = KEEP) ->
     _fsync_dir(folder)
     for _, old in list_checkpoints(folder)[:-keep]:
         old.unlink(missing_ok=True)
+    for stale in folder.glob(".step-*.pt.tmp-*"):  # left by an attempt killed mid-write
+        if stale != tmp:
+            stale.unlink(missing_ok=True)
     return final
 
 
