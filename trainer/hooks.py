@@ -52,13 +52,14 @@ class _Clock:
     """
 
     def __init__(self, device: torch.device):
-        self.cuda = device.type == "cuda"
+        self.device, self.cuda = device, device.type == "cuda"
 
     def mark(self):
         if not self.cuda:
             return time.perf_counter()
         event = torch.cuda.Event(enable_timing=True)
-        event.record()
+        # Name the device: future callbacks may run on a thread whose current device is 0.
+        event.record(torch.cuda.current_stream(self.device))
         return event
 
     def seconds(self, origin, mark) -> float:

@@ -219,7 +219,8 @@ class Trainer:
         self.optimizer.step()
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        loss_value = loss_sum.item() / cfg.grad_accum  # waits for the device
+        loss_value = loss_sum.item() / cfg.grad_accum
+        _sync(self.device)  # all streams, so the step time and the hook's CUDA events are final
         step_s = time.perf_counter() - start
         comm = self.meter.end_step()
         tx, rx = self.nic.rates()
