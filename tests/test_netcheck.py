@@ -82,6 +82,7 @@ def test_iteration_counts_are_a_pure_function_with_few_at_large_sizes():
             assert warmup >= 1 and iters >= 2
     assert nb.iterations(256 * MiB) == (1, 3)
     assert nb.iterations(MiB) == (5, 20)
+    assert nb.iterations(32 * MiB, quick=True) == (1, 4)  # the quick sweep's gated size
     # A full sweep moves a bounded number of bytes: ~1.5 x that per rank on 4 nodes, ~40 s at 1 Gbit/s.
     total = sum(size * sum(nb.iterations(size)) for size in nb.sweep_sizes(MiB, 256 * MiB))
     assert total * 1.5 * 8 / 1e9 < 45

@@ -35,10 +35,11 @@ MiB = 1 << 20
 DTYPE_BYTES = 4  # float32: what DDP's gradient buckets hold on CPU
 RESULT_PREFIX = "NETBENCH_JSON "
 LATENCY_BYTES = 4  # one float: the all-reduce is all latency, no bandwidth
-# Timed iterations move about this many bytes per size (at least MIN_ITERS, at most MAX_ITERS):
-# many iterations where they are cheap, few at 256 MiB, which takes ~3.2 s on 4 nodes at 1 Gbit/s.
-BYTES_PER_SIZE = 256 * MiB
-MIN_ITERS, MAX_ITERS = 3, 20
+# Timed iterations move about `bytes` per size, within [min, max]: many where they are cheap,
+# few at 256 MiB, which takes ~3.2 s on 4 nodes at 1 Gbit/s. The quick sweep (up to 32 MiB)
+# still times 4 at its top size: with 2, one stall of a busy CPU moved its result by 10 %.
+ITERS_FULL = {"bytes": 256 * MiB, "min": 3, "max": 20}
+ITERS_QUICK = {"bytes": 64 * MiB, "min": 4, "max": 10}
 
 
 # --- the arithmetic (pure; tested against hand-computed values) ------------------------------
@@ -74,8 +75,8 @@ def sweep_sizes(min_size: int, max_size: int) -> list[int]:
 
 def iterations(size: int, quick: bool = False) -> tuple[int, int]:
     """(warm-up, timed) iterations for one size: a pure function, so every rank agrees."""
-    budget = BYTES_PER_SIZE // (8 if quick else 1)
-    timed = max(MIN_ITERS if not quick else 2, min(MAX_ITERS // (2 if quick else 1), budget // size))
+    rule = ITERS_QUICK if quick else ITERS_FULL
+    timed = max(rule["min"], min(rule["max"], rule["bytes"] // size))
     warmup = max(1, min(5, timed // 4))
     return warmup, timed
 
