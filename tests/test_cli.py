@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-import time
 import zipfile
 from pathlib import Path
 
@@ -17,9 +16,10 @@ REPO = Path(__file__).resolve().parents[1]
 HEAVY_MODULES = ("torch", "cdktf", "imports.aws", "cdktf_cdktf_provider_aws", "pydantic", "boto3")
 
 
-def test_help_is_fast_and_imports_nothing_heavy():
+def test_help_imports_nothing_heavy():
+    # The start-up time itself is measured by bench/startup.py, not by a timed test.
     code = (
-        "import sys, time; t=time.perf_counter();"
+        "import sys\n"
         "from fatpipe.cli.main import cli\n"
         "try: cli(['--help'])\nexcept SystemExit: pass\n"
         f"heavy=[m for m in {HEAVY_MODULES!r} if m in sys.modules]\n"
@@ -27,14 +27,6 @@ def test_help_is_fast_and_imports_nothing_heavy():
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "HEAVY []" in out, out
-    best = min(_time_help() for _ in range(3))
-    assert best < 0.5, f"fatpipe --help took {best:.2f}s"
-
-
-def _time_help() -> float:
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "fatpipe.cli", "--help"], capture_output=True, check=True)
-    return time.perf_counter() - start
 
 
 def test_version(run_cli):
