@@ -35,12 +35,17 @@ def _size(ctx, param, value):
               help="auto: iperf3 where every node has it, else the built-in socket test.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder for netcheck.json (default: a new one under .fatpipe/<cluster>/runs/).")
+@click.option("--outputs", "outputs_file", type=click.Path(dir_okay=False, exists=True),
+              help="Read this outputs file instead of .fatpipe/<cluster>/outputs.json.")
+@click.option("--remote-python", envvar="FATPIPE_REMOTE_PYTHON", default=None,
+              help="On ssh nodes, run this interpreter (an image that ships torch) instead of the venv.")
 @click.option("-v", "--verbose", is_flag=True, help="Stream every node's output.")
 @pass_project
 def netcheck(project, cluster, min_fraction, no_gate, max_size, min_size, quick, streams, p2p_seconds,
-             p2p_tool, run_dir, verbose):
+             p2p_tool, run_dir, outputs_file, remote_python, verbose):
     """Measure all-reduce busbw, node-to-node TCP and latency on every node; exit 1 below the bar."""
     from fatpipe.infra.netcheck import NetcheckOptions, run_netcheck
+    from fatpipe.infra.runs import load_outputs
 
     options = NetcheckOptions(
         min_fraction=min_fraction, enforce=not no_gate, min_size=min_size, max_size=max_size,
@@ -56,4 +61,6 @@ def netcheck(project, cluster, min_fraction, no_gate, max_size, min_size, quick,
         if verbose or line.startswith(("#", " ")):
             err.print(f"{node}: {line}", style="dim", markup=False, soft_wrap=True)
 
-    run_netcheck(project, cluster, run_dir=run_dir, options=options, log=log, sink=sink, console=console())
+    outputs = load_outputs(project, project.cluster(cluster).name, outputs_file)
+    run_netcheck(project, outputs.name, run_dir=run_dir, options=options, outputs=outputs, log=log, sink=sink,
+                 console=console(), remote_python=remote_python)

@@ -92,12 +92,15 @@ class NetcheckOptions:
 
 def run_netcheck(project, cluster_name: str | None = None, *, run_dir: Path | None = None,
                  options: NetcheckOptions | None = None, outputs=None, log: Log | None = None,
-                 sink: Callable[[str, str], None] | None = None, console=None) -> dict:
+                 sink: Callable[[str, str], None] | None = None, console=None,
+                 remote_python: str | None = None) -> dict:
     """Benchmark the cluster's network, write netcheck.json and netcheck.png, return the document.
 
     `run_dir` is the run folder (`fatpipe up` passes its run's; default: a new folder under
-    `.fatpipe/<cluster>/runs/`). With `console` the tables are printed there. Raises
-    NetcheckFailed (exit 1) when the gate fails and `options.enforce`, after writing the files.
+    `.fatpipe/<cluster>/runs/`, refused while the cluster's latest run still runs). With
+    `console` the tables are printed there; `remote_python` is the interpreter on ssh nodes (as
+    for launch). Raises NetcheckFailed (exit 1) when the gate fails and `options.enforce`, after
+    writing the files.
     """
     from .netreport import plot_busbw, render_tables
     from .runs import load_outputs, new_run_id, runs_dir
@@ -107,11 +110,14 @@ def run_netcheck(project, cluster_name: str | None = None, *, run_dir: Path | No
     if outputs is None:
         outputs = load_outputs(project, project.cluster(cluster_name).name)
     if run_dir is None:
+        from .launch import refuse_if_running
+
+        refuse_if_running(project, outputs.name)  # it would share the links and the CPUs
         # A run folder of its own, not marked `latest`: that stays the last training run.
         run_dir = runs_dir(project, outputs.name) / new_run_id()
         run_dir.mkdir(parents=True)
     run_dir = Path(run_dir)
-    bench = launch_netbench(project, outputs, run_dir, options, log, sink)
+    bench = launch_netbench(project, outputs, run_dir, options, log, sink, remote_python)
     doc = netcheck_doc(bench, outputs, options, run_dir.name)
     write_json_atomic(run_dir / "netcheck.json", doc)
     plot_busbw(doc, run_dir / "netcheck.png")
@@ -124,17 +130,26 @@ def run_netcheck(project, cluster_name: str | None = None, *, run_dir: Path | No
 
 
 def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, log: Log,
-                    sink: Callable[[str, str], None] | None = None) -> dict:
+                    sink: Callable[[str, str], None] | None = None, remote_python: str | None = None) -> dict:
     """Run netbench on every node through the launch path; return rank 0's result."""
-    from .launch import run_on_all_nodes
+    from .launch import launch
+    from .rendezvous import plan_rendezvous, write_rendezvous
 
     bench_dir = run_dir / "netcheck"
+    bench_dir.mkdir(parents=True, exist_ok=True)
     out_rel = (bench_dir / "netbench.json").resolve().relative_to(project.root.resolve()).as_posix()
+    rdzv = plan_rendezvous(project, outputs, f"{run_dir.name}-netcheck", bench_dir,
+                           entry=options.netbench_args(outputs, out_rel), max_restarts=0,
+                           join_timeout_s=120, remote_python=remote_python)
+    # netbench lives in fatpipe.trainer, which ssh nodes get (shipped, on PYTHONPATH) only with
+    # the built-in trainer: their venvs hold torch alone.
+    rdzv.builtin_trainer = True
+    write_rendezvous(rdzv, bench_dir)
     found: list[dict] = []
 
     def catch(node: str, line: str) -> None:
         # Rank 0 prints its result on one line: read it from the log stream, so the numbers
-        # come back even from a remote node whose files are not fetched.
+        # come back from whichever node rank 0 landed on.
         at = line.find(RESULT_PREFIX)
         if at >= 0:
             try:
@@ -146,10 +161,8 @@ def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, l
 
     timeout = options.timeout_s or options.estimate_s(len(outputs.nodes), outputs.tier_gbps)
     log(f"netcheck: {len(outputs.nodes)} nodes at {outputs.tier_gbps:g} Gbit/s, up to {timeout:.0f} s")
-    result = run_on_all_nodes(
-        project, outputs, options.netbench_args(outputs, out_rel), run_id=f"{run_dir.name}-netcheck",
-        run_dir=bench_dir, timeout_s=timeout, sink=catch, log=log,
-    )
+    result = launch(project, rdzv, bench_dir, sink=catch, log=log, timeout_s=timeout,
+                    gpus_per_node=outputs.gpus_per_node)
     if not found and (bench_dir / "netbench.json").exists():
         found.append(json.loads((bench_dir / "netbench.json").read_text()))
     if not result.ok or not found:

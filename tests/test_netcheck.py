@@ -240,7 +240,7 @@ def deployed(project_dir, monkeypatch):
     seen = {}
 
     def use(result):
-        def fake(project, outs, run_dir, options, log, sink=None):
+        def fake(project, outs, run_dir, options, log, sink=None, remote_python=None):
             seen["options"] = options
             return result
         monkeypatch.setattr("fatpipe.infra.netcheck.launch_netbench", fake)
