@@ -309,7 +309,8 @@ def _up(project, spec, phases: Phases, report: dict, out, *, train, script, engi
     run_id, run_dir = new_run(project, name)
     report["run_id"], report["run_dir"] = run_id, run_dir
     out.print(f"run [bold]{run_id}[/] in {run_dir.relative_to(project.root)}")
-    _netcheck(project, outputs, outputs_path, run_dir, phases, out, netcheck_mode, no_gate)
+    _netcheck(project, outputs, outputs_path, run_dir, phases, out, netcheck_mode, no_gate,
+              rdzv_options.get("remote_python"))
 
     rdzv, _ = phases.run("rendezvous", f"c10d at {outputs.rdzv_endpoint}", lambda: new_rendezvous(
         project, outputs, train, script, run=(run_id, run_dir), **rdzv_options))
@@ -362,17 +363,14 @@ def _existing_deployment(project, spec, outputs_path: Path, out):
 
 
 def _netcheck(project, outputs, outputs_path: Path, run_dir: Path, phases: Phases, out,
-              mode: str, no_gate: bool) -> None:
+              mode: str, no_gate: bool, remote_python: str | None) -> None:
     from .launch import note
 
     if mode == "off":
         phases.skip("netcheck", "--netcheck off")
         return
-    try:
-        from fatpipe.infra.netcheck import NetcheckOptions, run_netcheck
-    except ImportError:
-        phases.skip("netcheck", "not available in this version")
-        return
+    from fatpipe.infra.netcheck import NetcheckOptions, run_netcheck
+
     earlier = reusable_netcheck(project, outputs.name, outputs_path.stat().st_mtime) if outputs_path.exists() else None
     if earlier is not None:
         for name in ("netcheck.json", "netcheck.png"):
@@ -383,7 +381,8 @@ def _netcheck(project, outputs, outputs_path: Path, run_dir: Path, phases: Phase
     options = NetcheckOptions(enforce=not no_gate, quick=mode == "quick")
     doc = phases.run("netcheck", f"{mode} link check against {outputs.tier_gbps:g} Gbit/s",
                      lambda: run_netcheck(project, outputs.name, run_dir=run_dir, options=options,
-                                          outputs=outputs, log=note(out), console=out),
+                                          outputs=outputs, log=note(out), console=out,
+                                          remote_python=remote_python),
                      spinner=False)
     passed = doc.get("gate", {}).get("passed")
     phases.get("netcheck").note = f"busbw {doc.get('busbw_gbps', 0):.2f} Gbit/s, " + (

@@ -214,7 +214,7 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
         ("copy the project folder", lambda: t.push(project.root, plan.workdir, SYNC_EXCLUDES)),
         ("copy the run folder", lambda: t.push(run_dir, f"{plan.workdir}/{node.rdzv.run_rel}", ("*.log",))),
     ]
-    if node.rdzv.builtin_trainer:
+    if node.rdzv.ships_trainer:
         trainer_dir = trainer_package_dir()
         steps.append(("copy the trainer",
                       lambda: t.push(trainer_dir, f"{plan.workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES)))

@@ -141,9 +141,6 @@ def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, l
     rdzv = plan_rendezvous(project, outputs, f"{run_dir.name}-netcheck", bench_dir,
                            entry=options.netbench_args(outputs, out_rel), max_restarts=0,
                            join_timeout_s=120, remote_python=remote_python)
-    # netbench lives in fatpipe.trainer, which ssh nodes get (shipped, on PYTHONPATH) only with
-    # the built-in trainer: their venvs hold torch alone.
-    rdzv.builtin_trainer = True
     write_rendezvous(rdzv, bench_dir)
     found: list[dict] = []
 

@@ -72,6 +72,7 @@ class Rendezvous:
     run_rel: str
     entry: list[str]
     builtin_trainer: bool
+    ships_trainer: bool  # the entry runs a fatpipe.trainer module: ssh nodes get the package
     tier_gbps: float
     created: str
     nodes: list[NodePlan]
@@ -100,6 +101,11 @@ def remote_dir(cluster: str, node: str, template: str | None = None) -> str:
         return template.format(cluster=cluster, node=node)
     except (KeyError, IndexError) as e:
         raise FatpipeError(f"remote dir {template!r}: unknown placeholder {e}; use {{cluster}} or {{node}}") from None
+
+
+def runs_trainer_module(entry: list[str]) -> bool:
+    """Whether `entry` is `-m fatpipe.trainer[.x]`: then ssh nodes need the package shipped."""
+    return len(entry) > 1 and entry[0] == "-m" and entry[1].split(".")[:2] == ["fatpipe", "trainer"]
 
 
 def trainer_entry(run_rel: str, train_args: list[str]) -> list[str]:
@@ -148,7 +154,7 @@ def plan_rendezvous(project, outputs, run_id: str, run_dir: Path, entry: list[st
         run_id=run_id, cluster=outputs.name, provider=outputs.provider, nnodes=nnodes,
         nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint=outputs.rdzv_endpoint,
         max_restarts=max_restarts, join_timeout_s=join_timeout_s, run_rel=run_rel, entry=list(entry),
-        builtin_trainer=builtin, tier_gbps=outputs.tier_gbps,
+        builtin_trainer=builtin, ships_trainer=runs_trainer_module(entry), tier_gbps=outputs.tier_gbps,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
     )
     for node in nodes:
@@ -239,7 +245,7 @@ def node_script_text(rdzv: Rendezvous, node: NodePlan) -> str:
     # One flag (with its value) per line, so the command reads like torchrun's docs.
     body = " \\\n  ".join(_group([shlex.quote(a) for a in node.command]))
     pythonpath = ""
-    if node.transport == "ssh" and rdzv.builtin_trainer:
+    if node.transport == "ssh" and rdzv.ships_trainer:
         pythonpath = f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
     return f"""#!/usr/bin/env bash
 # fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, rank {node.rank} of {rdzv.nnodes}.
