@@ -41,10 +41,10 @@ def main() -> int:
 
     from rich.console import Console
 
-    from fatpipe.infra.engine import deploy_cluster, destroy_cluster
     from fatpipe.infra.netcheck import NetcheckFailed, NetcheckOptions, run_netcheck
     from fatpipe.infra.project import load_project
     from fatpipe.infra.simshape import shape_sim_node
+    from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)

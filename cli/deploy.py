@@ -32,7 +32,7 @@ def terraform_log(verbose: bool):
 @pass_project
 def deploy(project, cluster: str | None, engine: str, yes: bool, verbose: bool):
     """Create the cluster's nodes and write its outputs (the input of every later command)."""
-    from fatpipe.infra.engine import deploy_cluster, outputs_path
+    from fatpipe.stacks.engine import deploy_cluster, outputs_path
 
     out = console()
     outputs = deploy_cluster(

@@ -15,7 +15,7 @@ from .options import cluster_argument, console, pass_project
 @pass_project
 def down(project, cluster: str | None, engine: str, verbose: bool):
     """Destroy every node of the cluster (a sim cluster's namespaces and bridge too)."""
-    from fatpipe.infra.engine import destroy_cluster
+    from fatpipe.stacks.engine import destroy_cluster
 
     name = cluster or project.cluster(None).name
     swept = destroy_cluster(project, name, engine=engine, log=terraform_log(verbose))

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import click
+
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic
 from fatpipe.infra.templates import TEMPLATES

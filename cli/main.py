@@ -6,6 +6,7 @@ import importlib
 from importlib.metadata import PackageNotFoundError, version
 
 import click
+
 from fatpipe.infra.errors import FatpipeError
 
 # name -> ("module:attribute", one-line help). Help lives here so `fatpipe --help` imports
@@ -13,9 +14,9 @@ from fatpipe.infra.errors import FatpipeError
 COMMANDS: dict[str, tuple[str, str]] = {
     "init": ("fatpipe.cli.init:init", "Write a commented fatpipe.toml."),
     "config": ("fatpipe.cli.config:config", "Show the resolved cluster and train settings."),
-    "deploy": ("fatpipe.cli.deploy:deploy", "Create the cluster's nodes and write its outputs."),
     "synth": ("fatpipe.cli.synth:synth", "Write each cluster's Terraform JSON; show machines and $/hour."),
     "catalog": ("fatpipe.cli.catalog:catalog", "Cheapest machine types per tier; refresh AWS's from EC2."),
+    "deploy": ("fatpipe.cli.deploy:deploy", "Create the cluster's nodes and write its outputs."),
     "down": ("fatpipe.cli.down:down", "Destroy the cluster's nodes."),
     "rendezvous": ("fatpipe.cli.rendezvous:rendezvous", "Write a run's rendezvous files and torchrun commands."),
     "wait": ("fatpipe.cli.wait:wait", "Wait until every node is reachable, booted and tuned."),

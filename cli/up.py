@@ -286,7 +286,7 @@ def _up(project, spec, phases: Phases, report: dict, out, *, train, script, engi
         phases.get("synth").note = str(stack_dir.relative_to(project.root))
 
         def deploy():
-            from fatpipe.infra.engine import deploy_cluster
+            from fatpipe.stacks.engine import deploy_cluster
 
             return deploy_cluster(project, name, engine=engine, yes=yes,
                                   confirm=lambda q: click.confirm(q, default=False, err=True),
@@ -391,7 +391,7 @@ def _netcheck(project, outputs, outputs_path: Path, run_dir: Path, phases: Phase
 
 def _down(project, name: str, engine: str, phases: Phases, out, code: int) -> int:
     """Destroy the cluster; a failed destroy is reported and makes the exit status nonzero."""
-    from fatpipe.infra.engine import destroy_cluster
+    from fatpipe.stacks.engine import destroy_cluster
 
     phase = phases.get("down")
     phases.header("down", f"destroy {name} (--down-after)")

@@ -7,9 +7,9 @@ import types
 
 import pytest
 
-from fatpipe.infra import engine
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.project import load_project
+from fatpipe.stacks import engine
 
 BARE = {
     "name": "{name}", "provider": "{provider}", "region": "r", "tier_gbps": 10,

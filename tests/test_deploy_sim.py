@@ -12,9 +12,9 @@ import pytest
 from conftest import skip_or_fail
 
 from fatpipe.infra import simnet
-from fatpipe.infra.engine import CDKTF_LOCAL, destroy_cluster, outputs_path
 from fatpipe.infra.outputs import read_outputs
 from fatpipe.infra.project import load_project
+from fatpipe.stacks.engine import CDKTF_LOCAL, destroy_cluster, outputs_path
 
 pytestmark = pytest.mark.slow
 

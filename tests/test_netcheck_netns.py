@@ -96,8 +96,8 @@ def sim_cluster(tmp_path_factory):
 
     if not shutil.which("terraform"):
         skip_or_fail("terraform is not installed")
-    from fatpipe.infra.engine import deploy_cluster, destroy_cluster
     from fatpipe.infra.project import load_project
+    from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
 
     root = tmp_path_factory.mktemp("netcheck-sim")
     (root / "fatpipe.toml").write_text(

@@ -11,9 +11,9 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import FatpipeError
-from .files import write_json_atomic
-from .outputs import ClusterOutputs, parse_outputs
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.files import write_json_atomic
+from fatpipe.infra.outputs import ClusterOutputs, parse_outputs
 
 ENGINES = ("cdktf", "terraform", "tofu")
 CDKTF_LOCAL = Path(".tools/node_modules/.bin/cdktf")
@@ -35,7 +35,7 @@ def deploy_cluster(project, name: str | None = None, engine: str = "terraform", 
     name = cluster.name
     log = log or _quiet
     if cluster.provider == "aws":
-        from .aws_preflight import preflight  # boto3: only for AWS clusters
+        from fatpipe.infra.aws_preflight import preflight  # boto3: only for AWS clusters
 
         preflight(cluster, root=project.root)
     if cluster.provider != "sim" and not yes:
@@ -104,7 +104,7 @@ class Runner:
 
     def _synth(self, required: bool) -> Path | None:
         """A fresh synth while the cluster is declared; else the folder of its last synth."""
-        from fatpipe.stacks.app import OUTDIR, synth  # the stacks package builds the JSON
+        from .app import OUTDIR, synth
 
         if self.name in self.project.clusters:
             return synth(self.project, [self.name])[self.name]
@@ -208,7 +208,7 @@ def _sweep_sim(project, name: str, log: Log) -> list[str]:
     cluster = project.clusters.get(name)
     if cluster is not None and cluster.provider != "sim":
         return []
-    from .simnet import sweep_cluster
+    from fatpipe.infra.simnet import sweep_cluster
 
     nodes_dir = project.state_dir(name) / "nodes"
     swept = sweep_cluster(name, nodes_dir, log) if os.geteuid() == 0 else []
