@@ -11,22 +11,22 @@ from fatpipe.infra.errors import FatpipeError
 
 # name -> ("module:attribute", one-line help). Help lives here so `fatpipe --help` imports
 # no command module (and so no torch, cdktf or provider package).
-COMMANDS: dict[str, tuple[str, str]] = {
+COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --help` lists them
+    "up": ("fatpipe.cli.up:up", "Deploy, wait, check the links, train, summarize: one command."),
     "init": ("fatpipe.cli.init:init", "Write a commented fatpipe.toml."),
     "config": ("fatpipe.cli.config:config", "Show the resolved cluster and train settings."),
     "synth": ("fatpipe.cli.synth:synth", "Write each cluster's Terraform JSON; show machines and $/hour."),
     "catalog": ("fatpipe.cli.catalog:catalog", "Cheapest machine types per tier; refresh AWS's from EC2."),
     "deploy": ("fatpipe.cli.deploy:deploy", "Create the cluster's nodes and write its outputs."),
-    "down": ("fatpipe.cli.down:down", "Destroy the cluster's nodes."),
-    "rendezvous": ("fatpipe.cli.rendezvous:rendezvous", "Write a run's rendezvous files and torchrun commands."),
     "wait": ("fatpipe.cli.wait:wait", "Wait until every node is reachable, booted and tuned."),
+    "netcheck": ("fatpipe.cli.netcheck:netcheck", "Prove the links deliver the tier before training."),
+    "rendezvous": ("fatpipe.cli.rendezvous:rendezvous", "Write a run's rendezvous files and torchrun commands."),
     "launch": ("fatpipe.cli.launch:launch", "Run torchrun on every node and stream the logs."),
+    "train": ("fatpipe.cli.train:train", "Train the built-in GPT on this machine with torchrun."),
+    "status": ("fatpipe.cli.status:status", "Show the cluster's nodes and the latest run."),
     "logs": ("fatpipe.cli.logs:logs", "Print or follow a run's per-node logs."),
     "stop": ("fatpipe.cli.stop:stop", "Stop a run on every node."),
-    "status": ("fatpipe.cli.status:status", "Show the cluster's nodes and the latest run."),
-    "up": ("fatpipe.cli.up:up", "Deploy, wait, check the links, train, summarize: one command."),
-    "netcheck": ("fatpipe.cli.netcheck:netcheck", "Prove the links deliver the tier before training."),
-    "train": ("fatpipe.cli.train:train", "Train the built-in GPT on this machine with torchrun."),
+    "down": ("fatpipe.cli.down:down", "Destroy the cluster's nodes."),
 }
 HIDDEN: dict[str, str] = {
     "sim": "fatpipe.cli.sim:sim",
@@ -35,7 +35,7 @@ HIDDEN: dict[str, str] = {
 
 class LazyGroup(click.Group):
     def list_commands(self, ctx):
-        return sorted(COMMANDS)
+        return list(COMMANDS)
 
     def get_command(self, ctx, name):
         target = COMMANDS.get(name, (HIDDEN.get(name), ""))[0]
