@@ -1,7 +1,7 @@
 """Synth cost of fatpipe's AWS stack relative to a bare cdktf app with the same provider.
 
 Each measurement is a fresh Python process (import + build + synth, as `fatpipe synth` and
-`cdktf synth` run it), repeated and interleaved so drift hits every variant alike; the median
+`cdktf synth` run it), repeated, interleaved and rotated so drift hits every variant alike; the median
 is reported. Goal: an 8- and a 64-node AWS cluster within 1.15 x the bare app. Wall time is
 the goal's measure; CPU time (the process and its jsii Node child) is printed beside it,
 because on a shared machine other people's load moves wall time but not CPU time.
@@ -87,8 +87,11 @@ def measure(reps: int, sizes: list[int]) -> tuple[dict[str, list[float]], dict[s
         for n in sizes:
             codes[f"fatpipe-{n}"] = FATPIPE.format(config=str(config), name=f"n{n}",
                                                    outdir=str(folder / f"n{n}.out"))
+        order = list(codes)
         for rep in range(reps):
-            for name, code in codes.items():
+            # Rotate who goes first, so a cold cache or a neighbour's burst is shared out evenly.
+            for name in order[rep % len(order):] + order[:rep % len(order)]:
+                code = codes[name]
                 wall, used = timed(code)
                 times[name].append(wall)
                 cpu[name].append(used)
