@@ -70,13 +70,13 @@ def test_out_flag_and_missing_data(run_cli, project_dir, fake_torchrun):
 
 
 @pytest.mark.slow
-@pytest.mark.timeout(90)
+@pytest.mark.timeout(150)
 def test_trains_for_real_with_two_processes(project_dir):
     (project_dir / "fatpipe.toml").write_text(PROJECT)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"}
     proc = subprocess.run([sys.executable, "-m", "fatpipe.cli", "train", "--nproc-per-node", "2",
                            "--comm", "none"], cwd=project_dir, env=env, capture_output=True,
-                          text=True, timeout=75)
+                          text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
     runs = list((project_dir / ".fatpipe" / "local" / "runs").glob("*/summary.json"))
     assert len(runs) == 1
