@@ -234,9 +234,9 @@ def describe_ranks(bench: Bench) -> list[dict]:
         "name": os.environ.get("FATPIPE_NODE_NAME") or socket.gethostname(),
         "iperf3": p2p.have_iperf3(),
     }
-    ranks: list = [None] * bench.world_size
-    bench.dist.all_gather_object(ranks, me)
-    return ranks
+    from fatpipe.trainer.collectives import all_gather_objects  # torch only: node venvs lack numpy
+
+    return all_gather_objects(me, bench.device)
 
 
 def node_leaders(ranks: list[dict]) -> list[dict]:
@@ -250,6 +250,7 @@ def node_leaders(ranks: list[dict]) -> list[dict]:
 def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
     """Node-to-server TCP throughput, one client node at a time; the result on every rank."""
     from fatpipe.trainer import p2p
+    from fatpipe.trainer.collectives import all_gather_objects, broadcast_object
 
     nodes = node_leaders(ranks)
     if len(nodes) < 2:
@@ -264,9 +265,7 @@ def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
     if bench.rank == server["rank"]:
         proc = p2p.start_server(tool, server["ip"], args.p2p_port)
         problem = p2p.wait_listening(proc, server["ip"], args.p2p_port)
-    box = [problem]
-    bench.dist.broadcast_object_list(box, src=server["rank"])  # every client learns if it is up
-    problem = box[0]
+    problem = broadcast_object(problem, server["rank"], bench.device)  # every client learns if it is up
     mine: list[dict] = []
     try:
         for client in clients:
@@ -288,8 +287,7 @@ def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
     finally:
         if proc is not None:
             p2p.stop_server(proc)
-    gathered: list = [None] * bench.world_size
-    bench.dist.all_gather_object(gathered, mine)
+    gathered = all_gather_objects(mine, bench.device)
     results = [r for part in gathered for r in part]
     return {"tool": tool, "server_ip": server["ip"], "port": args.p2p_port,
             "seconds": args.p2p_seconds, "streams": stream_counts, "results": results}
