@@ -2,22 +2,11 @@
 
 from __future__ import annotations
 
+from typing import Literal, get_args, get_origin
+
 import click
 
 from fatpipe.infra.errors import ConfigError
-
-# flag name -> click type; each overrides the [train] key of the same name for this run.
-TRAIN_OVERRIDES = {
-    "preset": click.Choice(["tiny", "small", "124m"]),
-    "steps": int,
-    "comm": click.Choice(["auto", "none", "bf16", "fp16", "powersgd"]),
-    "batch_size": int,
-    "seq_len": int,
-    "grad_accum": int,
-    "lr": float,
-    "checkpoint_every": int,
-    "data": str,
-}
 
 
 class ScriptCommand(click.Command):
@@ -48,12 +37,24 @@ def _store_override(ctx, param, value):
 
 
 def train_overrides(func):
-    """Add one --flag per TRAIN_OVERRIDES key; `overrides()` returns the ones given."""
-    for name, kind in reversed(TRAIN_OVERRIDES.items()):
-        flag = "--" + name.replace("_", "-")
-        func = click.option(flag, name, type=kind, default=None, expose_value=False,
-                            callback=_store_override, help=f"Override [train] {name}.")(func)
+    """Add one --flag per [train] key (TrainSpec's fields); `overrides()` returns the ones given."""
+    from fatpipe.infra.spec import TrainSpec
+
+    for name, field in reversed(TrainSpec.model_fields.items()):
+        func = _override_option(name, field.annotation)(func)
     return func
+
+
+def _override_option(name: str, annotation):
+    flag = "--" + name.replace("_", "-")
+    options = dict(default=None, expose_value=False, callback=_store_override,
+                   help=f"Override [train] {name}.")
+    if annotation is bool:
+        return click.option(f"{flag}/--no-{name.replace('_', '-')}", name, **options)
+    if get_origin(annotation) is Literal:
+        return click.option(flag, name, type=click.Choice(get_args(annotation)), **options)
+    kind = annotation if annotation in (int, float) else str
+    return click.option(flag, name, type=kind, **options)
 
 
 def overrides() -> dict:
