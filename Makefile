@@ -36,10 +36,10 @@ $(CHECKOV):
 checkov: $(CHECKOV)
 
 # The default cluster end to end: 4 network namespaces shaped to 1 Gbit/s as root, else 4
-# loopback nodes; a quick link check and a short tiny-model run fit in a few minutes on 2 cores.
-# The link check reports but does not stop the demo (--no-gate): a quick check on a busy 2-core
-# machine can dip below the tier. The cluster is destroyed at the end, also when a phase fails.
-DEMO_FLAGS ?= --netcheck quick --no-gate --preset tiny --steps 60
+# loopback nodes. It gates on a quick link check (the full sweep is `fatpipe netcheck`), trains
+# the tiny preset briefly (a few minutes on 2 cores), and destroys the cluster at the end, also
+# when a phase fails.
+DEMO_FLAGS ?= --netcheck quick --preset tiny --steps 60
 demo: install
 	$(BIN)/fatpipe up --down-after $(DEMO_FLAGS)
 

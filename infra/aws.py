@@ -49,21 +49,11 @@ def build_cluster(stack, cluster, project) -> dict:
     # One copy of the user data in the JSON, however many nodes share it.
     user_data = TerraformLocal(stack, "user_data", render_cloud_init(cluster.tier, "aws", cluster))
     _nodes(stack, cluster, machine, network, key.key_name, user_data.as_string)
-    return {
-        "name": cluster.name,
-        "provider": "aws",
-        "region": cluster.region,
-        "tier_gbps": cluster.tier_gbps,
-        "private_cidr": cluster.private_cidr,
-        "ssh_user": cluster.ssh_user,
-        "gpus_per_node": cluster.gpus_per_node,
-        "rdzv_port": cluster.rdzv_port,
-        "nodes": [
-            {"name": name, "public_ip": f'${{aws_instance.nodes["{name}"].public_ip}}',
-             "private_ip": cluster.private_ip(i), "transport": "ssh"}
-            for i, name in enumerate(map(cluster.node_name, range(cluster.nodes)))
-        ],
-    }
+    return cluster.output(cluster.region, [
+        {"name": name, "public_ip": f'${{aws_instance.nodes["{name}"].public_ip}}',
+         "private_ip": cluster.private_ip(i), "transport": "ssh"}
+        for i, name in enumerate(map(cluster.node_name, range(cluster.nodes)))
+    ])
 
 
 def _network(stack, cluster, machine: MachineType) -> Network:

@@ -50,23 +50,13 @@ def build_cluster(stack, cluster, project) -> dict:
         ipv6=False,
         monitoring=True,  # the metrics agent: bandwidth graphs per droplet
     )
-    return {
-        "name": cluster.name,
-        "provider": "digitalocean",
-        "region": cluster.region,
-        "tier_gbps": cluster.tier_gbps,
-        "private_cidr": cluster.private_cidr,
-        "ssh_user": cluster.ssh_user,
-        "gpus_per_node": cluster.gpus_per_node,
-        "rdzv_port": cluster.rdzv_port,
-        # DigitalOcean assigns VPC addresses itself: the private IPs are known after apply.
-        "nodes": [
-            {"name": name, "public_ip": f'${{digitalocean_droplet.nodes["{name}"].ipv4_address}}',
-             "private_ip": f'${{digitalocean_droplet.nodes["{name}"].ipv4_address_private}}',
-             "transport": "ssh"}
-            for name in names
-        ],
-    }
+    # DigitalOcean assigns VPC addresses itself: the private IPs are known after apply.
+    return cluster.output(cluster.region, [
+        {"name": name, "public_ip": f'${{digitalocean_droplet.nodes["{name}"].ipv4_address}}',
+         "private_ip": f'${{digitalocean_droplet.nodes["{name}"].ipv4_address_private}}',
+         "transport": "ssh"}
+        for name in names
+    ])
 
 
 def _firewall(stack, cluster, tag: str):

@@ -95,15 +95,4 @@ def build_cluster(stack, cluster, project) -> dict:
         # Any change to a node (tier, address, isolation) replaces it: input alone would not.
         resource.add_override("triggers_replace", node)
         nodes.append(node_output(cluster, project, node))
-    return {
-        "name": cluster.name,
-        "provider": "sim",
-        "region": "local",
-        "tier_gbps": cluster.tier_gbps,
-        "private_cidr": cluster.private_cidr,
-        "ssh_user": "",
-        "gpus_per_node": cluster.gpus_per_node,
-        "rdzv_port": cluster.rdzv_port,
-        "isolation": isolation,
-        "nodes": nodes,
-    }
+    return cluster.output("local", nodes, isolation=isolation)

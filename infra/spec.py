@@ -102,6 +102,15 @@ class ClusterBase(Strict):
     def node_name(self, index: int) -> str:
         return f"{self.name}-{index}"
 
+    def output(self, region: str, nodes: list[dict], **extra) -> dict:
+        """The stack's `cluster` output (DESIGN.md) for these nodes."""
+        return {
+            "name": self.name, "provider": self.provider, "region": region,
+            "tier_gbps": self.tier_gbps, "private_cidr": self.private_cidr,
+            "ssh_user": self.ssh_user, "gpus_per_node": self.gpus_per_node,
+            "rdzv_port": self.rdzv_port, **extra, "nodes": nodes,
+        }
+
 
 class CloudCluster(ClusterBase):
     """What AWS and DigitalOcean clusters share: a region, an SSH key and who may SSH in."""
