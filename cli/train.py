@@ -13,7 +13,7 @@ import click
 from .options import console, pass_project
 from .runflags import overrides, resolve_train, train_overrides
 
-LOCAL = "local"  # runs of `fatpipe train` live in .fatpipe/local/runs/<run-id>/
+LOCAL = "_local"  # runs of `fatpipe train`: .fatpipe/_local/runs/<run-id>/ (no cluster name starts with _)
 
 
 def default_nproc() -> int:
@@ -32,7 +32,7 @@ def torchrun_command(trainer_args: list[str], run_dir: Path, nproc: int,
 @click.option("--nproc-per-node", type=click.IntRange(1, 64), default=None,
               help="Processes to start (default: one per GPU, else 1).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
-              help="Run folder (default .fatpipe/local/runs/<run-id>/ beside the cluster file).")
+              help="Run folder (default .fatpipe/_local/runs/<run-id>/ beside the cluster file).")
 @click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True,
               help="torchrun restarts after a worker fails; the run resumes from its checkpoint.")
 @train_overrides

@@ -19,7 +19,7 @@ PROVIDERS = ("sim", "aws", "digitalocean")
 # and the last one; starting at .10 leaves room for that on every provider.
 FIRST_HOST_OFFSET = 10
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
-RESERVED_NAMES = ("local", "catalog")  # folders of .fatpipe/ that are not clusters
+RESERVED_NAMES = ("catalog",)  # .fatpipe/catalog/ holds refreshed machine catalogs
 
 DIGITALOCEAN_REGIONS = (
     "ams3", "atl1", "blr1", "fra1", "lon1", "nyc1", "nyc2", "nyc3",
@@ -234,7 +234,7 @@ class ProjectSpec(Strict):
         if isinstance(value, dict):
             for key, table in value.items():
                 if key in RESERVED_NAMES:
-                    raise ValueError(f"cluster name {key!r} is reserved (.fatpipe/{key}/ holds `fatpipe train` runs)")
+                    raise ValueError(f"cluster name {key!r} is reserved (.fatpipe/{key}/ is not a cluster's folder)")
                 if not NAME_PATTERN.match(key):
                     raise ValueError(
                         f"cluster name {key!r} must be lowercase letters, digits and '-', "

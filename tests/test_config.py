@@ -77,7 +77,7 @@ BAD_CONFIGS = [
     ("ssh-cidr-missing", lambda k: aws(k, ssh_cidr=None), "clusters.east.ssh_cidr", "required"),
     ("duplicate-cluster", "[clusters.a]\nprovider='sim'\n[clusters.a]\nprovider='sim'\n", "clusters.a", "twice"),
     ("bad-cluster-name", "[clusters.Big_One]\nprovider='sim'\n", "clusters", "lowercase"),
-    ("reserved-cluster-name", "[clusters.local]\nprovider='sim'\n", "clusters", "reserved"),
+    ("reserved-cluster-name", "[clusters.catalog]\nprovider='sim'\n", "clusters", "reserved"),
     ("unknown-key", "[clusters.a]\nprovider='sim'\nnode=3\n", "clusters.a.node", "allowed: nodes"),
     ("unknown-train-key", "[clusters.a]\nprovider='sim'\n[train]\nstep=3\n", "train.step", "allowed: preset"),
     ("bad-comm", "[clusters.a]\nprovider='sim'\n[train]\ncomm='zip'\n", "train.comm", "'powersgd'"),

@@ -57,7 +57,7 @@ def test_builds_the_torchrun_command_from_the_file_and_flags(run_cli, project_di
     # Every [train] key becomes a flag the trainer's own parser accepts.
     cfg = parse_config(cmd[cmd.index("fatpipe.trainer") + 1:])
     assert (cfg.preset, cfg.steps, cfg.comm, cfg.seq_len) == ("tiny", 5, "bf16", 64)
-    assert cfg.out_dir.parent == project_dir / ".fatpipe" / "local" / "runs"
+    assert cfg.out_dir.parent == project_dir / ".fatpipe" / "_local" / "runs"
     assert cfg.out_dir.is_dir()
 
 
@@ -78,7 +78,7 @@ def test_trains_for_real_with_two_processes(project_dir):
                            "--comm", "none"], cwd=project_dir, env=env, capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr[-4000:]
-    runs = list((project_dir / ".fatpipe" / "local" / "runs").glob("*/summary.json"))
+    runs = list((project_dir / ".fatpipe" / "_local" / "runs").glob("*/summary.json"))
     assert len(runs) == 1
     summary = json.loads(runs[0].read_text())
     assert summary["steps"] == 2 and summary["world_size"] == 2 and summary["preset"] == "tiny"
