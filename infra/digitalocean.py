@@ -29,7 +29,8 @@ def build_cluster(stack, cluster, project) -> dict:
 
     vpc = Vpc(stack, "vpc", name=f"fatpipe-{cluster.name}", region=cluster.region,
               ip_range=cluster.private_cidr, description=f"fatpipe cluster {cluster.name}")
-    key = SshKey(stack, "key", name=f"fatpipe-{cluster.name}", public_key=cluster.public_key)
+    fingerprint = cluster.ssh_key_fingerprint or SshKey(
+        stack, "key", name=f"fatpipe-{cluster.name}", public_key=cluster.public_key).fingerprint
     tag = Tag(stack, "members", name=f"fatpipe-{cluster.name}")
     _firewall(stack, cluster, tag.name)
     user_data = TerraformLocal(stack, "user_data", render_cloud_init(cluster.tier, "digitalocean", cluster))
@@ -44,7 +45,7 @@ def build_cluster(stack, cluster, project) -> dict:
         size=size.name,
         region=cluster.region,
         vpc_uuid=vpc.id,
-        ssh_keys=[key.fingerprint],
+        ssh_keys=[fingerprint],
         tags=[tag.id],
         user_data=user_data.as_string,
         ipv6=False,

@@ -180,6 +180,15 @@ class DigitalOceanCluster(CloudCluster):
     size: str | None = None
     image: str = "ubuntu-24-04-x64"
     ssh_user: str = "root"
+    # DigitalOcean refuses to add a public key the account already holds: name that key instead.
+    ssh_key_fingerprint: str | None = None
+
+    @field_validator("ssh_key_fingerprint")
+    @classmethod
+    def _md5_fingerprint(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"([0-9a-f]{2}:){15}[0-9a-f]{2}", value):
+            raise ValueError(f"{value!r} is not an MD5 key fingerprint such as 3b:16:...:9f (see `doctl compute ssh-key list`)")
+        return value
 
     @field_validator("region")
     @classmethod

@@ -59,6 +59,7 @@ tier = "1g"
 # size = "c-4"                        # default: the cheapest size that meets the tier
 ssh_public_key = "~/.ssh/id_ed25519.pub"
 ssh_cidr = "203.0.113.7/32"           # who may SSH in: put your own address here
+# ssh_key_fingerprint = "3b:16:..."   # a key already on your account (DigitalOcean refuses a duplicate)
 # private_cidr = "10.42.0.0/24"
 
 [train]

@@ -74,6 +74,7 @@ BAD_CONFIGS = [
     ("missing-key-file", lambda k: aws(k, ssh_public_key='"/nonexistent/id.pub"'), "clusters.east.ssh_public_key", "does not exist"),
     ("bad-aws-region", lambda k: aws(k, region='"us-middle-9"'), "clusters.east.region", "not an AWS region"),
     ("bad-do-region", lambda k: aws(k, provider='"digitalocean"', region='"mars1"'), "clusters.east.region", "nyc3"),
+    ("bad-do-fingerprint", lambda k: aws(k, provider='"digitalocean"', region='"nyc3"', ssh_key_fingerprint='"abc"'), "clusters.east.ssh_key_fingerprint", "MD5"),
     ("ssh-cidr-missing", lambda k: aws(k, ssh_cidr=None), "clusters.east.ssh_cidr", "required"),
     ("duplicate-cluster", "[clusters.a]\nprovider='sim'\n[clusters.a]\nprovider='sim'\n", "clusters.a", "twice"),
     ("bad-cluster-name", "[clusters.Big_One]\nprovider='sim'\n", "clusters", "lowercase"),

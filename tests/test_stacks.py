@@ -70,6 +70,7 @@ tier = "10g"
 private_cidr = "10.60.0.0/24"
 ssh_public_key = "{key}"
 ssh_cidr = "198.51.100.7/32"
+ssh_key_fingerprint = "3b:16:bf:e4:8b:00:8b:b8:59:8c:a9:d3:f0:19:45:fa"
 """
 PUBLIC_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITestKeyForSynthesisOnly test@fatpipe"
 
@@ -266,7 +267,10 @@ def test_digitalocean_vpc_droplets_and_tag_firewall(stacks, project, name):
     assert d["name"] == "${each.key}"
     assert d["vpc_uuid"] == "${digitalocean_vpc.vpc.id}"
     assert d["user_data"] == "${local.user_data}"
-    assert d["ssh_keys"] == ["${digitalocean_ssh_key.key.fingerprint}"]
+    if cluster.ssh_key_fingerprint:  # a key already on the account is used, not added again
+        assert d["ssh_keys"] == [cluster.ssh_key_fingerprint] and not resources(doc, "digitalocean_ssh_key")
+    else:
+        assert d["ssh_keys"] == ["${digitalocean_ssh_key.key.fingerprint}"]
     assert d["tags"] == ["${digitalocean_tag.members.id}"]
     assert d["size"] == ("s-2vcpu-4gb" if cluster.tier == "1g" else "s-2vcpu-4gb-amd")
     (firewall,) = resources(doc, "digitalocean_firewall").values()
