@@ -257,15 +257,17 @@ class ProjectSpec(Strict):
 
     @model_validator(mode="after")
     def _sim_addresses_distinct(self):
-        # Two sim clusters on one machine must not collide on node names or networks.
-        seen: dict[str, str] = {}
-        for cluster in self.clusters.values():
-            if cluster.provider != "sim":
-                continue
-            if cluster.private_cidr in seen:
-                raise ValueError(
-                    f"clusters {seen[cluster.private_cidr]} and {cluster.name} are both sim clusters "
-                    f"on {cluster.private_cidr}; give one another private_cidr"
-                )
-            seen[cluster.private_cidr] = cluster.name
+        # Two sim clusters on one machine must not share addresses: not their networks, nor the
+        # loopback ranges derived from them (127.<low 24 bits of the network>).
+        sims = [c for c in self.clusters.values() if c.provider == "sim"]
+        for i, a in enumerate(sims):
+            net_a = ipaddress.IPv4Network(a.private_cidr)
+            for b in sims[i + 1:]:
+                net_b = ipaddress.IPv4Network(b.private_cidr)
+                low_a, low_b = (int(n.network_address) & 0xFFFFFF for n in (net_a, net_b))
+                if net_a.overlaps(net_b) or low_a == low_b:
+                    raise ValueError(
+                        f"sim clusters {a.name} and {b.name} would share addresses ({a.private_cidr}, "
+                        f"{b.private_cidr}); give one another private_cidr, e.g. 10.43.0.0/24"
+                    )
         return self

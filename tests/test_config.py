@@ -84,6 +84,7 @@ BAD_CONFIGS = [
     ("bad-comm", "[clusters.a]\nprovider='sim'\n[train]\ncomm='zip'\n", "train.comm", "'powersgd'"),
     ("no-clusters", "[train]\nsteps=3\n", "clusters", "required"),
     ("sim-cidr-clash", "[clusters.a]\nprovider='sim'\n[clusters.b]\nprovider='sim'\n", "clusters", "another private_cidr"),
+    ("sim-loopback-clash", "[clusters.a]\nprovider='sim'\nprivate_cidr='10.16.0.0/24'\n[clusters.b]\nprovider='sim'\nprivate_cidr='172.16.0.0/24'\n", "clusters", "share addresses"),
     ("s3-without-bucket", "[clusters.a]\nprovider='sim'\n[clusters.a.backend]\ntype='s3'\n", "clusters.a.backend", "bucket"),
     ("not-toml", "[clusters.a\nprovider='sim'\n", "fatpipe.toml", "not valid TOML"),
 ]
