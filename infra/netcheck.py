@@ -132,16 +132,11 @@ def run_netcheck(project, cluster_name: str | None = None, *, run_dir: Path | No
 def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, log: Log,
                     sink: Callable[[str, str], None] | None = None, remote_python: str | None = None) -> dict:
     """Run netbench on every node through the launch path; return rank 0's result."""
-    from .launch import launch
-    from .rendezvous import plan_rendezvous, write_rendezvous
+    from .launch import run_on_all_nodes
 
     bench_dir = run_dir / "netcheck"
     bench_dir.mkdir(parents=True, exist_ok=True)
     out_rel = (bench_dir / "netbench.json").resolve().relative_to(project.root.resolve()).as_posix()
-    rdzv = plan_rendezvous(project, outputs, f"{run_dir.name}-netcheck", bench_dir,
-                           entry=options.netbench_args(outputs, out_rel), max_restarts=0,
-                           join_timeout_s=120, remote_python=remote_python)
-    write_rendezvous(rdzv, bench_dir)
     found: list[dict] = []
 
     def catch(node: str, line: str) -> None:
@@ -158,8 +153,10 @@ def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, l
 
     timeout = options.timeout_s or options.estimate_s(len(outputs.nodes), outputs.tier_gbps)
     log(f"netcheck: {len(outputs.nodes)} nodes at {outputs.tier_gbps:g} Gbit/s, up to {timeout:.0f} s")
-    result = launch(project, rdzv, bench_dir, sink=catch, log=log, timeout_s=timeout,
-                    gpus_per_node=outputs.gpus_per_node)
+    result = run_on_all_nodes(project, outputs, options.netbench_args(outputs, out_rel),
+                              run_id=f"{run_dir.name}-netcheck", run_dir=bench_dir, max_restarts=0,
+                              join_timeout_s=120, timeout_s=timeout, remote_python=remote_python,
+                              sink=catch, log=log)
     if not found and (bench_dir / "netbench.json").exists():
         found.append(json.loads((bench_dir / "netbench.json").read_text()))
     if not result.ok or not found:

@@ -16,10 +16,6 @@ from pathlib import Path
 
 log = logging.getLogger(__name__)
 
-STEP_FIELDS = ("step", "loss", "lr", "step_s", "tokens_per_s", "sync_s", "exposed_comm_s",
-               "grad_bytes", "wire_bytes", "busbw_gbps", "nic_tx_gbps", "nic_rx_gbps", "comm")
-
-
 def truncate_metrics(path: Path, last_step: int) -> int:
     """Keep only complete lines with step <= last_step; return how many were kept."""
     if not path.exists():

@@ -55,13 +55,6 @@ def parse_size(text: str | int) -> int:
     return int(m.group(1)) << {"": 0, "K": 10, "M": 20, "G": 30}[m.group(2).upper()]
 
 
-def format_size(nbytes: int) -> str:
-    for unit, shift in (("G", 30), ("M", 20), ("K", 10)):
-        if nbytes >= 1 << shift and nbytes % (1 << shift) == 0:
-            return f"{nbytes >> shift}{unit}"
-    return str(nbytes)
-
-
 def sweep_sizes(min_size: int, max_size: int) -> list[int]:
     """Powers of two from `min_size` up to `max_size` (both included when `max_size` is one)."""
     if min_size < DTYPE_BYTES or max_size < min_size:
