@@ -8,8 +8,6 @@ import click
 
 from .options import console, pass_project
 
-TIERS = ("1g", "10g", "25g")
-
 
 @click.command()
 @click.argument("provider", type=click.Choice(["aws", "digitalocean"]))

@@ -12,6 +12,18 @@ engine_option = click.option(
 )
 
 
+yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask before creating paid cloud resources.")
+
+
+def deploy_outputs(project, name: str | None, engine: str, yes: bool, verbose: bool):
+    """Apply the cluster's stack, asking on the terminal before paid resources; its outputs."""
+    from fatpipe.stacks.engine import deploy_cluster
+
+    return deploy_cluster(project, name, engine=engine, yes=yes,
+                          confirm=lambda question: click.confirm(question, default=False, err=True),
+                          log=terraform_log(verbose))
+
+
 def terraform_log(verbose: bool):
     """Echo engine output to stderr: every line with -v, else only what names a resource."""
     err = console(stderr=True)
@@ -27,19 +39,15 @@ def terraform_log(verbose: bool):
 @click.command()
 @cluster_argument
 @engine_option
-@click.option("-y", "--yes", is_flag=True, help="Do not ask before creating paid cloud resources.")
+@yes_option
 @click.option("-v", "--verbose", is_flag=True, help="Show the engine's full output.")
 @pass_project
 def deploy(project, cluster: str | None, engine: str, yes: bool, verbose: bool):
     """Create the cluster's nodes and write its outputs (the input of every later command)."""
-    from fatpipe.stacks.engine import deploy_cluster, outputs_path
+    from fatpipe.stacks.engine import outputs_path
 
     out = console()
-    outputs = deploy_cluster(
-        project, cluster, engine=engine, yes=yes,
-        confirm=lambda question: click.confirm(question, default=False, err=True),
-        log=terraform_log(verbose),
-    )
+    outputs = deploy_outputs(project, cluster, engine, yes, verbose)
     for node in outputs.nodes:
         where = node.netns or node.public_ip or node.transport
         out.print(f"  {node.name:<20} {node.private_ip:<15} {where}")

@@ -9,8 +9,8 @@ import click
 from .options import cluster_argument, console, pass_project
 from .runflags import (
     ScriptCommand,
+    new_rendezvous,
     overrides,
-    resolve_train,
     run_options,
     script_args,
     train_overrides,
@@ -80,20 +80,10 @@ def launch(project, cluster: str | None, run_id, outputs_file, nproc_per_node, m
         run_id, run_dir = find_run(project, name, run_id)
         rdzv = read_rendezvous(run_dir)
     else:
-        rdzv, run_dir = new_rendezvous(project, outputs, resolve_train(project, overrides()), script_args(),
-                                       nproc_per_node=nproc_per_node, max_restarts=max_restarts,
+        rdzv, run_dir = new_rendezvous(project, outputs, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
                                        join_timeout_s=join_timeout, remote_python=remote_python)
     result = run_training(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s, detach=detach)
     sys.exit(result.exit_code)
-
-
-def new_rendezvous(project, outputs, train, script, run=None, **options):
-    """A new run (or the given (id, folder)) with its rendezvous written; returns (rdzv, run_dir)."""
-    from fatpipe.infra.rendezvous import make_rendezvous
-    from fatpipe.infra.runs import new_run
-
-    run_id, run_dir = run or new_run(project, outputs.name)
-    return make_rendezvous(project, outputs, run_id, run_dir, train=train, script=script, **options), run_dir
 
 
 def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False):

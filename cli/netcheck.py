@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import cluster_argument, console, pass_project
+from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
 
 
 def _size(ctx, param, value):
@@ -35,10 +35,8 @@ def _size(ctx, param, value):
               help="auto: iperf3 where every node has it, else the built-in socket test.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder for netcheck.json (default: a new one under .fatpipe/<cluster>/runs/).")
-@click.option("--outputs", "outputs_file", type=click.Path(dir_okay=False, exists=True),
-              help="Read this outputs file instead of .fatpipe/<cluster>/outputs.json.")
-@click.option("--remote-python", envvar="FATPIPE_REMOTE_PYTHON", default=None,
-              help="On ssh nodes, run this interpreter (an image that ships torch) instead of the venv.")
+@outputs_option
+@remote_python_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream every node's output.")
 @pass_project
 def netcheck(project, cluster, min_fraction, no_gate, max_size, min_size, quick, streams, p2p_seconds,

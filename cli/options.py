@@ -7,6 +7,15 @@ import functools
 import click
 
 cluster_argument = click.argument("cluster", required=False)
+outputs_option = click.option(
+    "--outputs", "outputs_file", type=click.Path(dir_okay=False, exists=True),
+    help="Read this outputs file instead of .fatpipe/<cluster>/outputs.json.",
+)
+remote_python_option = click.option(
+    "--remote-python", envvar="FATPIPE_REMOTE_PYTHON", default=None,
+    help="On ssh nodes, run this interpreter (an image that ships torch) instead of making a venv. "
+         "Env: FATPIPE_REMOTE_PYTHON.",
+)
 
 
 def pass_project(func):

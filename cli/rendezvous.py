@@ -5,14 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import cluster_argument, console, pass_project
-from .runflags import (
-    ScriptCommand,
-    overrides,
-    resolve_train,
-    run_options,
-    script_args,
-    train_overrides,
-)
+from .runflags import ScriptCommand, new_rendezvous, run_options, train_overrides
 
 
 @click.command(cls=ScriptCommand)
@@ -27,17 +20,11 @@ def rendezvous(project, cluster: str | None, outputs_file, nproc_per_node, max_r
     Everything after `--` is your torchrun script and its arguments; without it, the
     built-in trainer runs with the [train] settings (and the overrides given here).
     """
-    from fatpipe.infra.rendezvous import make_rendezvous
-    from fatpipe.infra.runs import load_outputs, new_run
+    from fatpipe.infra.runs import load_outputs
 
-    name = project.cluster(cluster).name
-    outputs = load_outputs(project, name, outputs_file)
-    run_id, run_dir = new_run(project, name)
-    rdzv = make_rendezvous(
-        project, outputs, run_id, run_dir, train=resolve_train(project, overrides()),
-        script=script_args(), nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-        join_timeout_s=join_timeout, remote_python=remote_python,
-    )
+    outputs = load_outputs(project, project.cluster(cluster).name, outputs_file)
+    rdzv, run_dir = new_rendezvous(project, outputs, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
+                                   join_timeout_s=join_timeout, remote_python=remote_python)
     print_rendezvous(rdzv, run_dir)
 
 

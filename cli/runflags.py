@@ -8,6 +8,8 @@ import click
 
 from fatpipe.infra.errors import ConfigError
 
+from .options import outputs_option, remote_python_option
+
 
 class ScriptCommand(click.Command):
     """A command whose arguments after `--` are the user's script and its args (`ctx.meta["script"]`).
@@ -65,17 +67,14 @@ def overrides() -> dict:
 def run_options(func):
     """torchrun and node settings: processes per node, restarts, join timeout, the remote Python."""
     options = [
-        click.option("--outputs", "outputs_file", type=click.Path(dir_okay=False, exists=True),
-                     help="Read this outputs file instead of .fatpipe/<cluster>/outputs.json."),
+        outputs_option,
         click.option("--nproc-per-node", type=click.IntRange(1, 64), default=None,
                      help="Processes per node (default: gpus_per_node, else 1)."),
         click.option("--max-restarts", type=click.IntRange(0, 100), default=3, show_default=True,
                      help="torchrun restarts of the whole worker group after a failure."),
         click.option("--join-timeout", type=click.IntRange(10, 3600), default=180, show_default=True,
                      help="Seconds torchrun waits for every node to join the rendezvous."),
-        click.option("--remote-python", envvar="FATPIPE_REMOTE_PYTHON", default=None,
-                     help="On ssh nodes, run this interpreter (an image that ships torch) instead "
-                          "of making a venv. Env: FATPIPE_REMOTE_PYTHON."),
+        remote_python_option,
     ]
     for option in reversed(options):
         func = option(func)
@@ -94,3 +93,18 @@ def resolve_train(project, overrides: dict):
         err = e.errors(include_url=False)[0]
         flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "[train]"
         raise ConfigError(f"{flag}: {err['msg'].removeprefix('Value error, ')}") from None
+
+
+def new_rendezvous(project, outputs, train=None, script=None, run=None, **options):
+    """A new run (or the given (id, folder)) with its rendezvous written; returns (rdzv, run_dir).
+
+    `train` and `script` default to this command's [train] overrides and `-- SCRIPT ARGS`;
+    `options` are plan_rendezvous's (nproc_per_node, max_restarts, join_timeout_s, remote_python).
+    """
+    from fatpipe.infra.rendezvous import make_rendezvous
+    from fatpipe.infra.runs import new_run
+
+    train = train if train is not None else resolve_train(project, overrides())
+    script = script if script is not None else script_args()
+    run_id, run_dir = run or new_run(project, outputs.name)
+    return make_rendezvous(project, outputs, run_id, run_dir, train=train, script=script, **options), run_dir

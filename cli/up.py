@@ -16,9 +16,11 @@ from pathlib import Path
 
 import click
 
+from .deploy import engine_option, yes_option
 from .options import cluster_argument, console, pass_project
 from .runflags import (
     ScriptCommand,
+    new_rendezvous,
     overrides,
     resolve_train,
     run_options,
@@ -42,10 +44,7 @@ class Phases:
     """Runs the phases in order, shows which one is going, and keeps each one's time and outcome."""
 
     out: object
-    phases: list[Phase] = field(default_factory=list)
-
-    def __post_init__(self):
-        self.phases = [Phase(name) for name in PHASES]
+    phases: list[Phase] = field(default_factory=lambda: [Phase(name) for name in PHASES])
 
     def get(self, name: str) -> Phase:
         for phase in self.phases:
@@ -130,7 +129,7 @@ def reusable_netcheck(project, name: str, outputs_mtime: float) -> Path | None:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        passed = doc.get("gate", {}).get("passed", doc.get("passed"))
+        passed = doc.get("gate", {}).get("passed")
         if passed and path.stat().st_mtime > outputs_mtime:
             return path
     return None
@@ -208,9 +207,8 @@ def summary_table(doc: dict):
 
 @click.command(cls=ScriptCommand)
 @cluster_argument
-@click.option("--engine", type=click.Choice(["terraform", "tofu", "cdktf"]), default="terraform",
-              show_default=True, help="What applies the synthesized stack.")
-@click.option("-y", "--yes", is_flag=True, help="Do not ask before creating paid cloud resources.")
+@engine_option
+@yes_option
 @click.option("--down-after", is_flag=True, help="Destroy the cluster at the end, also after a failure.")
 @click.option("--netcheck", "netcheck_mode", type=click.Choice(["full", "quick", "off"]), default="full",
               show_default=True, help="The link check before training: full sweep, a quick one, or none.")
@@ -237,7 +235,7 @@ def up(project, cluster, engine, yes, down_after, netcheck_mode, no_gate, wait_t
     script = script_args()
     out = console()
     phases = Phases(out)
-    report: dict = {"cluster": spec.name, "phases": phases.phases}
+    report: dict = {"cluster": spec.name}
     code = 1
     try:
         code = _up(project, spec, phases, report, out, train=train, script=script, engine=engine,
@@ -260,13 +258,12 @@ def up(project, cluster, engine, yes, down_after, netcheck_mode, no_gate, wait_t
 
 def _up(project, spec, phases: Phases, report: dict, out, *, train, script, engine, yes,
         netcheck_mode, no_gate, wait_timeout, timeout_s, outputs_file, verbose, rdzv_options) -> int:
-    from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.launch import refuse_if_running
     from fatpipe.infra.runs import new_run
     from fatpipe.infra.runs import outputs_file as default_outputs
 
-    from .launch import new_rendezvous, note, run_training
-    from .wait import readiness_table, wait_ready
+    from .launch import note, run_training
+    from .wait import readiness_table, require_ready, wait_ready
 
     name = spec.name
     outputs_path = Path(outputs_file) if outputs_file else default_outputs(project, name)
@@ -275,7 +272,7 @@ def _up(project, spec, phases: Phases, report: dict, out, *, train, script, engi
         for phase in ("synth", "deploy", "wait"):
             phases.skip(phase, "deployed, outputs match the cluster file, every node ready")
     else:
-        from .deploy import terraform_log
+        from .deploy import deploy_outputs
 
         def synth():
             from fatpipe.stacks.app import synth as synth_stacks
@@ -285,24 +282,17 @@ def _up(project, spec, phases: Phases, report: dict, out, *, train, script, engi
         stack_dir = phases.run("synth", f"the {spec.provider} stack of {name}", synth)
         phases.get("synth").note = str(stack_dir.relative_to(project.root))
 
-        def deploy():
-            from fatpipe.stacks.engine import deploy_cluster
-
-            return deploy_cluster(project, name, engine=engine, yes=yes,
-                                  confirm=lambda q: click.confirm(q, default=False, err=True),
-                                  log=terraform_log(verbose))
-
-        outputs = phases.run("deploy", f"{spec.nodes} node(s) with {engine}", deploy)
+        outputs = phases.run("deploy", f"{spec.nodes} node(s) with {engine}",
+                             lambda: deploy_outputs(project, name, engine, yes, verbose))
         phases.get("deploy").note = f"{len(outputs.nodes)} node(s)"
         outputs_path = default_outputs(project, name)
-        states = phases.run("wait", "every node reachable, booted, tuned",
-                            lambda: wait_ready(project, outputs, wait_timeout, out), spinner=False)
-        out.print(readiness_table(states, f"{name}: nodes"))
-        late = [s for s in states if not s.ready]
-        if late:
-            phases.get("wait").state = "failed"
-            raise FatpipeError(f"{len(late)} node(s) not ready after {wait_timeout:g} s: "
-                               + "; ".join(f"{s.name}: {s.reason}" for s in late))
+        def wait():
+            states = wait_ready(project, outputs, wait_timeout, out)
+            out.print(readiness_table(states, f"{name}: nodes"))
+            require_ready(states, wait_timeout)
+            return states
+
+        states = phases.run("wait", "every node reachable, booted, tuned", wait, spinner=False)
         phases.get("wait").note = f"{len(states)}/{len(states)} ready"
 
     refuse_if_running(project, name)
@@ -371,7 +361,7 @@ def _netcheck(project, outputs, outputs_path: Path, run_dir: Path, phases: Phase
         return
     from fatpipe.infra.netcheck import NetcheckOptions, run_netcheck
 
-    earlier = reusable_netcheck(project, outputs.name, outputs_path.stat().st_mtime) if outputs_path.exists() else None
+    earlier = reusable_netcheck(project, outputs.name, outputs_path.stat().st_mtime)
     if earlier is not None:
         for name in ("netcheck.json", "netcheck.png"):
             if (earlier.parent / name).exists():
@@ -393,22 +383,16 @@ def _down(project, name: str, engine: str, phases: Phases, out, code: int) -> in
     """Destroy the cluster; a failed destroy is reported and makes the exit status nonzero."""
     from fatpipe.stacks.engine import destroy_cluster
 
-    phase = phases.get("down")
-    phases.header("down", f"destroy {name} (--down-after)")
-    started = time.monotonic()
     try:
-        with out.status(f"down: destroying {name}"):
-            swept = destroy_cluster(project, name, engine=engine)
-        phase.state, phase.note = "done", ("swept " + ", ".join(swept)) if swept else "destroyed"
-        (project.state_dir(name) / "known_hosts").unlink(missing_ok=True)  # new nodes, new host keys
-        return code
+        swept = phases.run("down", f"destroy {name} (--down-after)",
+                           lambda: destroy_cluster(project, name, engine=engine))
     except Exception as e:  # noqa: BLE001 - whatever broke, the user must hear the cluster may be up
-        phase.state, phase.note = "failed", str(e).splitlines()[0]
         out.print(f"[red]destroy of {name} failed[/]: {e}\nresources may be left: run `fatpipe down {name}`",
                   highlight=False)
         return code or 1
-    finally:
-        phase.seconds = time.monotonic() - started
+    phases.get("down").note = ("swept " + ", ".join(swept)) if swept else "destroyed"
+    (project.state_dir(name) / "known_hosts").unlink(missing_ok=True)  # new nodes, new host keys
+    return code
 
 
 def _finish(report: dict, phases: Phases, out, code: int) -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from .options import cluster_argument, console, pass_project
+from .options import cluster_argument, console, outputs_option, pass_project
 
 
 def readiness_table(states, title: str):
@@ -42,12 +42,10 @@ def wait_ready(project, outputs, timeout_s: float, out):
 @cluster_argument
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=600, show_default=True,
               help="Seconds to wait for every node.")
-@click.option("--outputs", "outputs_file", type=click.Path(dir_okay=False, exists=True),
-              help="Read this outputs file instead of .fatpipe/<cluster>/outputs.json.")
+@outputs_option
 @pass_project
 def wait(project, cluster: str | None, timeout_s: float, outputs_file):
     """Wait until every node answers, has finished booting, and reads back the tier's sysctls."""
-    from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.runs import load_outputs
 
     name = project.cluster(cluster).name
@@ -55,6 +53,13 @@ def wait(project, cluster: str | None, timeout_s: float, outputs_file):
     out = console()
     states = wait_ready(project, outputs, timeout_s, out)
     out.print(readiness_table(states, f"{name}: {sum(s.ready for s in states)}/{len(states)} ready"))
+    require_ready(states, timeout_s)
+
+
+def require_ready(states, timeout_s: float) -> None:
+    """Raise naming every node that is not ready, with its reason."""
+    from fatpipe.infra.errors import FatpipeError
+
     late = [s for s in states if not s.ready]
     if late:
         reasons = "\n  ".join(f"{s.name}: {s.reason}" for s in late)
