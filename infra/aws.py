@@ -36,7 +36,7 @@ def build_cluster(stack, cluster, project) -> dict:
     from cdktf_cdktf_provider_aws.key_pair import KeyPair
     from cdktf_cdktf_provider_aws.provider import AwsProvider, AwsProviderDefaultTags
 
-    machine = machine_for(cluster, project.root if project is not None else None)
+    machine = machine_for(cluster, project.root)
     AwsProvider(
         stack, "aws", region=cluster.region,
         default_tags=[AwsProviderDefaultTags(tags={"fatpipe:cluster": cluster.name, "managed-by": "fatpipe"})],

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .catalog import aws_type_record, load_catalog, machine_for
+from .catalog import aws_type_record, load_catalog, machine_for, offered_types
 from .errors import FatpipeError
 
 
@@ -51,12 +51,7 @@ def _check_offered(ec2, cluster, name: str) -> None:
     location, where = cluster.region, "region"
     if cluster.availability_zone:
         location, where = cluster.availability_zone, "availability-zone"
-    offered: set[str] = set()
-    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
-        LocationType=where, Filters=[{"Name": "location", "Values": [location]}]
-    )
-    for page in pages:
-        offered.update(o["InstanceType"] for o in page["InstanceTypeOfferings"])
+    offered = offered_types(ec2, where, location)
     if name not in offered:
         fix = f"run `fatpipe catalog aws --region {cluster.region}` so the automatic pick knows what it offers"
         raise FatpipeError(

@@ -58,7 +58,6 @@ class Catalog:
     source: str
     region: str | None  # None: not specific to one region
     prices_date: str
-    prices_source: str
     types: dict[str, MachineType]
     path: Path
 
@@ -126,7 +125,7 @@ def load_catalog(provider: str, region: str | None = None, root: Path | None = N
     types = {name: _machine(name, raw, hourly) for name, raw in data["types"].items()}
     return Catalog(
         provider=provider, date=data["date"], source=data["source"], region=data.get("region"),
-        prices_date=prices.get("date", "?"), prices_source=prices.get("source", ""),
+        prices_date=prices.get("date", "?"),
         types=types, path=path,
     )
 
@@ -208,21 +207,24 @@ def aws_type_record(info: dict) -> dict:
     }
 
 
-def fetch_aws_types(region: str, client=None, families: set[str] | None = None) -> dict[str, dict]:
-    """Every instance type offered in `region` (optionally only `families`), as catalog records."""
+def offered_types(client, location_type: str, location: str) -> set[str]:
+    """The instance types EC2 offers at `location` ("region" or "availability-zone")."""
+    offered: set[str] = set()
+    pages = client.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType=location_type, Filters=[{"Name": "location", "Values": [location]}]
+    )
+    for page in pages:
+        offered.update(o["InstanceType"] for o in page["InstanceTypeOfferings"])
+    return offered
+
+
+def fetch_aws_types(region: str, client=None) -> dict[str, dict]:
+    """Every instance type offered in `region`, as catalog records."""
     if client is None:
         import boto3
 
         client = boto3.client("ec2", region_name=region)
-    offered: set[str] = set()
-    pages = client.get_paginator("describe_instance_type_offerings").paginate(
-        LocationType="region", Filters=[{"Name": "location", "Values": [region]}]
-    )
-    for page in pages:
-        offered.update(o["InstanceType"] for o in page["InstanceTypeOfferings"])
-    if families:
-        offered = {name for name in offered if name.split(".")[0] in families}
-    wanted = sorted(offered)
+    wanted = sorted(offered_types(client, "region", region))
     types: dict[str, dict] = {}
     for start in range(0, len(wanted), 100):  # DescribeInstanceTypes takes 100 names a call
         pages = client.get_paginator("describe_instance_types").paginate(InstanceTypes=wanted[start:start + 100])

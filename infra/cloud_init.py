@@ -134,9 +134,9 @@ def ready_script(profile: TierProfile) -> str:
     )
 
 
-def cloud_config(tier: str | TierProfile, provider: str, cluster) -> dict:
+def cloud_config(tier: str, provider: str, cluster) -> dict:
     """The cloud-config document (a dict) for every node of `cluster`."""
-    profile = tier if isinstance(tier, TierProfile) else tier_profile(tier)
+    profile = tier_profile(tier)
     mtu = profile.mtu(provider)
 
     def file(path, content, mode="0644"):
@@ -165,7 +165,7 @@ def cloud_config(tier: str | TierProfile, provider: str, cluster) -> dict:
     }
 
 
-def render_cloud_init(tier: str | TierProfile, provider: str, cluster) -> str:
+def render_cloud_init(tier: str, provider: str, cluster) -> str:
     """User data for `cluster`'s nodes: `#cloud-config` followed by the document as JSON.
 
     JSON is valid YAML, so cloud-init reads it as is, and no YAML library or quoting rules

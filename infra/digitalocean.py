@@ -22,7 +22,7 @@ def build_cluster(stack, cluster, project) -> dict:
     from cdktf_cdktf_provider_digitalocean.tag import Tag
     from cdktf_cdktf_provider_digitalocean.vpc import Vpc
 
-    size = machine_for(cluster, project.root if project is not None else None)
+    size = machine_for(cluster, project.root)
     DigitaloceanProvider(stack, "digitalocean")
     # A fully qualified source lets both terraform and tofu apply the JSON (opentofu#2402).
     stack.add_override("terraform.required_providers.digitalocean.source", PROVIDER_SOURCE)

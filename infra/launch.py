@@ -258,7 +258,6 @@ def stop_nodes(nodes: list[NodeRun]) -> None:
 
 def follow_nodes(nodes: list[NodeRun], sink: Sink | None, follow: bool = True,
                  timeout_s: float | None = None, fail_grace_s: float | None = FAIL_GRACE_S,
-                 on_exit: Callable[[str, int | None], None] | None = None,
                  stopped: list[str] | None = None) -> dict:
     """Stream every node's log to `sink` until all nodes exit; return {node: exit code}.
 
@@ -281,8 +280,6 @@ def follow_nodes(nodes: list[NodeRun], sink: Sink | None, follow: bool = True,
         code = node.exit_code() if follow else None
         with lock:
             codes[node.name] = code
-        if on_exit:
-            on_exit(node.name, code)
 
     threads = [threading.Thread(target=watch, args=(n,), daemon=True, name=f"follow-{n.name}") for n in nodes]
     for thread in threads:

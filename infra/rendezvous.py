@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import FatpipeError
 from .files import write_atomic, write_json_atomic
-from .spec import TIER_GBPS
+from .tiers import tier_name, tier_profile
 
 TRAINER_MODULE = "fatpipe.trainer"
 REMOTE_DIR_ENV = "FATPIPE_REMOTE_DIR"  # where the project folder goes on ssh nodes; {cluster}, {node}
@@ -84,14 +84,6 @@ class Rendezvous:
     def from_json(cls, doc: dict) -> Rendezvous:
         nodes = [NodePlan(**n) for n in doc["nodes"]]
         return cls(**{**doc, "nodes": nodes})
-
-
-def tier_name(gbps: float) -> str:
-    """The tier ("1g", "10g", "25g") of an outputs' tier_gbps."""
-    for name, value in TIER_GBPS.items():
-        if value == gbps:
-            return name
-    raise FatpipeError(f"no tier of {gbps:g} Gbit/s; tiers: {', '.join(TIER_GBPS)}")
 
 
 def remote_dir(cluster: str, node: str, template: str | None = None) -> str:
@@ -192,8 +184,6 @@ def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str
 
 def _tier_nccl(gbps: float) -> dict[str, str]:
     """NCCL socket settings of the tier (threads and sockets per peer): nodes of every provider get them."""
-    from .tiers import tier_profile
-
     return dict(tier_profile(tier_name(gbps)).nccl)
 
 

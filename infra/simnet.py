@@ -154,6 +154,13 @@ def node_down(node: SimNode, log=print) -> None:
     shutil.rmtree(node.node_dir, ignore_errors=True)
 
 
+def shape_link(netns: str, host_if: str, rate_gbit: float) -> None:
+    """Shape a node's veth to `rate_gbit` (tc tbf) in both directions, replacing any qdisc there."""
+    # The host end's egress is the node's ingress; the namespace end's egress is its egress.
+    _run(["tc", "qdisc", "replace", "dev", host_if, "root"] + tbf_args(rate_gbit))
+    _run(["tc", "-n", netns, "qdisc", "replace", "dev", NODE_IFACE, "root"] + tbf_args(rate_gbit))
+
+
 def _netns_up(node: SimNode) -> dict:
     from .tiers import tier_profile
 
@@ -169,10 +176,7 @@ def _netns_up(node: SimNode) -> dict:
         _run(["ip", "link", "set", node.host_if, "master", node.bridge, "up"])
     _run(ns + ["addr", "add", node.address, "dev", NODE_IFACE])
     _run(ns + ["link", "set", NODE_IFACE, "up"])
-    # Both directions: the host end's egress is the node's ingress.
-    _run(["tc", "qdisc", "replace", "dev", node.host_if, "root"] + tbf_args(node.rate_gbit))
-    _run(["tc", "-n", node.netns, "qdisc", "replace", "dev", NODE_IFACE, "root"]
-         + tbf_args(node.rate_gbit))
+    shape_link(node.netns, node.host_if, node.rate_gbit)
     sysctls = _apply_sysctls(node.netns, profile.sysctls)
     ready = {
         "node": node.name,
@@ -196,8 +200,9 @@ def _loopback_up(node: SimNode) -> dict:
 
     sysctls = {}
     for name in tier_profile(node.tier).sysctls:
-        with contextlib.suppress(OSError):
-            sysctls[name] = " ".join(Path("/proc/sys", *name.split(".")).read_text().split())
+        value = _host_sysctl(name)
+        if value is not None:
+            sysctls[name] = value
     ready = {
         "node": node.name,
         "isolation": "loopback",
@@ -223,8 +228,9 @@ def _apply_sysctls(netns: str, wanted: dict[str, str]) -> dict:
     result = json.loads(proc.stdout)
     values = result["values"]
     for name in result["absent"]:  # global: the host's value is the one sockets here get
-        with contextlib.suppress(OSError):
-            values[name] = " ".join(Path("/proc/sys", *name.split(".")).read_text().split())
+        value = _host_sysctl(name)
+        if value is not None:
+            values[name] = value
     return {
         "sysctls": values,
         "namespaced": result["namespaced"],
@@ -266,6 +272,16 @@ def _run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
     if check and proc.returncode != 0:
         raise FatpipeError(f"`{' '.join(argv[:8])}` failed: {proc.stderr.strip() or proc.returncode}")
     return proc
+
+
+def _host_sysctl(name: str) -> str | None:
+    """The host's value of sysctl `name` (fields single-spaced), or None if it cannot be read."""
+    from .tiers import normalize_sysctl
+
+    try:
+        return normalize_sysctl(Path("/proc/sys", *name.split(".")).read_text())
+    except OSError:
+        return None
 
 
 def _netns_list() -> list[str]:

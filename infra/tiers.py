@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from .errors import FatpipeError
 from .spec import TIER_GBPS
 
 # TCP buffers hold twice the bandwidth-delay product (the kernel charges packet overhead to
@@ -73,6 +74,14 @@ def tier_profile(tier: str) -> TierProfile:
         "NCCL_IB_DISABLE": "1",  # no InfiniBand on these networks: go straight to sockets
     }
     return TierProfile(tier, gbps, sysctls, nccl)  # fresh dicts each call: callers may edit them
+
+
+def tier_name(gbps: float) -> str:
+    """The tier ("1g", "10g", "25g") of an outputs' tier_gbps."""
+    for name, value in TIER_GBPS.items():
+        if value == gbps:
+            return name
+    raise FatpipeError(f"no tier of {gbps:g} Gbit/s; tiers: {', '.join(TIER_GBPS)}")
 
 
 def normalize_sysctl(value: str) -> str:

@@ -49,12 +49,12 @@ class Result:
         return f"exit status {self.returncode}"
 
 
-def _run(argv: Sequence[str], timeout: float | None, input: str | None = None) -> Result:
+def _run(argv: Sequence[str], timeout: float | None) -> Result:
     try:
         # A session of its own: Ctrl-C reaches fatpipe alone, which then stops the nodes in order.
         done = subprocess.run(
-            list(argv), input=input, capture_output=True, text=True, timeout=timeout,
-            start_new_session=True, stdin=None if input is not None else subprocess.DEVNULL,
+            list(argv), capture_output=True, text=True, timeout=timeout,
+            start_new_session=True, stdin=subprocess.DEVNULL,
         )
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
@@ -77,8 +77,8 @@ class Transport:
         """The local command line that runs the bash snippet `command` on the node."""
         raise NotImplementedError
 
-    def run(self, command: str, timeout: float | None = 60, input: str | None = None) -> Result:
-        return _run(self.argv(command), timeout, input)
+    def run(self, command: str, timeout: float | None = 60) -> Result:
+        return _run(self.argv(command), timeout)
 
     def popen(self, command: str) -> subprocess.Popen:
         """Start `command` on the node with its stdout (and stderr) as one text pipe."""
@@ -98,9 +98,6 @@ class Transport:
 
     def describe(self) -> str:
         return f"{self.node_name} ({self.kind})"
-
-    def close(self) -> None:
-        """Release what the transport holds (the ssh master connection)."""
 
 
 class LocalTransport(Transport):
@@ -195,9 +192,6 @@ class SshTransport(Transport):
 
     def describe(self) -> str:
         return f"{self.node_name} (ssh {self.user + '@' if self.user else ''}{self.host})"
-
-    def close(self) -> None:
-        _run([*self.ssh_options(), "-O", "exit", self.host], timeout=5)
 
 
 def control_dir() -> Path:

@@ -8,10 +8,10 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .rendezvous import tier_name
+from .cloud_init import READY_FILE as CLOUD_READY_FILE  # written last by cloud-init on cloud nodes
+from .tiers import sysctl_mismatches, tier_name, tier_profile
 from .transport import Transport, fan_out, transports_for
 
-CLOUD_READY_FILE = "/var/lib/fatpipe/ready"  # written last by cloud-init on cloud nodes
 MARK = "@@fatpipe"
 
 
@@ -76,8 +76,6 @@ def parse_probe(stdout: str) -> tuple[bool, dict | None, dict[str, str]]:
 
 def check_node(transport: Transport, node, declared: dict[str, str], timeout: float = 30) -> NodeReadiness:
     """Probe one node once."""
-    from .tiers import sysctl_mismatches
-
     state = NodeReadiness(node.name, node.transport)
     ready_file = (node.model_extra or {}).get("ready_file") or CLOUD_READY_FILE
     result = transport.run(probe_command(ready_file, sorted(declared)), timeout=timeout)
@@ -106,21 +104,18 @@ def check_node(transport: Transport, node, declared: dict[str, str], timeout: fl
     return state
 
 
-def declared_sysctls(outputs, tier: str | None = None) -> dict[str, str]:
-    from .tiers import tier_profile
-
-    return tier_profile(tier or tier_name(outputs.tier_gbps)).sysctls
+def declared_sysctls(outputs) -> dict[str, str]:
+    return tier_profile(tier_name(outputs.tier_gbps)).sysctls
 
 
 def wait_for_nodes(project, outputs, timeout_s: float = 300, interval_s: float = 2,
-                   tier: str | None = None,
                    on_update: Callable[[list[NodeReadiness]], None] | None = None) -> list[NodeReadiness]:
     """Probe every node until all are ready or `timeout_s` passes; returns the last answers.
 
     Nodes already ready are not probed again; each round probes the rest in parallel.
     """
     transports = transports_for(outputs, project.state_dir(outputs.name))
-    declared = declared_sysctls(outputs, tier)
+    declared = declared_sysctls(outputs)
     states = [NodeReadiness(n.name, n.transport) for n in outputs.nodes]
     deadline = time.monotonic() + timeout_s
     while True:

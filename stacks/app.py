@@ -14,7 +14,6 @@ os.environ.setdefault("JSII_SILENCE_WARNING_END_OF_LIFE_NODE_VERSION", "18,20")
 os.environ.setdefault("JSII_SILENCE_WARNING_DEPRECATED_NODE_VERSION", "1")
 
 OUTDIR = "cdktf.out"
-PROVIDER_MODULES = {"aws": "aws", "digitalocean": "digitalocean", "sim": "sim"}
 
 
 def state_path_from_stack_dir(cluster_name: str) -> str:
@@ -40,7 +39,7 @@ def build_stack(app, cluster, project):
         stack.add_override("terraform.backend.s3.use_lockfile", backend.use_lockfile)
     else:
         LocalBackend(stack, path=state_path_from_stack_dir(cluster.name))
-    module = importlib.import_module(f"fatpipe.infra.{PROVIDER_MODULES[cluster.provider]}")
+    module = importlib.import_module(f"fatpipe.infra.{cluster.provider}")
     value = module.build_cluster(stack, cluster, project)
     TerraformOutput(stack, "cluster", value=value, description="fatpipe cluster contract (DESIGN.md)")
     return stack

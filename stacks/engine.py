@@ -14,6 +14,7 @@ from pathlib import Path
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
 from fatpipe.infra.outputs import ClusterOutputs, parse_outputs
+from fatpipe.infra.runs import outputs_file as outputs_path
 
 ENGINES = ("cdktf", "terraform", "tofu")
 CDKTF_LOCAL = Path(".tools/node_modules/.bin/cdktf")
@@ -21,10 +22,6 @@ CDKTF_LOCAL = Path(".tools/node_modules/.bin/cdktf")
 QUIET_ENV = {"CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1", "TF_INPUT": "0", "CI": "1"}
 
 Log = Callable[[str], None]
-
-
-def outputs_path(project, name: str) -> Path:
-    return project.state_dir(name) / "outputs.json"
 
 
 def deploy_cluster(project, name: str | None = None, engine: str = "terraform", yes: bool = False,
