@@ -1,58 +1,66 @@
-"""All-reduce bandwidth measurement in the manner of nccl-tests: time, algbw and busbw.
+"""Timed all-reduces in the manner of nccl-tests, shared by netbench, the comm=auto probe and
+the trainer's compute measurement.
 
-busbw = algbw x 2(n-1)/n is the rate each link must carry in a ring all-reduce, so it is
-comparable with the link's line rate whatever the number of ranks. The time reported is the
-slowest rank's, and every rank runs the same sizes and iteration counts (gloo fails otherwise).
+The time reported is the slowest rank's (every rank's time is all-reduced with MAX), and every
+rank runs the same sizes and iteration counts (gloo fails otherwise). busbw = algbw x 2(n-1)/n
+is the rate each link must carry in a ring all-reduce, so it is comparable with the link's
+line rate whatever the number of ranks; the arithmetic is netbench's (torch-free).
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 
+from .netbench import busbw_gbs
+
+
+def sync(device: torch.device) -> None:
+    """Wait for the device's queued work (nothing to wait for on CPU)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def barrier(device: torch.device) -> None:
+    if device.type == "cuda":  # NCCL: name the device, or it guesses (and warns)
+        dist.barrier(device_ids=[device.index])
+    else:
+        dist.barrier()
+
+
+def slowest(seconds: float, device: torch.device) -> float:
+    """The largest of every rank's `seconds`."""
+    t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return float(t.item())
+
+
+def timed_allreduce(tensor: torch.Tensor, warmup: int, iters: int, device: torch.device) -> float:
+    """Mean seconds of one in-place all-reduce of `tensor` on the slowest rank."""
+    for _ in range(warmup):
+        dist.all_reduce(tensor)
+    sync(device)
+    barrier(device)  # every rank starts the clock together
+    start = time.perf_counter()
+    for _ in range(iters):
+        dist.all_reduce(tensor)
+    sync(device)
+    return slowest((time.perf_counter() - start) / iters, device)
+
 
 @dataclass(frozen=True)
 class AllReduceResult:
-    size_bytes: int
-    count: int  # float32 elements
     time_s: float  # mean time of one all-reduce on the slowest rank
-    algbw_gbps: float  # size / time, in Gbit/s
     busbw_gbps: float  # algbw x 2(n-1)/n, in Gbit/s
 
-    def to_dict(self) -> dict:
-        return asdict(self)
 
-
-def bus_factor(world_size: int) -> float:
-    """Bytes each rank sends per byte reduced, in a ring all-reduce: 2(n-1)/n."""
-    return 2 * (world_size - 1) / world_size if world_size > 1 else 0.0
-
-
-def measure_allreduce(size_bytes: int, iters: int, warmup: int, device: torch.device,
-                      group: dist.ProcessGroup | None = None) -> AllReduceResult:
+def measure_allreduce(size_bytes: int, iters: int, warmup: int,
+                      device: torch.device) -> AllReduceResult:
     """Time `iters` float32 all-reduces of `size_bytes`, after `warmup` untimed ones."""
     count = max(1, size_bytes // 4)
     buf = torch.ones(count, dtype=torch.float32, device=device)
-    for _ in range(warmup):
-        dist.all_reduce(buf, group=group)
-    _sync(device)
-    dist.barrier(group=group)
-    start = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(buf, group=group)
-    _sync(device)
-    elapsed = torch.tensor([(time.perf_counter() - start) / iters], dtype=torch.float64,
-                           device=device)
-    dist.all_reduce(elapsed, op=dist.ReduceOp.MAX, group=group)
-    t = float(elapsed.item())
-    algbw = count * 4 * 8 / t / 1e9
-    return AllReduceResult(count * 4, count, t, algbw,
-                           algbw * bus_factor(dist.get_world_size(group)))
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
+    t = timed_allreduce(buf, warmup, iters, device)
+    return AllReduceResult(t, busbw_gbs(count * 4, t, dist.get_world_size()) * 8)

@@ -22,16 +22,14 @@ from pathlib import Path
 
 import torch
 
-from .allreduce import bus_factor, measure_allreduce
+from .allreduce import measure_allreduce
+from .config import HOOK_NAMES
+from .netbench import bus_factor
 
 log = logging.getLogger(__name__)
 
 EXPOSED_BUDGET = 0.20  # largest share of a step that communication may leave exposed
 BACKWARD_SHARE = 2 / 3  # backward's share of forward + backward compute
-# Least lossy first. bf16 and fp16 put the same bytes on the wire; bf16 ranks first because it
-# keeps float32's exponent range, so a gradient can lose precision but never overflow to inf
-# or flush to zero, while fp16's failure is silent. PowerSGD is a low-rank approximation.
-LOSSY_ORDER = ("none", "bf16", "fp16", "powersgd")
 
 _PROBE_LATENCY_BYTES = 4 << 10
 _PROBE_BANDWIDTH_BYTES = 16 << 20
@@ -110,22 +108,21 @@ def powersgd_wire_elements(shapes: list[torch.Size], rank: int, min_rate: float 
 def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, grad_bytes: int,
                 powersgd_bytes: int, buckets: int, world_size: int,
                 powersgd_buckets: int | None = None,
-                hooks: tuple[str, ...] = LOSSY_ORDER) -> CommDecision:
+                hooks: tuple[str, ...] = HOOK_NAMES) -> CommDecision:
     """Apply the model above to each of `hooks` and pick the least lossy one within budget.
 
-    `powersgd_buckets` overrides the bucket count for PowerSGD (one bucket on gloo).
+    `powersgd_buckets` overrides the bucket count for PowerSGD (one bucket on gloo). Needs
+    world_size > 1: a single process has nothing to send (the trainer decides that itself).
     """
     common = dict(link=link, compute_s=compute_s, grad_bytes=grad_bytes, buckets=buckets,
                   world_size=world_size)
-    if world_size == 1:
-        return CommDecision("none", "single process, nothing to send", **common)
     wire = {"none": grad_bytes, "bf16": grad_bytes // 2, "fp16": grad_bytes // 2,
             "powersgd": powersgd_bytes}
     # PowerSGD runs three dependent all-reduces per bucket (uncompressed part, P, then Q).
     rounds = {"none": 1, "bf16": 1, "fp16": 1, "powersgd": 3}
     bytes_per_s = max(link.busbw_gbps, 1e-9) * 1e9 / 8
     hideable = BACKWARD_SHARE * compute_s / grad_accum
-    candidates = [name for name in LOSSY_ORDER if name in hooks]
+    candidates = [name for name in HOOK_NAMES if name in hooks]  # least lossy first
     predicted = {}
     for name in candidates:
         n_buckets = (powersgd_buckets or buckets) if name == "powersgd" else buckets

@@ -32,6 +32,15 @@ def _sizes(n: int, device: torch.device) -> list[int]:
     return [int(s.item()) for s in every]
 
 
+def _padded(obj, device: torch.device) -> tuple[torch.Tensor, list[int]]:
+    """`obj` pickled and zero-padded to the largest rank's size, and every rank's size."""
+    payload = _encode(obj, device)
+    sizes = _sizes(payload.numel(), device)
+    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
+    padded[:payload.numel()] = payload
+    return padded, sizes
+
+
 def broadcast_object(obj, src: int, device: torch.device):
     """`obj` of rank `src`, on every rank."""
     payload = _encode(obj, device) if dist.get_rank() == src else None
@@ -45,10 +54,7 @@ def broadcast_object(obj, src: int, device: torch.device):
 
 def all_gather_objects(obj, device: torch.device) -> list:
     """Every rank's `obj`, in rank order, on every rank."""
-    payload = _encode(obj, device)
-    sizes = _sizes(payload.numel(), device)
-    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
-    padded[:payload.numel()] = payload
+    padded, sizes = _padded(obj, device)
     every = [torch.empty_like(padded) for _ in sizes]
     dist.all_gather(every, padded)
     return [_decode(t[:n]) for t, n in zip(every, sizes, strict=True)]
@@ -56,10 +62,7 @@ def all_gather_objects(obj, device: torch.device) -> list:
 
 def gather_objects(obj, dst: int, device: torch.device) -> list | None:
     """Every rank's `obj`, in rank order, on rank `dst` (None elsewhere)."""
-    payload = _encode(obj, device)
-    sizes = _sizes(payload.numel(), device)
-    padded = torch.zeros(max(sizes), dtype=torch.uint8, device=device)
-    padded[:payload.numel()] = payload
+    padded, sizes = _padded(obj, device)
     if dist.get_rank() != dst:
         dist.gather(padded, None, dst=dst)
         return None

@@ -14,7 +14,12 @@ from pathlib import Path
 from typing import NoReturn
 
 PRESETS = ("tiny", "small", "124m")
-COMMS = ("auto", "none", "bf16", "fp16", "powersgd")
+# The DDP comm hooks, least lossy first (comm=auto takes the first that fits). bf16 and fp16 put
+# the same bytes on the wire; bf16 ranks first because it keeps float32's exponent range, so a
+# gradient can lose precision but never overflow to inf or flush to zero, while fp16's failure
+# is silent. PowerSGD is a low-rank approximation.
+HOOK_NAMES = ("none", "bf16", "fp16", "powersgd")
+COMMS = ("auto", *HOOK_NAMES)
 
 
 class ConfigError(ValueError):

@@ -20,7 +20,7 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-HOOK_NAMES = ("none", "bf16", "fp16", "powersgd")
+from .config import HOOK_NAMES
 
 
 def powersgd_available() -> bool:

@@ -10,11 +10,13 @@ from __future__ import annotations
 import json
 import logging
 import math
-import os
 import sys
 from pathlib import Path
 
+from .files import write_text_atomic
+
 log = logging.getLogger(__name__)
+
 
 def truncate_metrics(path: Path, last_step: int) -> int:
     """Keep only complete lines with step <= last_step; return how many were kept."""
@@ -28,9 +30,7 @@ def truncate_metrics(path: Path, last_step: int) -> int:
             continue  # a line torn by the kill
         if isinstance(rec, dict) and rec.get("step", math.inf) <= last_step:
             kept.append(line)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text("".join(f"{line}\n" for line in kept))
-    os.replace(tmp, path)
+    write_text_atomic(path, "".join(f"{line}\n" for line in kept))
     return len(kept)
 
 

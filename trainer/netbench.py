@@ -16,7 +16,10 @@ to it with 1 stream, then `--streams` streams, while the others wait at a barrie
 pairs share a link. Rank 0 writes one JSON document to `--out` and prints it on a line that
 starts with `NETBENCH_JSON ` (for launchers that collect stdout from a remote node 0).
 
-Imports nothing from the rest of fatpipe but `fatpipe.trainer.p2p` (standard library only).
+At module level this imports the standard library and `fatpipe.trainer.files` only, never
+torch: `fatpipe netcheck` imports `parse_size` from it on machines without torch, and the
+trainer shares its bandwidth arithmetic. The measuring code imports torch and the trainer's
+allreduce, collectives, nic and p2p modules when it runs.
 """
 
 from __future__ import annotations
@@ -30,6 +33,8 @@ import sys
 import time
 from datetime import timedelta
 from pathlib import Path
+
+from fatpipe.trainer.files import write_text_atomic
 
 MiB = 1 << 20
 DTYPE_BYTES = 4  # float32: what DDP's gradient buckets hold on CPU
@@ -113,7 +118,7 @@ def format_table(rows: list[dict]) -> str:
 
 
 class Bench:
-    """The process group, the device and the slowest-rank timer the measurements share."""
+    """The process group and the device the measurements share."""
 
     def __init__(self, device):
         import torch
@@ -122,33 +127,16 @@ class Bench:
         self.torch, self.dist, self.device = torch, dist, device
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
-    def sync(self) -> None:
-        if self.device.type == "cuda":
-            self.torch.cuda.synchronize(self.device)
-
     def barrier(self) -> None:
-        if self.device.type == "cuda":  # NCCL: name the device, or it guesses (and warns)
-            self.dist.barrier(device_ids=[self.device.index])
-        else:
-            self.dist.barrier()
+        from fatpipe.trainer.allreduce import barrier
 
-    def slowest(self, seconds: float) -> float:
-        """The largest of every rank's `seconds`."""
-        t = self.torch.tensor([seconds], dtype=self.torch.float64, device=self.device)
-        self.dist.all_reduce(t, op=self.dist.ReduceOp.MAX)
-        return float(t.item())
+        barrier(self.device)
 
     def timed(self, tensor, warmup: int, iters: int) -> float:
         """Mean seconds of one in-place all-reduce of `tensor` on the slowest rank."""
-        for _ in range(warmup):
-            self.dist.all_reduce(tensor)
-        self.sync()
-        self.barrier()  # every rank starts the clock together
-        start = time.perf_counter()
-        for _ in range(iters):
-            self.dist.all_reduce(tensor)
-        self.sync()
-        return self.slowest((time.perf_counter() - start) / iters)
+        from fatpipe.trainer.allreduce import timed_allreduce
+
+        return timed_allreduce(tensor, warmup, iters, self.device)
 
     def check_sum(self) -> None:
         """One all-reduce of ones must give world_size everywhere, or the numbers mean nothing."""
@@ -178,34 +166,25 @@ class Bench:
 # --- where this process is --------------------------------------------------------------------
 
 
-def _ifname_ip(ifname: str) -> str | None:
-    """The IPv4 address of interface `ifname` (Linux SIOCGIFADDR), or None."""
-    import fcntl
-    import struct
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        try:
-            packed = fcntl.ioctl(s.fileno(), 0x8915, struct.pack("256s", ifname[:15].encode()))
-        except OSError:
-            return None
-    return socket.inet_ntoa(packed[20:24])
-
-
 def node_ip() -> str:
     """This node's private IP: $FATPIPE_PRIVATE_IP (the launch path's node env), else the
     address of $GLOO_SOCKET_IFNAME, else the source address the kernel picks to reach the
     rendezvous host."""
+    from fatpipe.trainer.nic import ipv4_address, source_address
+
     if os.environ.get("FATPIPE_PRIVATE_IP"):
         return os.environ["FATPIPE_PRIVATE_IP"]
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         name = os.environ.get(var, "").lstrip("=")
         if name and "," not in name and not name.startswith("^"):
-            ip = _ifname_ip(name)
+            ip = ipv4_address(name)
             if ip:
                 return ip
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), int(os.environ.get("MASTER_PORT", "29500"))))
-        return s.getsockname()[0]
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    ip = source_address(host, socket.AF_INET)
+    if ip is None:
+        raise OSError(f"no IPv4 route to the rendezvous host {host}")
+    return ip
 
 
 def describe_ranks(bench: Bench) -> list[dict]:
@@ -250,9 +229,8 @@ def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
         return None
     server = next((n for n in nodes if n["ip"] == args.p2p_server), nodes[0])
     clients = [n for n in nodes if n is not server]
-    tool = args.p2p_tool
-    if tool == "auto":
-        tool = "iperf3" if all(n["iperf3"] for n in nodes) else "socket"
+    # Every node's iperf3 flag, this one's included, so every rank resolves the same tool.
+    tool = p2p.resolve_tool(args.p2p_tool, peers_have_iperf3=all(n["iperf3"] for n in nodes))
     stream_counts = sorted({1, args.streams})
     proc, problem = None, None
     if bench.rank == server["rank"]:
@@ -359,14 +337,6 @@ def run(args: argparse.Namespace) -> dict:
     }
 
 
-def write_json(path: Path, obj: dict) -> None:
-    """Write-then-rename, so a reader never sees half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(json.dumps(obj, indent=2) + "\n")
-    os.replace(tmp, path)
-
-
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
@@ -374,7 +344,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         result = run(args)
         if dist.get_rank() == 0:
-            write_json(Path(args.out), result)
+            write_text_atomic(Path(args.out), json.dumps(result, indent=2) + "\n")
             print(RESULT_PREFIX + json.dumps(result, separators=(",", ":")), flush=True)
     finally:
         if dist.is_initialized():

@@ -14,29 +14,39 @@ import socket
 import struct
 import time
 
+try:
+    import psutil
+except ImportError:  # optional: node venvs hold torch and little else
+    psutil = None
+
 _SIOCGIFADDR = 0x8915
 
 
 def interface_addresses() -> dict[str, list[str]]:
     """Interface name -> its IP addresses."""
-    try:
-        import psutil
-    except ImportError:
+    if psutil is None:
         return _linux_interface_addresses()
     return {name: [a.address for a in addrs] for name, addrs in psutil.net_if_addrs().items()}
 
 
-def _linux_interface_addresses() -> dict[str, list[str]]:
+def ipv4_address(name: str) -> str | None:
+    """The IPv4 address of interface `name` (Linux SIOCGIFADDR), or None if it has none."""
     import fcntl
 
-    found: dict[str, list[str]] = {name: [] for _, name in socket.if_nameindex()}
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        for name in found:
-            try:
-                req = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
-                found[name].append(socket.inet_ntoa(req[20:24]))
-            except OSError:  # no IPv4 address
-                pass
+        try:
+            req = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
+        except OSError:  # no such interface, or no IPv4 address
+            return None
+    return socket.inet_ntoa(req[20:24])
+
+
+def _linux_interface_addresses() -> dict[str, list[str]]:
+    found: dict[str, list[str]] = {name: [] for _, name in socket.if_nameindex()}
+    for name in found:
+        ip = ipv4_address(name)
+        if ip:
+            found[name].append(ip)
     try:
         with open("/proc/net/if_inet6") as f:  # "<32 hex digits> idx plen scope flags name"
             for line in f:
@@ -49,9 +59,7 @@ def _linux_interface_addresses() -> dict[str, list[str]]:
 
 def interface_counters(name: str) -> tuple[int, int]:
     """(bytes sent, bytes received) by one interface since boot; (0, 0) if unknown."""
-    try:
-        import psutil
-    except ImportError:
+    if psutil is None:
         try:
             with open("/proc/net/dev") as f:
                 for line in f:
@@ -80,7 +88,7 @@ def traffic_interface(env: dict[str, str] | None = None) -> str:
                 sorted(n for n in nics if name and n.startswith(name))
             if matches:
                 return matches[0]
-    local_ip = _source_address(env.get("MASTER_ADDR", ""))
+    local_ip = source_address(env.get("MASTER_ADDR", ""))
     if local_ip:
         for name, addrs in nics.items():
             if any(_same_ip(a, local_ip) for a in addrs):
@@ -90,12 +98,12 @@ def traffic_interface(env: dict[str, str] | None = None) -> str:
     return "lo"
 
 
-def _source_address(host: str) -> str | None:
-    """The local IP the kernel routes to `host` from (a UDP connect sends nothing)."""
+def source_address(host: str, family: int = socket.AF_UNSPEC) -> str | None:
+    """The local IP the kernel routes to `host` from (a UDP connect sends nothing), or None."""
     if not host:
         return None
     try:
-        family, _, _, _, addr = socket.getaddrinfo(host, 1, proto=socket.IPPROTO_UDP)[0]
+        family, _, _, _, addr = socket.getaddrinfo(host, 1, family, proto=socket.IPPROTO_UDP)[0]
         with socket.socket(family, socket.SOCK_DGRAM) as s:
             s.connect(addr)
             return s.getsockname()[0]

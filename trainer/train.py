@@ -18,18 +18,17 @@ import time
 from pathlib import Path
 
 import torch
-import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .allreduce import bus_factor
+from .allreduce import slowest, sync
 from .autocomm import CommDecision, choose_comm, powersgd_wire_elements, probe_link, read_netcheck
 from .checkpoint import load_agreed_checkpoint, save_checkpoint
 from .collectives import all_gather_objects, broadcast_object, gather_objects
-from .config import TrainConfig
+from .config import HOOK_NAMES, TrainConfig
 from .data import DataCursor, ShardedBatches, load_corpus
 from .distenv import DistEnv
+from .files import write_text_atomic
 from .hooks import (
-    HOOK_NAMES,
     TimedCommHook,
     load_powersgd_state,
     make_powersgd_state,
@@ -38,6 +37,7 @@ from .hooks import (
 )
 from .metrics import MetricsLog, read_metrics, summarize
 from .model import GPT, preset_config
+from .netbench import busbw_gbs
 from .nic import NicMeter, traffic_interface
 from .optim import build_optimizer, build_scheduler
 
@@ -133,12 +133,10 @@ class Trainer:
                     with _autocast(self.device):
                         _, loss = self.model(x, x)
                     loss.backward()
-                _sync(self.device)
+                sync(self.device)
                 times.append(time.perf_counter() - start)
         self.model.zero_grad(set_to_none=True)
-        t = torch.tensor([min(times[1:])], dtype=torch.float64, device=self.device)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return float(t.item())
+        return slowest(min(times[1:]), self.device)
 
     def _wrap_ddp(self) -> None:
         cap = self.cfg.bucket_cap_mb
@@ -220,7 +218,7 @@ class Trainer:
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss_value = loss_sum.item() / cfg.grad_accum
-        _sync(self.device)  # all streams, so the step time and the hook's CUDA events are final
+        sync(self.device)  # all streams, so the step time and the hook's CUDA events are final
         step_s = time.perf_counter() - start
         comm = self.meter.end_step()
         tx, rx = self.nic.rates()
@@ -229,8 +227,8 @@ class Trainer:
             "tokens_per_s": self.tokens_per_step / step_s,
             "sync_s": comm.sync_s, "exposed_comm_s": comm.exposed_s,
             "grad_bytes": comm.grad_bytes, "wire_bytes": comm.wire_bytes,
-            "busbw_gbps": (comm.wire_bytes * bus_factor(self.env.world_size) * 8 / comm.sync_s
-                           / 1e9 if comm.sync_s else 0.0),
+            "busbw_gbps": (busbw_gbs(comm.wire_bytes, comm.sync_s, self.env.world_size) * 8
+                           if comm.sync_s else 0.0),
             "nic_tx_gbps": tx, "nic_rx_gbps": rx, "comm": self.comm,
         }
 
@@ -291,9 +289,7 @@ class Trainer:
             world_size=self.env.world_size, preset=self.cfg.preset,
             params=self.model.num_params(), param_digests=digests,
             replicas_in_sync=len(set(digests)) == 1)
-        tmp = self.run_dir / "summary.json.tmp"
-        tmp.write_text(json.dumps(summary, indent=2) + "\n")
-        os.replace(tmp, self.run_dir / "summary.json")
+        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         log.info("summary: loss %.4f, %.0f tokens/s, step p50 %.1f ms, sync p50 %.1f ms -> %s",
                  summary["final_loss"] or float("nan"), summary["tokens_per_s"],
                  summary["step_s_p50"] * 1e3, summary["sync_s_p50"] * 1e3,
@@ -334,11 +330,6 @@ def _autocast(device: torch.device):
 def _fork_rng(device: torch.device):
     """Run measurement steps without moving any RNG stream the real steps use."""
     return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
-
-
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
 
 
 def _rng_state(device: torch.device) -> dict:
