@@ -19,16 +19,12 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
     With -f, reattach to a running run (Ctrl-C detaches; the run goes on).
     """
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.infra.launch import follow_nodes, node_runs
-    from fatpipe.infra.rendezvous import read_rendezvous
-    from fatpipe.infra.runs import find_run
+    from fatpipe.infra.launch import follow_nodes, run_nodes
 
     from .launch import exit_table, log_sink
 
     name = project.cluster(cluster).name
-    run_id, run_dir = find_run(project, name, run_id)
-    rdzv = read_rendezvous(run_dir)
-    nodes = node_runs(rdzv, project.state_dir(name))
+    run_id, run_dir, nodes = run_nodes(project, name, run_id)
     if node_names:
         unknown = set(node_names) - {n.name for n in nodes}
         if unknown:

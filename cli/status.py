@@ -50,14 +50,10 @@ def _node_states(project, outputs) -> list[dict]:
 
 
 def _run_state(project, cluster: str) -> dict:
-    from fatpipe.infra.launch import node_runs
-    from fatpipe.infra.rendezvous import read_rendezvous
-    from fatpipe.infra.runs import find_run
-    from fatpipe.infra.transport import fan_out
+    from fatpipe.infra.launch import node_states, run_nodes
 
-    run_id, run_dir = find_run(project, cluster)
-    nodes = node_runs(read_rendezvous(run_dir), project.state_dir(cluster))
-    states = fan_out(lambda n: n.status(timeout=15), nodes)
+    run_id, run_dir, nodes = run_nodes(project, cluster)
+    states = node_states(nodes)
     summary_path = run_dir / "summary.json"
     summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
     return {"id": run_id, "dir": str(run_dir), "nodes": dict(zip([n.name for n in nodes], states, strict=True)),

@@ -13,13 +13,9 @@ from .options import cluster_argument, console, pass_project
 @pass_project
 def stop(project, cluster: str | None, run_id):
     """Signal the run's torchrun on every node, wait for it to wind down, kill what is left."""
-    from fatpipe.infra.launch import node_runs, stop_nodes
-    from fatpipe.infra.rendezvous import read_rendezvous
-    from fatpipe.infra.runs import find_run
+    from fatpipe.infra.launch import run_nodes, stop_nodes
 
-    name = project.cluster(cluster).name
-    run_id, run_dir = find_run(project, name, run_id)
-    nodes = node_runs(read_rendezvous(run_dir), project.state_dir(name))
+    run_id, _, nodes = run_nodes(project, project.cluster(cluster).name, run_id)
     stop_nodes(nodes)
     out = console()
     for node in nodes:

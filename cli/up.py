@@ -391,7 +391,6 @@ def _down(project, name: str, engine: str, phases: Phases, out, code: int) -> in
                   highlight=False)
         return code or 1
     phases.get("down").note = ("swept " + ", ".join(swept)) if swept else "destroyed"
-    (project.state_dir(name) / "known_hosts").unlink(missing_ok=True)  # new nodes, new host keys
     return code
 
 

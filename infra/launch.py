@@ -160,6 +160,20 @@ def node_runs(rdzv: Rendezvous, state_dir: Path) -> list[NodeRun]:
     return [NodeRun(rdzv, plan, transport_for(plan, state_dir)) for plan in rdzv.nodes]
 
 
+def run_nodes(project, cluster: str, run_id: str | None = None) -> tuple[str, Path, list[NodeRun]]:
+    """(run id, run folder, its nodes) of an existing run of `cluster`, the latest by default."""
+    from .rendezvous import read_rendezvous
+    from .runs import find_run
+
+    run_id, run_dir = find_run(project, cluster, run_id)
+    return run_id, run_dir, node_runs(read_rendezvous(run_dir), project.state_dir(cluster))
+
+
+def node_states(nodes: list[NodeRun]) -> list[str]:
+    """Each node's run state (running, exited N, ...), asked of all nodes at once."""
+    return fan_out(lambda n: n.status(timeout=15), nodes)
+
+
 # ---- preparing ssh nodes -------------------------------------------------------------------
 
 
@@ -350,15 +364,11 @@ def running_nodes(project, cluster: str) -> tuple[str, list[str]] | None:
 
     A second run would collide with it on the rendezvous port and the CPUs.
     """
-    from .rendezvous import read_rendezvous
-    from .runs import find_run
-
     try:
-        run_id, run_dir = find_run(project, cluster)
-        nodes = node_runs(read_rendezvous(run_dir), project.state_dir(cluster))
+        run_id, _, nodes = run_nodes(project, cluster)
     except FatpipeError:
         return None
-    states = fan_out(lambda n: n.status(timeout=15), nodes)
+    states = node_states(nodes)
     busy = [n.name for n, state in zip(nodes, states, strict=True) if state == "running"]
     return (run_id, busy) if busy else None
 

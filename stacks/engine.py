@@ -57,6 +57,8 @@ def destroy_cluster(project, name: str | None = None, engine: str = "terraform",
     runner.destroy()
     swept = _sweep_sim(project, name, log)
     outputs_path(project, name).unlink(missing_ok=True)
+    # The next deploy brings new nodes with new host keys, which accept-new would refuse.
+    (project.state_dir(name) / "known_hosts").unlink(missing_ok=True)
     return swept
 
 
