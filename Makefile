@@ -9,7 +9,7 @@ CDKTF_CLI := .tools/node_modules/.bin/cdktf
 CHECKOV := .tools/checkov/bin/checkov
 CHECKOV_VERSION ?= 3.3.30
 
-.PHONY: install cdktf-cli checkov demo test lint clean
+.PHONY: install cdktf-cli checkov demo test test-unit test-system lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -46,8 +46,16 @@ demo: install
 lint: install
 	$(BIN)/ruff check .
 
+# Everything: lint, the unit tests (seconds, no real processes) and the system tests (real
+# terraform, namespaces, sshd, torchrun; minutes).
 test: install cdktf-cli checkov lint
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/unit tests/system
+
+test-unit: install
+	$(BIN)/pytest -q tests/unit
+
+test-system: install cdktf-cli checkov
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/system
 
 clean:
 	rm -rf $(VENV) .tools cdktf.out build dist *.egg-info

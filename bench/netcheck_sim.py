@@ -41,10 +41,10 @@ def main() -> int:
 
     from rich.console import Console
 
-    from fatpipe.infra.netcheck import NetcheckFailed, NetcheckOptions, run_netcheck
     from fatpipe.infra.project import load_project
-    from fatpipe.infra.simshape import shape_sim_node
+    from fatpipe.ops.netcheck import NetcheckFailed, NetcheckOptions, run_netcheck
     from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
+    from fatpipe.stacks.simnet import reshape_node
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -60,15 +60,15 @@ def main() -> int:
         for i in range(args.repeat):
             load = os.getloadavg()[0]
             started = time.monotonic()
-            doc = run_netcheck(project, CLUSTER, outputs=outputs, options=NetcheckOptions(enforce=False),
+            doc = run_netcheck(project, outputs, options=NetcheckOptions(enforce=False),
                                console=console if i == args.repeat - 1 else None)
             runs.append({"load_before": load, "elapsed_s": time.monotonic() - started, "doc": doc})
             shutil.copy(next(root.glob(f".fatpipe/{CLUSTER}/runs/*/netcheck.png")), out_dir / "netcheck_sim.png")
         slow_node = f"{CLUSTER}-{args.nodes // 2}"
-        shape_sim_node(CLUSTER, args.nodes // 2, args.slow_fraction * outputs.tier_gbps)
+        reshape_node(CLUSTER, args.nodes // 2, args.slow_fraction * outputs.tier_gbps)
         started = time.monotonic()
         try:
-            run_netcheck(project, CLUSTER, outputs=outputs, options=NetcheckOptions(quick=True))
+            run_netcheck(project, outputs, options=NetcheckOptions(quick=True))
             slow = {"node": slow_node, "named": False, "reasons": []}
         except NetcheckFailed as e:
             slow = {"node": slow_node, "named": f"node {slow_node}:" in str(e),

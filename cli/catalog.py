@@ -22,38 +22,17 @@ def catalog(project, provider: str, region: str | None, offline: bool, top: int)
     credentials) into .fatpipe/catalog/aws-R.json, which then takes precedence for R.
     """
     from fatpipe.infra.catalog import load_catalog
-    from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.spec import TIER_GBPS
+    from fatpipe.stacks.providers import provider_for
 
     out = console()
-    if provider == "aws" and region and not offline:
-        path = _refresh(region, project.root)
+    if region and not offline:
+        path = provider_for(provider).refresh_catalog(region, project.root)
         out.print(f"refreshed: {os.path.relpath(path)}")
-    elif provider == "digitalocean" and region and not offline:
-        raise FatpipeError("the DigitalOcean catalog has no API refresh yet; use --offline")
     found = load_catalog(provider, region, project.root)
     out.print(f"[bold]{found.label()}[/]", soft_wrap=True)
     out.print(_table(found, TIER_GBPS, top))
     out.print("[dim]Gbit/s: baseline (sustained) bandwidth; burst: the ceiling on network credits[/]")
-
-
-def _refresh(region: str, root):
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-
-    from fatpipe.infra.catalog import refresh_aws_catalog
-    from fatpipe.infra.errors import FatpipeError
-
-    try:
-        return refresh_aws_catalog(region, root)
-    except NoCredentialsError:
-        raise FatpipeError("no AWS credentials found: set AWS_PROFILE or run `aws configure` "
-                           "(or use --offline)") from None
-    except ClientError as e:
-        error = e.response.get("Error", {})
-        raise FatpipeError(f"EC2 refused DescribeInstanceTypes in {region}: "
-                           f"{error.get('Code')}: {error.get('Message')}") from None
-    except BotoCoreError as e:
-        raise FatpipeError(f"cannot reach EC2 in {region}: {e}") from None
 
 
 def _table(found, tiers: dict[str, int], top: int):

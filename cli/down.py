@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import click
 
-from .deploy import engine_option, terraform_log
-from .options import cluster_argument, console, pass_project
+from .options import cluster_argument, console, engine_option, pass_project, verbose_option
+from .steps import terraform_log
 
 
 @click.command()
 @cluster_argument
 @engine_option
-@click.option("-v", "--verbose", is_flag=True, help="Show the engine's full output.")
+@verbose_option
 @pass_project
 def down(project, cluster: str | None, engine: str, verbose: bool):
     """Destroy every node of the cluster (a sim cluster's namespaces and bridge too)."""

@@ -6,46 +6,17 @@ import sys
 
 import click
 
-from .options import cluster_argument, console, pass_project
-from .runflags import (
+from .options import (
     ScriptCommand,
-    new_rendezvous,
+    cluster_argument,
+    console,
     overrides,
+    pass_project,
     run_options,
     script_args,
     train_overrides,
 )
-
-COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red")
-
-
-def log_sink(out, names: list[str]):
-    """Print each node's log line prefixed with its name, one color per node."""
-    from rich.text import Text
-
-    width = max(len(n) for n in names)
-    styles = {name: COLORS[i % len(COLORS)] for i, name in enumerate(names)}
-
-    def sink(node: str, line: str) -> None:
-        out.print(Text.assemble((f"{node:<{width}} | ", styles.get(node, "")), line), soft_wrap=True)
-
-    return sink
-
-
-def note(out):
-    return lambda message: out.print(message, style="dim", markup=False, highlight=False)
-
-
-def exit_table(result):
-    from rich.table import Table
-
-    table = Table(title="exit status", title_justify="left")
-    table.add_column("node")
-    table.add_column("exit", justify="right")
-    for name, code in result.exit_codes.items():
-        shown = "lost" if code is None else str(code)
-        table.add_row(name, f"[green]{shown}[/]" if code == 0 else f"[red]{shown}[/]")
-    return table
+from .steps import new_rendezvous, run_training
 
 
 @click.command(cls=ScriptCommand)
@@ -58,8 +29,7 @@ def exit_table(result):
               help="Stop every node after this many seconds (exit 124).")
 @click.option("--detach", is_flag=True, help="Start and return; follow later with `fatpipe logs -f`.")
 @pass_project
-def launch(project, cluster: str | None, run_id, outputs_file, nproc_per_node, max_restarts,
-           join_timeout, remote_python, timeout_s, detach):
+def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach):
     """Sync, start torchrun on every node, stream the logs; exit with the worst node's status.
 
     Everything after `--` is your torchrun script and its arguments (e.g. `-- train.py --lr 3e-4`);
@@ -67,9 +37,9 @@ def launch(project, cluster: str | None, run_id, outputs_file, nproc_per_node, m
     the run on every node.
     """
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.infra.launch import refuse_if_running
-    from fatpipe.infra.rendezvous import read_rendezvous
     from fatpipe.infra.runs import find_run, load_outputs
+    from fatpipe.ops.launch import refuse_if_running
+    from fatpipe.ops.rendezvous import read_rendezvous
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)
@@ -80,28 +50,6 @@ def launch(project, cluster: str | None, run_id, outputs_file, nproc_per_node, m
         run_id, run_dir = find_run(project, name, run_id)
         rdzv = read_rendezvous(run_dir)
     else:
-        rdzv, run_dir = new_rendezvous(project, outputs, nproc_per_node=nproc_per_node, max_restarts=max_restarts,
-                                       join_timeout_s=join_timeout, remote_python=remote_python)
+        rdzv, run_dir = new_rendezvous(project, outputs)
     result = run_training(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s, detach=detach)
     sys.exit(result.exit_code)
-
-
-def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False):
-    """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult."""
-    from fatpipe.infra.launch import launch as launch_run
-
-    names = [n.name for n in rdzv.nodes]
-    result = launch_run(
-        project, rdzv, run_dir, sink=log_sink(out, names), log=note(out), timeout_s=timeout_s,
-        detach=detach, gpus_per_node=outputs.gpus_per_node,
-    )
-    if detach:
-        out.print(f"run {rdzv.run_id} started; follow it with: fatpipe logs {outputs.name} -f")
-        return result
-    out.print(exit_table(result))
-    if result.interrupted:
-        out.print("[yellow]interrupted[/]: the run was stopped on every node")
-    elif result.timed_out:
-        out.print(f"[red]timed out[/] after {timeout_s:g} s: the run was stopped on every node")
-    out.print(f"logs and results in {run_dir}", markup=False)
-    return result

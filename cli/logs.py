@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import cluster_argument, console, pass_project
+from .render import exit_table, log_sink
 
 
 @click.command()
@@ -19,9 +20,9 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
     With -f, reattach to a running run (Ctrl-C detaches; the run goes on).
     """
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.infra.launch import follow_nodes, run_nodes
+    from fatpipe.ops.launch import follow_nodes
+    from fatpipe.ops.noderun import run_nodes
 
-    from .launch import exit_table, log_sink
 
     name = project.cluster(cluster).name
     run_id, run_dir, nodes = run_nodes(project, name, run_id)
@@ -45,7 +46,8 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
             for line in text.splitlines():
                 sink(node.name, line)
         return
-    from fatpipe.infra.launch import LaunchResult, fetch_run
+    from fatpipe.ops.noderun import LaunchResult
+    from fatpipe.ops.prepare import fetch_run
 
     try:
         codes = follow_nodes(nodes, sink, fail_grace_s=None)

@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import click
 
+from fatpipe.infra.defaults import P2P_TOOLS
+
 from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
+from .steps import run_netcheck
 
 
 def _size(ctx, param, value):
@@ -31,7 +34,7 @@ def _size(ctx, param, value):
               help="Parallel TCP streams of the multi-stream p2p test.")
 @click.option("--p2p-seconds", type=click.FloatRange(1, 60), default=3.0, show_default=True,
               help="Length of each p2p run.")
-@click.option("--p2p-tool", type=click.Choice(["auto", "iperf3", "socket"]), default="auto", show_default=True,
+@click.option("--p2p-tool", type=click.Choice(P2P_TOOLS), default="auto", show_default=True,
               help="auto: iperf3 where every node has it, else the built-in socket test.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder for netcheck.json (default: a new one under .fatpipe/<cluster>/runs/).")
@@ -39,20 +42,13 @@ def _size(ctx, param, value):
 @remote_python_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream every node's output.")
 @pass_project
-def netcheck(project, cluster, min_fraction, no_gate, max_size, min_size, quick, streams, p2p_seconds,
-             p2p_tool, run_dir, outputs_file, remote_python, verbose):
+def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, verbose, **measure):
     """Measure all-reduce busbw, node-to-node TCP and latency on every node; exit 1 below the bar."""
-    from fatpipe.infra.netcheck import NetcheckOptions, run_netcheck
     from fatpipe.infra.runs import load_outputs
+    from fatpipe.ops.netcheck import NetcheckOptions
 
-    options = NetcheckOptions(
-        min_fraction=min_fraction, enforce=not no_gate, min_size=min_size, max_size=max_size,
-        quick=quick, streams=streams, p2p_seconds=p2p_seconds, p2p_tool=p2p_tool,
-    )
+    options = NetcheckOptions(enforce=not no_gate, **measure)
     err = console(stderr=True)
-
-    def log(line: str) -> None:
-        err.print(line, style="dim", markup=False, soft_wrap=True)
 
     def sink(node: str, line: str) -> None:
         # The sweep rows come from rank 0 as they are measured; the rest only with -v.
@@ -60,5 +56,5 @@ def netcheck(project, cluster, min_fraction, no_gate, max_size, min_size, quick,
             err.print(f"{node}: {line}", style="dim", markup=False, soft_wrap=True)
 
     outputs = load_outputs(project, project.cluster(cluster).name, outputs_file)
-    run_netcheck(project, outputs.name, run_dir=run_dir, options=options, outputs=outputs, log=log, sink=sink,
-                 console=console(), remote_python=remote_python)
+    out = console()
+    run_netcheck(project, outputs, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)

@@ -1,10 +1,17 @@
-"""Options and helpers shared by several commands, defined once."""
+"""Options and helpers shared by several commands, defined once: one name and default per setting."""
 
 from __future__ import annotations
 
 import functools
+from typing import Literal, get_args, get_origin
 
 import click
+
+from fatpipe.infra.defaults import DEFAULT_ENGINE, ENGINES, JOIN_TIMEOUT_S, MAX_RESTARTS
+from fatpipe.infra.errors import ConfigError
+
+REMOTE_PYTHON_HELP = ("On ssh nodes, run this interpreter (an image that ships torch) instead of making "
+                      "a venv. Env: FATPIPE_REMOTE_PYTHON.")
 
 cluster_argument = click.argument("cluster", required=False)
 outputs_option = click.option(
@@ -12,10 +19,14 @@ outputs_option = click.option(
     help="Read this outputs file instead of .fatpipe/<cluster>/outputs.json.",
 )
 remote_python_option = click.option(
-    "--remote-python", envvar="FATPIPE_REMOTE_PYTHON", default=None,
-    help="On ssh nodes, run this interpreter (an image that ships torch) instead of making a venv. "
-         "Env: FATPIPE_REMOTE_PYTHON.",
+    "--remote-python", envvar="FATPIPE_REMOTE_PYTHON", default=None, help=REMOTE_PYTHON_HELP,
 )
+engine_option = click.option(
+    "--engine", type=click.Choice(ENGINES), default=DEFAULT_ENGINE, show_default=True,
+    help="What applies the synthesized stack.",
+)
+yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask before creating paid cloud resources.")
+verbose_option = click.option("-v", "--verbose", is_flag=True, help="Show the deploy engine's full output.")
 
 
 def pass_project(func):
@@ -36,3 +47,109 @@ def console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False)
+
+
+class ScriptCommand(click.Command):
+    """A command whose arguments after `--` are the user's script and its args (`ctx.meta["script"]`).
+
+    Split off before click parses, so `fatpipe launch -- train.py` does not take `train.py`
+    for the optional CLUSTER argument.
+    """
+
+    def parse_args(self, ctx, args):
+        if "--" in args:
+            cut = args.index("--")
+            ctx.meta["script"] = list(args[cut + 1:])
+            args = args[:cut]
+        else:
+            ctx.meta["script"] = []
+        return super().parse_args(ctx, args)
+
+
+def script_args() -> list[str]:
+    return list(click.get_current_context().meta.get("script", []))
+
+
+def _store_override(ctx, param, value):
+    if value is not None:
+        ctx.meta.setdefault("train", {})[param.name] = value
+    return value
+
+
+def train_overrides(func):
+    """Add one --flag per [train] key (TrainSpec's fields); `overrides()` returns the ones given."""
+    from fatpipe.infra.spec import TrainSpec
+
+    for name, field in reversed(TrainSpec.model_fields.items()):
+        func = _override_option(name, field.annotation)(func)
+    return func
+
+
+def _override_option(name: str, annotation):
+    flag = "--" + name.replace("_", "-")
+    options = dict(default=None, expose_value=False, callback=_store_override,
+                   help=f"Override [train] {name}.")
+    if annotation is bool:
+        return click.option(f"{flag}/--no-{name.replace('_', '-')}", name, **options)
+    if get_origin(annotation) is Literal:
+        return click.option(flag, name, type=click.Choice(get_args(annotation)), **options)
+    kind = annotation if annotation in (int, float) else str
+    return click.option(flag, name, type=kind, **options)
+
+
+def overrides() -> dict:
+    """The [train] overrides given on the command line."""
+    return dict(click.get_current_context().meta.get("train", {}))
+
+
+max_restarts_option = click.option(
+    "--max-restarts", type=click.IntRange(0, 100), default=MAX_RESTARTS, show_default=True,
+    help="torchrun restarts of the whole worker group after a failure; the run resumes from its checkpoint.",
+)
+
+
+def run_options(func):
+    """torchrun and node settings, handed to the command as one `run_options` (ops' RunOptions)."""
+    options = [
+        outputs_option,
+        click.option("--nproc-per-node", type=click.IntRange(1, 64), default=None, expose_value=False,
+                     callback=_store_run_option, help="Processes per node (default: gpus_per_node, else 1)."),
+        click.option("--max-restarts", type=click.IntRange(0, 100), default=MAX_RESTARTS, show_default=True,
+                     expose_value=False, callback=_store_run_option,
+                     help="torchrun restarts of the whole worker group after a failure; the run resumes "
+                          "from its checkpoint."),
+        click.option("--join-timeout", "join_timeout_s", type=click.IntRange(10, 3600), default=JOIN_TIMEOUT_S,
+                     show_default=True, expose_value=False, callback=_store_run_option,
+                     help="Seconds torchrun waits for every node to join the rendezvous."),
+        click.option("--remote-python", envvar="FATPIPE_REMOTE_PYTHON", default=None, expose_value=False,
+                     callback=_store_run_option, help=REMOTE_PYTHON_HELP),
+    ]
+    for option in reversed(options):
+        func = option(func)
+    return func
+
+
+def _store_run_option(ctx, param, value):
+    ctx.meta.setdefault("run_options", {})[param.name] = value
+    return value
+
+
+def given_run_options():
+    """The RunOptions this command was given (`run_options`' flags)."""
+    from fatpipe.ops.rendezvous import RunOptions
+
+    return RunOptions(**click.get_current_context().meta.get("run_options", {}))
+
+
+def resolve_train(project, overrides: dict):
+    """[train] with this run's overrides, validated like the file."""
+    from pydantic import ValidationError
+
+    from fatpipe.infra.spec import TrainSpec
+
+    try:
+        return TrainSpec.model_validate({**project.train.model_dump(), **overrides})
+    except ValidationError as e:
+        err = e.errors(include_url=False)[0]
+        flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "[train]"
+        raise ConfigError(f"{flag}: {err['msg'].removeprefix('Value error, ')}") from None

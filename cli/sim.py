@@ -27,7 +27,7 @@ def node_options(func):
 
     @functools.wraps(func)
     def wrapper(**kwargs):
-        from fatpipe.infra.simnet import SimNode
+        from fatpipe.stacks.simnet import SimNode
 
         return func(SimNode(**kwargs))
 
@@ -43,7 +43,7 @@ def sim():
 @node_options
 def node_up(node):
     """Create one sim node and write its ready file."""
-    from fatpipe.infra.simnet import node_up as up
+    from fatpipe.stacks.simnet import node_up as up
 
     ready = up(node, log=lambda m: click.echo(m, err=True))
     shaped = f"tbf {ready['rate_gbit']:g} Gbit/s" if ready.get("rate_gbit") else "unshaped"
@@ -54,7 +54,7 @@ def node_up(node):
 @node_options
 def node_down(node):
     """Remove one sim node; succeeds when it is already gone."""
-    from fatpipe.infra.simnet import node_down as down
+    from fatpipe.stacks.simnet import node_down as down
 
     down(node, log=lambda m: click.echo(m, err=True))
     click.echo(f"{node.name}: down")

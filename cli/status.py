@@ -35,8 +35,8 @@ def status(project, cluster: str | None, as_json: bool):
 
 
 def _node_states(project, outputs) -> list[dict]:
-    from fatpipe.infra.transport import fan_out, transports_for
-    from fatpipe.infra.wait import check_node, declared_sysctls
+    from fatpipe.ops.transport import fan_out, transports_for
+    from fatpipe.ops.wait import check_node, declared_sysctls
 
     declared = declared_sysctls(outputs)
     transports = transports_for(outputs, project.state_dir(outputs.name))
@@ -50,12 +50,13 @@ def _node_states(project, outputs) -> list[dict]:
 
 
 def _run_state(project, cluster: str) -> dict:
-    from fatpipe.infra.launch import node_states, run_nodes
+    from fatpipe.infra.defaults import SUMMARY_FILE
+    from fatpipe.ops.noderun import node_states, run_nodes
+    from fatpipe.ops.summary import read_json
 
     run_id, run_dir, nodes = run_nodes(project, cluster)
     states = node_states(nodes)
-    summary_path = run_dir / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.exists() else None
+    summary = read_json(run_dir / SUMMARY_FILE) or None
     return {"id": run_id, "dir": str(run_dir), "nodes": dict(zip([n.name for n in nodes], states, strict=True)),
             "summary": summary}
 

@@ -13,7 +13,8 @@ from .options import cluster_argument, console, pass_project
 @pass_project
 def stop(project, cluster: str | None, run_id):
     """Signal the run's torchrun on every node, wait for it to wind down, kill what is left."""
-    from fatpipe.infra.launch import run_nodes, stop_nodes
+    from fatpipe.ops.launch import stop_nodes
+    from fatpipe.ops.noderun import run_nodes
 
     run_id, _, nodes = run_nodes(project, project.cluster(cluster).name, run_id)
     stop_nodes(nodes)

@@ -17,11 +17,14 @@ from .options import cluster_argument, console, pass_project
 @pass_project
 def synth(project, cluster: str | None, as_json: bool):
     """Synthesize the cluster stacks (all when none is named) into cdktf.out/ and summarize them."""
-    from fatpipe.infra.catalog import estimate
+    from fatpipe.stacks.providers import provider_for
 
     names = [project.cluster(cluster).name] if cluster else list(project.clusters)
     # Priced first: a machine type below its tier fails here, before the provider imports.
-    estimates = {name: estimate(project.cluster(name), project.root) for name in names}
+    estimates = {}
+    for name in names:
+        spec = project.cluster(name)
+        estimates[name] = provider_for(spec.provider).estimate(spec, project.root)
     from fatpipe.stacks.app import synth as synth_stacks
 
     folders = synth_stacks(project, names)

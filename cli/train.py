@@ -10,8 +10,14 @@ from pathlib import Path
 
 import click
 
-from .options import console, pass_project
-from .runflags import overrides, resolve_train, train_overrides
+from .options import (
+    console,
+    max_restarts_option,
+    overrides,
+    pass_project,
+    resolve_train,
+    train_overrides,
+)
 
 LOCAL = "_local"  # runs of `fatpipe train`: .fatpipe/_local/runs/<run-id>/ (no cluster name starts with _)
 
@@ -33,8 +39,7 @@ def torchrun_command(trainer_args: list[str], run_dir: Path, nproc: int,
               help="Processes to start (default: one per GPU, else 1).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (default .fatpipe/_local/runs/<run-id>/ beside the cluster file).")
-@click.option("--max-restarts", type=click.IntRange(0, 100), default=0, show_default=True,
-              help="torchrun restarts after a worker fails; the run resumes from its checkpoint.")
+@max_restarts_option
 @train_overrides
 @pass_project
 def train(project, nproc_per_node, out_dir, max_restarts):

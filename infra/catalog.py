@@ -1,17 +1,15 @@
 """Machine catalogs: each type's baseline private bandwidth and price, and the pick for a tier.
 
 Offline catalogs ship beside this file (`aws_catalog.json`, `digitalocean_catalog.json`,
-each with its date and source). `fatpipe catalog aws --region R` refreshes AWS's from
-DescribeInstanceTypes into `.fatpipe/catalog/aws-<region>.json`, which then takes precedence
-for that region; prices always come from the offline table.
+each with its date and source). A provider whose API lists its types refreshes its catalog
+into `.fatpipe/catalog/<provider>-<region>.json` (`fatpipe catalog aws --region R`), which then
+takes precedence for that region; prices always come from the offline table.
 """
 
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
-from datetime import date
 from functools import lru_cache
 from pathlib import Path
 
@@ -60,6 +58,7 @@ class Catalog:
     prices_date: str
     types: dict[str, MachineType]
     path: Path
+    refreshable: bool = False  # the provider's API can refresh it (`fatpipe catalog P --region R`)
 
     def qualifying(self, gbps: float, gpus: int = 0) -> list[MachineType]:
         """Types able to run the trainer whose baseline reaches `gbps`, cheapest first."""
@@ -104,6 +103,11 @@ def _read(path: Path) -> dict:
         raise ConfigError(f"cannot read machine catalog {path}: {e}") from None
 
 
+def clear_cache() -> None:
+    """Forget catalog files read so far (after a refresh rewrote one)."""
+    _read.cache_clear()
+
+
 def offline_path(provider: str) -> Path:
     return HERE / f"{provider}_catalog.json"
 
@@ -126,7 +130,7 @@ def load_catalog(provider: str, region: str | None = None, root: Path | None = N
     return Catalog(
         provider=provider, date=data["date"], source=data["source"], region=data.get("region"),
         prices_date=prices.get("date", "?"),
-        types=types, path=path,
+        types=types, path=path, refreshable=bool(offline.get("refreshable")),
     )
 
 
@@ -135,10 +139,9 @@ def machine_for(cluster, root: Path | None = None) -> MachineType:
 
     Raises ConfigError naming a type that qualifies when the named one falls short.
     """
-    provider = cluster.provider
-    catalog = load_catalog(provider, getattr(cluster, "region", None), root)
-    key = "instance_type" if provider == "aws" else "size"
-    wanted = getattr(cluster, key, None)
+    provider, key = cluster.provider, cluster.machine_field
+    catalog = load_catalog(provider, cluster.region, root)
+    wanted = getattr(cluster, key)  # the field the provider's model names machines by
     gbps, gpus = cluster.tier_gbps, cluster.gpus_per_node
     candidates = catalog.qualifying(gbps, gpus)
     suggestion = _suggest(candidates)
@@ -153,7 +156,7 @@ def machine_for(cluster, root: Path | None = None) -> MachineType:
         return candidates[0]
     machine = catalog.types.get(wanted)
     if machine is None:
-        refresh = f"; refresh it with `fatpipe catalog aws --region {cluster.region}`" if provider == "aws" else ""
+        refresh = f"; refresh it with `fatpipe catalog {provider} --region {cluster.region}`" if catalog.refreshable else ""
         raise ConfigError(f"{where}: {wanted} is not in the {catalog.label()}{refresh}. {suggestion}")
     if machine.baseline_gbps is None or machine.baseline_gbps < gbps:
         raise ConfigError(
@@ -172,87 +175,6 @@ def _suggest(candidates: list[MachineType]) -> str:
     return f"{best.name} qualifies ({best.bandwidth_text()}, {best.price_text()})."
 
 
-# -- refreshing the AWS catalog from the EC2 API ----------------------------------------------
-
-_GBIT = re.compile(r"^([\d.]+) Gigabit$")
-
-
-def aws_type_record(info: dict) -> dict:
-    """One DescribeInstanceTypes entry reduced to what a tier needs.
-
-    Baseline comes from the default network card (fatpipe attaches one interface). Types
-    without per-card data fall back to a fixed "N Gigabit" rating; "Up to N Gigabit" alone
-    is a burst ceiling, so their baseline stays unknown and they never qualify.
-    """
-    net = info.get("NetworkInfo", {})
-    cards = {c.get("NetworkCardIndex", 0): c for c in net.get("NetworkCards", [])}
-    card = cards.get(net.get("DefaultNetworkCardIndex", 0), {})
-    baseline = card.get("BaselineBandwidthInGbps")
-    peak = card.get("PeakBandwidthInGbps")
-    if baseline is None:
-        fixed = _GBIT.match(net.get("NetworkPerformance", ""))
-        baseline = peak = float(fixed.group(1)) if fixed else None
-    gpus = sum(g.get("Count", 0) for g in (info.get("GpuInfo") or {}).get("Gpus", []))
-    arches = info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
-    strategies = info.get("PlacementGroupInfo", {}).get("SupportedStrategies", ["cluster"])
-    return {
-        "baseline_gbps": baseline,
-        "peak_gbps": peak,
-        "network": net.get("NetworkPerformance"),
-        "vcpus": info.get("VCpuInfo", {}).get("DefaultVCpus", 0),
-        "memory_gib": round(info.get("MemoryInfo", {}).get("SizeInMiB", 0) / 1024, 3),
-        "gpus": gpus,
-        "arch": "arm64" if "arm64" in arches else arches[0],
-        "cluster_placement": "cluster" in strategies,
-    }
-
-
-def offered_types(client, location_type: str, location: str) -> set[str]:
-    """The instance types EC2 offers at `location` ("region" or "availability-zone")."""
-    offered: set[str] = set()
-    pages = client.get_paginator("describe_instance_type_offerings").paginate(
-        LocationType=location_type, Filters=[{"Name": "location", "Values": [location]}]
-    )
-    for page in pages:
-        offered.update(o["InstanceType"] for o in page["InstanceTypeOfferings"])
-    return offered
-
-
-def fetch_aws_types(region: str, client=None) -> dict[str, dict]:
-    """Every instance type offered in `region`, as catalog records."""
-    if client is None:
-        import boto3
-
-        client = boto3.client("ec2", region_name=region)
-    wanted = sorted(offered_types(client, "region", region))
-    types: dict[str, dict] = {}
-    for start in range(0, len(wanted), 100):  # DescribeInstanceTypes takes 100 names a call
-        pages = client.get_paginator("describe_instance_types").paginate(InstanceTypes=wanted[start:start + 100])
-        for page in pages:
-            types.update((info["InstanceType"], aws_type_record(info)) for info in page["InstanceTypes"])
-    return dict(sorted(types.items()))
-
-
-def refresh_aws_catalog(region: str, root: Path, client=None) -> Path:
-    """Fetch the types offered in `region` and write the project's refreshed AWS catalog."""
-    from .files import write_json_atomic
-
-    types = fetch_aws_types(region, client)
-    if not types:
-        raise ConfigError(f"EC2 reported no instance types offered in {region}")
-    doc = {
-        "provider": "aws",
-        "date": date.today().isoformat(),
-        "region": region,
-        "source": f"EC2 DescribeInstanceTypes + DescribeInstanceTypeOfferings in {region}",
-        "types": types,
-    }
-    path = refreshed_path(root, "aws", region)
-    write_json_atomic(path, doc)
-    _read.cache_clear()
-    return path
-
-
 # -- what a cluster costs ------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -266,11 +188,9 @@ class Estimate:
 
 
 def estimate(cluster, root: Path | None = None) -> Estimate:
-    """The machine `cluster` gets and what its nodes cost per hour (sim clusters cost nothing)."""
-    if cluster.provider == "sim":
-        return Estimate("local", float(cluster.tier_gbps), 0.0, "sim: this machine")
+    """The machine a cloud `cluster` gets and what its nodes cost per hour, from its catalog."""
     machine = machine_for(cluster, root)
-    catalog = load_catalog(cluster.provider, getattr(cluster, "region", None), root)
+    catalog = load_catalog(cluster.provider, cluster.region, root)
     prices = catalog.offline_prices_label()
     hourly = machine.price_hourly * cluster.nodes if machine.price_hourly is not None else None
     return Estimate(machine.name, machine.baseline_gbps, hourly, prices)

@@ -1,4 +1,4 @@
-"""Read a cluster's stack outputs (the `cluster` output of DESIGN.md) in any shape a user may have."""
+"""The outputs contract (docs/ARCHITECTURE.md): the typed `cluster` output, read from any shape a user may have."""
 
 from __future__ import annotations
 
@@ -21,13 +21,18 @@ def _ipv4(value: str, what: str) -> str:
 
 
 class NodeOutput(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """One node: how to reach it, and its address on the private network."""
+
+    model_config = ConfigDict(extra="ignore")
 
     name: str
     private_ip: str
     public_ip: str | None = None
     transport: Literal["ssh", "netns", "local"]
-    netns: str | None = None
+    netns: str | None = None  # transport netns: the namespace
+    ssh_user: str | None = None  # transport ssh: this node's login, else the cluster's ssh_user
+    ssh_port: int | None = Field(None, ge=1, le=65535)
+    ready_file: str | None = None  # sim nodes: the ready marker on this machine (else the node's own)
 
     @field_validator("private_ip")
     @classmethod
@@ -49,7 +54,9 @@ class NodeOutput(BaseModel):
 
 
 class ClusterOutputs(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    """The `cluster` output every stack has: what deploy hands to every later step."""
+
+    model_config = ConfigDict(extra="ignore")
 
     name: str
     provider: Literal["sim", "aws", "digitalocean"]
@@ -59,6 +66,7 @@ class ClusterOutputs(BaseModel):
     ssh_user: str = ""
     gpus_per_node: int = Field(0, ge=0)
     rdzv_port: int = Field(29400, ge=1, le=65535)
+    isolation: Literal["netns", "loopback"] | None = None  # sim clusters: what `auto` resolved to
     nodes: list[NodeOutput]
 
     @field_validator("nodes")
@@ -81,7 +89,7 @@ class ClusterOutputs(BaseModel):
 
 
 def unwrap_outputs(doc: dict, cluster: str | None = None) -> dict:
-    """The bare `cluster` object from any of the three shapes of DESIGN.md."""
+    """The bare `cluster` object from any of the three shapes (docs/ARCHITECTURE.md)."""
     if not isinstance(doc, dict):
         raise FatpipeError("outputs: expected a JSON object")
     if "cluster" in doc:  # terraform/tofu output -json, or cdktf's `--outputs-file` per stack

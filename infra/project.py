@@ -122,13 +122,13 @@ def _first_error(error: ValidationError, data: dict) -> str:
 
 
 def _allowed_keys(loc: list[str], data: dict) -> list[str]:
-    from .spec import AwsCluster, Backend, DigitalOceanCluster, SimCluster
+    from .spec import CLUSTER_MODELS, Backend
 
     if loc[:1] == ["train"]:
         model = TrainSpec
     elif loc[:1] == ["clusters"] and len(loc) >= 3:
         provider = data.get("clusters", {}).get(loc[1], {}).get("provider")
-        model = {"sim": SimCluster, "aws": AwsCluster, "digitalocean": DigitalOceanCluster}[provider]
+        model = CLUSTER_MODELS[provider]
         if loc[2] == "backend":
             model = Backend
     else:

@@ -14,7 +14,7 @@ LATEST = "latest"  # a text file beside the run folders holding the newest run i
 
 
 def outputs_file(project, cluster_name: str) -> Path:
-    """`.fatpipe/<cluster>/outputs.json`, the deploy step's result (DESIGN.md, "Where state lives")."""
+    """`.fatpipe/<cluster>/outputs.json`, the deploy step's result (docs/ARCHITECTURE.md, "Where state lives")."""
     return project.state_dir(cluster_name) / "outputs.json"
 
 

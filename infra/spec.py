@@ -6,13 +6,12 @@ import ipaddress
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated, ClassVar, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 Tier = Literal["1g", "10g", "25g"]
 TIER_GBPS: dict[str, int] = {"1g": 1, "10g": 10, "25g": 25}
-PROVIDERS = ("sim", "aws", "digitalocean")
 
 # Nodes get deterministic private IPs from this host offset up, so the rendezvous endpoint
 # (node 0) is known before anything boots. AWS reserves the first four addresses of a subnet
@@ -61,6 +60,7 @@ class Backend(Strict):
 
 class ClusterBase(Strict):
     name: str = ""  # filled from the table key
+    machine_field: ClassVar[str | None] = None  # the key naming a machine type, where one can be named
     nodes: int = Field(4, ge=1, le=512)
     tier: Tier = "1g"
     gpus_per_node: int = Field(0, ge=0, le=16)
@@ -102,10 +102,10 @@ class ClusterBase(Strict):
     def node_name(self, index: int) -> str:
         return f"{self.name}-{index}"
 
-    def output(self, region: str, nodes: list[dict], **extra) -> dict:
-        """The stack's `cluster` output (DESIGN.md) for these nodes."""
+    def output(self, nodes: list[dict], **extra) -> dict:
+        """The stack's `cluster` output (docs/ARCHITECTURE.md, "The outputs contract") for these nodes."""
         return {
-            "name": self.name, "provider": self.provider, "region": region,
+            "name": self.name, "provider": self.provider, "region": self.region,
             "tier_gbps": self.tier_gbps, "private_cidr": self.private_cidr,
             "ssh_user": self.ssh_user, "gpus_per_node": self.gpus_per_node,
             "rdzv_port": self.rdzv_port, **extra, "nodes": nodes,
@@ -161,9 +161,14 @@ class SimCluster(ClusterBase):
     isolation: Literal["auto", "netns", "loopback"] = "auto"
     ssh_user: str = ""
 
+    @property
+    def region(self) -> str:
+        return "local"
+
 
 class AwsCluster(CloudCluster):
     provider: Literal["aws"]
+    machine_field: ClassVar[str] = "instance_type"  # the key that names a machine type
     instance_type: str | None = None
     availability_zone: str | None = None
 
@@ -177,6 +182,7 @@ class AwsCluster(CloudCluster):
 
 class DigitalOceanCluster(CloudCluster):
     provider: Literal["digitalocean"]
+    machine_field: ClassVar[str] = "size"
     size: str | None = None
     image: str = "ubuntu-24-04-x64"
     ssh_user: str = "root"
@@ -198,6 +204,11 @@ class DigitalOceanCluster(CloudCluster):
         return value
 
 
+# The cluster file's models, one per provider, by the `provider` key that selects them.
+CLUSTER_MODELS: dict[str, type[ClusterBase]] = {
+    "sim": SimCluster, "aws": AwsCluster, "digitalocean": DigitalOceanCluster,
+}
+PROVIDERS = tuple(CLUSTER_MODELS)
 Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster, Field(discriminator="provider")]
 
 

@@ -1,4 +1,4 @@
-"""Network tiers (1g, 10g, 25g): the sysctls, NCCL socket settings and MTU each node gets."""
+"""Network tiers (1g, 10g, 25g): the sysctls and NCCL socket settings each node gets (MTU: its provider)."""
 
 from __future__ import annotations
 
@@ -23,11 +23,6 @@ NETDEV_BACKLOG = {"1g": 5000, "10g": 30000, "25g": 100000}
 # and CPU cores (NCCL's docs suggest 4 x 4 for 100G-class networks).
 NCCL_SOCKETS = {"1g": (1, 2), "10g": (2, 4), "25g": (4, 4)}
 
-# Jumbo frames: AWS allows 9001 bytes inside a VPC; DigitalOcean's VPC network stays at 1500.
-# Traffic through the internet gateway falls back to 1500 by path-MTU discovery, which
-# tcp_mtu_probing backs up when ICMP is filtered.
-PROVIDER_MTU = {"aws": 9001, "digitalocean": 1500, "sim": 1500}
-
 
 def buffer_bytes(gbps: float) -> int:
     """The TCP buffer ceiling for a link of `gbps`: 2 x BDP at RTT_BUDGET_S, a power of two."""
@@ -43,9 +38,6 @@ class TierProfile:
     gbps: int
     sysctls: dict[str, str] = field(repr=False, hash=False)  # name -> value as `sysctl -n` prints it
     nccl: dict[str, str] = field(repr=False, hash=False)  # NCCL_* settings for env and nccl.conf
-
-    def mtu(self, provider: str) -> int:
-        return PROVIDER_MTU[provider]
 
 
 def tier_profile(tier: str) -> TierProfile:

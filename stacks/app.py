@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
 import os
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
+
+from .providers import provider_for
 
 # jsii warns on every start that this Node is past its end of life; the synthesized JSON is
 # the same, and the banner would bury fatpipe's own output. The variable lists Node majors.
@@ -21,27 +22,43 @@ def state_path_from_stack_dir(cluster_name: str) -> str:
     return f"../../../.fatpipe/{cluster_name}/terraform.tfstate"
 
 
-def build_stack(app, cluster, project):
-    """A TerraformStack for `cluster`: its backend, its provider's resources, one `cluster` output."""
-    from cdktf import LocalBackend, S3Backend, TerraformOutput, TerraformStack
+def cluster_stack_class():
+    """TerraformStack, naming each element by its own id.
 
-    stack = TerraformStack(app, cluster.name)
+    cdktf names a resource nested in a construct `<construct>_<id>_<hash>`; fatpipe's ids are
+    unique within a stack, and plain names (`aws_instance.nodes`) read well in plans and keep
+    state addresses stable whichever construct builds them.
+    """
+    from cdktf import TerraformStack
+
+    class ClusterStack(TerraformStack):
+        def _allocate_logical_id(self, element) -> str:
+            return element.node.id
+
+    return ClusterStack
+
+
+def build_stack(app, cluster, project):
+    """A stack for `cluster`: its backend, its provider's cluster construct, one `cluster` output."""
+    from cdktf import LocalBackend, S3Backend, TerraformOutput
+
+    stack = cluster_stack_class()(app, cluster.name)
     backend = cluster.backend
     if backend.type == "s3":
         S3Backend(
             stack,
             bucket=backend.bucket,
             key=backend.key or f"fatpipe/{cluster.name}.tfstate",
-            region=backend.region or getattr(cluster, "region", None),
+            region=backend.region or cluster.region,
             encrypt=True,
         )
         # cdktf 0.21's S3Backend predates S3-native locking (terraform/tofu >= 1.10): set it raw.
         stack.add_override("terraform.backend.s3.use_lockfile", backend.use_lockfile)
     else:
         LocalBackend(stack, path=state_path_from_stack_dir(cluster.name))
-    module = importlib.import_module(f"fatpipe.infra.{cluster.provider}")
-    value = module.build_cluster(stack, cluster, project)
-    TerraformOutput(stack, "cluster", value=value, description="fatpipe cluster contract (DESIGN.md)")
+    resources = provider_for(cluster.provider).construct(stack, cluster, project)
+    TerraformOutput(stack, "cluster", value=resources.output,
+                    description="fatpipe cluster contract (docs/ARCHITECTURE.md)")
     return stack
 
 

@@ -11,12 +11,14 @@ import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
+from fatpipe.infra.defaults import DEFAULT_ENGINE, ENGINES
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
 from fatpipe.infra.outputs import ClusterOutputs, parse_outputs
 from fatpipe.infra.runs import outputs_file as outputs_path
 
-ENGINES = ("cdktf", "terraform", "tofu")
+from .providers import provider_for
+
 CDKTF_LOCAL = Path(".tools/node_modules/.bin/cdktf")
 # Offline and non-interactive: no version-check call home, no prompts, no "run terraform X next".
 QUIET_ENV = {"CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1", "TF_INPUT": "0", "CI": "1"}
@@ -24,18 +26,16 @@ QUIET_ENV = {"CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1", "TF_INPUT": "0"
 Log = Callable[[str], None]
 
 
-def deploy_cluster(project, name: str | None = None, engine: str = "terraform", yes: bool = False,
+def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGINE, yes: bool = False,
                    confirm: Callable[[str], bool] | None = None,
                    log: Log | None = None) -> ClusterOutputs:
     """Synthesize and apply `name`'s stack, then write .fatpipe/<name>/outputs.json (bare shape)."""
     cluster = project.cluster(name)
     name = cluster.name
     log = log or _quiet
-    if cluster.provider == "aws":
-        from fatpipe.infra.aws_preflight import preflight  # boto3: only for AWS clusters
-
-        preflight(cluster, root=project.root)
-    if cluster.provider != "sim" and not yes:
+    provider = provider_for(cluster.provider)
+    provider.preflight(cluster, project)
+    if provider.paid and not yes:
         question = (f"Create {cluster.nodes} {cluster.provider} node(s) in {cluster.region} for "
                     f"cluster {name}? They cost money until `fatpipe down {name}`.")
         if confirm is None or not confirm(question):
@@ -47,7 +47,7 @@ def deploy_cluster(project, name: str | None = None, engine: str = "terraform", 
     return outputs
 
 
-def destroy_cluster(project, name: str | None = None, engine: str = "terraform",
+def destroy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGINE,
                     log: Log | None = None) -> list[str]:
     """Destroy `name`'s stack and remove its outputs; returns sim leftovers that had to be swept."""
     log = log or _quiet
@@ -55,7 +55,9 @@ def destroy_cluster(project, name: str | None = None, engine: str = "terraform",
         name = project.cluster(None).name
     runner = Runner(engine, project, name, log)
     runner.destroy()
-    swept = _sweep_sim(project, name, log)
+    cluster = project.clusters.get(name)
+    # An undeclared cluster can only be a sim one left from an edited file (clouds need their spec).
+    swept = provider_for(cluster.provider if cluster else "sim").sweep(project, name, log)
     outputs_path(project, name).unlink(missing_ok=True)
     # The next deploy brings new nodes with new host keys, which accept-new would refuse.
     (project.state_dir(name) / "known_hosts").unlink(missing_ok=True)
@@ -200,21 +202,6 @@ def _find_binary(engine: str, root: Path) -> str:
                 "tofu": "install OpenTofu, or pass --engine terraform"}[engine]
         raise FatpipeError(f"{engine} not found on PATH; {hint}")
     return found
-
-
-def _sweep_sim(project, name: str, log: Log) -> list[str]:
-    """After a sim destroy, remove namespaces whose destroy provisioner never ran (e.g. tainted)."""
-    cluster = project.clusters.get(name)
-    if cluster is not None and cluster.provider != "sim":
-        return []
-    from fatpipe.infra.simnet import sweep_cluster
-
-    nodes_dir = project.state_dir(name) / "nodes"
-    swept = sweep_cluster(name, nodes_dir, log) if os.geteuid() == 0 else []
-    for leftover in swept:
-        log(f"{name}: removed leftover {leftover}")
-    shutil.rmtree(nodes_dir, ignore_errors=True)
-    return swept
 
 
 def _quiet(_line: str) -> None:

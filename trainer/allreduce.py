@@ -4,7 +4,7 @@ the trainer's compute measurement.
 The time reported is the slowest rank's (every rank's time is all-reduced with MAX), and every
 rank runs the same sizes and iteration counts (gloo fails otherwise). busbw = algbw x 2(n-1)/n
 is the rate each link must carry in a ring all-reduce, so it is comparable with the link's
-line rate whatever the number of ranks; the arithmetic is netbench's (torch-free).
+line rate whatever the number of ranks; the arithmetic is in `bandwidth` (torch-free).
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .netbench import busbw_gbs
+from .bandwidth import busbw_gbs
 
 
 def sync(device: torch.device) -> None:

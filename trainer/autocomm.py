@@ -23,8 +23,8 @@ from pathlib import Path
 import torch
 
 from .allreduce import measure_allreduce
+from .bandwidth import bus_factor
 from .config import HOOK_NAMES
-from .netbench import bus_factor
 
 log = logging.getLogger(__name__)
 
@@ -105,15 +105,24 @@ def powersgd_wire_elements(shapes: list[torch.Size], rank: int, min_rate: float 
     return total
 
 
-def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, grad_bytes: int,
-                powersgd_bytes: int, buckets: int, world_size: int,
-                powersgd_buckets: int | None = None,
-                hooks: tuple[str, ...] = HOOK_NAMES) -> CommDecision:
+@dataclass(frozen=True)
+class GradTraffic:
+    """What one step's gradient sync sends: its size, its DDP buckets, and PowerSGD's share."""
+
+    grad_bytes: int
+    buckets: int
+    powersgd_bytes: int
+    powersgd_buckets: int | None = None  # PowerSGD's own bucket count (one bucket on gloo)
+
+
+def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, traffic: GradTraffic,
+                world_size: int, hooks: tuple[str, ...] = HOOK_NAMES) -> CommDecision:
     """Apply the model above to each of `hooks` and pick the least lossy one within budget.
 
-    `powersgd_buckets` overrides the bucket count for PowerSGD (one bucket on gloo). Needs
-    world_size > 1: a single process has nothing to send (the trainer decides that itself).
+    Needs world_size > 1: a single process has nothing to send (the trainer decides that itself).
     """
+    grad_bytes, buckets = traffic.grad_bytes, traffic.buckets
+    powersgd_bytes, powersgd_buckets = traffic.powersgd_bytes, traffic.powersgd_buckets
     common = dict(link=link, compute_s=compute_s, grad_bytes=grad_bytes, buckets=buckets,
                   world_size=world_size)
     wire = {"none": grad_bytes, "bf16": grad_bytes // 2, "fp16": grad_bytes // 2,

@@ -2,49 +2,40 @@
 
 Read top to bottom: `Trainer.setup` (resume point, comm choice, DDP), `Trainer.run` (the loop),
 `Trainer.train_step` (one optimizer step and its measurements), then checkpoints and summary.
+The comm choice is `commsetup`'s; RNG and autocast helpers are `torchstate`'s.
 """
 
 from __future__ import annotations
 
 import contextlib
-import ctypes
-import hashlib
 import json
 import logging
-import math
-import os
-import random
 import time
 from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .allreduce import slowest, sync
-from .autocomm import CommDecision, choose_comm, powersgd_wire_elements, probe_link, read_netcheck
+from .allreduce import sync
+from .bandwidth import MiB, busbw_gbs
 from .checkpoint import load_agreed_checkpoint, save_checkpoint
-from .collectives import all_gather_objects, broadcast_object, gather_objects
-from .config import HOOK_NAMES, TrainConfig
+from .collectives import all_gather_objects, gather_objects
+from .commsetup import decide_comm
+from .config import TrainConfig
 from .data import DataCursor, ShardedBatches, load_corpus
 from .distenv import DistEnv
 from .files import write_text_atomic
-from .hooks import (
-    TimedCommHook,
-    load_powersgd_state,
-    make_powersgd_state,
-    powersgd_available,
-    powersgd_state_dict,
-)
+from .hooks import TimedCommHook, load_powersgd_state, make_powersgd_state, powersgd_state_dict
 from .metrics import MetricsLog, read_metrics, summarize
 from .model import GPT, preset_config
-from .netbench import busbw_gbs
 from .nic import NicMeter, traffic_interface
 from .optim import build_optimizer, build_scheduler
+from .replicas import param_digest
+from .torchstate import autocast, configure_determinism, fork_rng, rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
 GRAD_CLIP = 1.0
-_MIB = 1 << 20
 
 
 class Trainer:
@@ -59,7 +50,7 @@ class Trainer:
     def setup(self) -> None:
         cfg, env = self.cfg, self.env
         self.run_dir.mkdir(parents=True, exist_ok=True)
-        _configure_determinism(cfg.deterministic, env.device)
+        configure_determinism(cfg.deterministic, env.device)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = GPT(preset_config(cfg.preset, cfg.seq_len)).to(self.device)
         self.grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
@@ -67,7 +58,7 @@ class Trainer:
         self.start_step = ckpt["step"] if ckpt else 0
         if ckpt:
             self.model.load_state_dict(ckpt["model"])
-        self.decision = self._decide_comm(ckpt)
+        self.decision = decide_comm(cfg, env, self.model, self.grad_bytes, ckpt)
         self.comm = self.decision["comm"]
         self._wrap_ddp()
         self._layout_warmup()
@@ -92,59 +83,13 @@ class Trainer:
         if not ckpt:
             torch.manual_seed(cfg.seed + 1 + env.rank)
 
-    def _decide_comm(self, ckpt: dict | None) -> dict:
-        cfg, env = self.cfg, self.env
-        if cfg.comm == "powersgd" and not powersgd_available():
-            raise RuntimeError("comm=powersgd needs numpy (torch's PowerSGD uses it): "
-                               "pip install numpy, or pick another --comm")
-        if cfg.comm != "auto":
-            return CommDecision(cfg.comm, "set by --comm", world_size=env.world_size).to_dict()
-        if ckpt and ckpt.get("comm_decision"):
-            # A resumed run keeps its hook: switching would change the numbers mid-run.
-            log.info("comm=auto: keeping %s from the checkpoint", ckpt["comm_decision"]["comm"])
-            return ckpt["comm_decision"]
-        if env.world_size == 1:
-            return CommDecision("none", "single process, nothing to send").to_dict()
-        compute_s = self._measure_compute()
-        # netcheck.json may exist on rank 0's disk only.
-        link = broadcast_object(read_netcheck(self.run_dir) if env.is_main else None, 0,
-                                self.device) or probe_link(self.device, self.grad_bytes)
-        shapes = [p.shape for p in self.model.parameters()]
-        decision = choose_comm(
-            link, compute_s, cfg.grad_accum, self.grad_bytes,
-            powersgd_bytes=powersgd_wire_elements(shapes, cfg.powersgd_rank) * 4,
-            buckets=max(1, math.ceil(self.grad_bytes / (cfg.bucket_cap_mb * _MIB))),
-            powersgd_buckets=1 if env.backend == "gloo" else None,
-            world_size=env.world_size,
-            hooks=tuple(h for h in HOOK_NAMES if h != "powersgd" or powersgd_available()))
-        if env.is_main:
-            log.info("%s", decision.describe())
-        return broadcast_object(decision.to_dict(), 0, self.device)  # one hook on every rank
-
-    def _measure_compute(self) -> float:
-        """Seconds of forward + backward for one step, no communication (slowest rank)."""
-        x = torch.zeros(self.cfg.batch_size, self.cfg.seq_len, dtype=torch.long,
-                        device=self.device)
-        times = []
-        with _fork_rng(self.device):
-            for _ in range(3):
-                start = time.perf_counter()
-                for _ in range(self.cfg.grad_accum):
-                    with _autocast(self.device):
-                        _, loss = self.model(x, x)
-                    loss.backward()
-                sync(self.device)
-                times.append(time.perf_counter() - start)
-        self.model.zero_grad(set_to_none=True)
-        return slowest(min(times[1:]), self.device)
-
     def _wrap_ddp(self) -> None:
         cap = self.cfg.bucket_cap_mb
         if self.comm == "powersgd" and self.env.backend == "gloo":
             # powerSGD_hook issues its P and Q all-reduces from future callbacks; on gloo two
             # buckets' callbacks interleave differently on each rank (seen here: "collective
             # mismatch" at the first compressed step). One bucket keeps the order fixed.
-            cap = self.grad_bytes / _MIB + 1
+            cap = self.grad_bytes / MiB + 1
             log.warning("comm=powersgd on gloo: one DDP bucket (bucket_cap_mb %.1f instead of "
                         "%.1f) to avoid a collective mismatch", cap, self.cfg.bucket_cap_mb)
         self.meter = TimedCommHook(self.device)
@@ -169,8 +114,8 @@ class Trainer:
         x = torch.zeros(self.cfg.batch_size, self.cfg.seq_len, dtype=torch.long,
                         device=self.device)
         self.meter.passthrough = True
-        with _fork_rng(self.device):
-            with _autocast(self.device):
+        with fork_rng(self.device):
+            with autocast(self.device):
                 _, loss = self.forward(x, x)
             loss.backward()
         self.ddp.zero_grad(set_to_none=True)
@@ -209,7 +154,7 @@ class Trainer:
             # Only the last micro-batch synchronises gradients; the others accumulate locally.
             last = micro == cfg.grad_accum - 1
             with contextlib.nullcontext() if last else self.ddp.no_sync():
-                with _autocast(self.device):
+                with autocast(self.device):
                     _, loss = self.forward(x, y)
                 (loss / cfg.grad_accum).backward()
             loss_sum += loss.detach()
@@ -236,7 +181,7 @@ class Trainer:
 
     def save(self, step: int) -> None:
         """Collective: gather every rank's own state, then rank 0 writes the checkpoint."""
-        mine = {"rng": _rng_state(self.device)}
+        mine = {"rng": rng_state(self.device)}
         if self.meter.state is not None:  # error feedback differs per rank
             mine["powersgd"] = powersgd_state_dict(self.meter.state)
         every = gather_objects(mine, 0, self.device)
@@ -267,7 +212,7 @@ class Trainer:
     def _restore_rng(self, ckpt: dict) -> None:
         mine = self._rank_state(ckpt)
         if mine:
-            _set_rng_state(mine["rng"], self.device)
+            set_rng_state(mine["rng"], self.device)
 
     # ---- the end -----------------------------------------------------------------------------
 
@@ -298,52 +243,6 @@ class Trainer:
     def close(self) -> None:
         if self.metrics:
             self.metrics.close()
-
-
-def param_digest(model: torch.nn.Module) -> str:
-    """sha256 of every parameter and buffer's bytes: equal digests mean identical replicas."""
-    h = hashlib.sha256()
-    for name, t in model.state_dict().items():
-        h.update(name.encode())
-        flat = t.detach().cpu().contiguous()
-        # The tensor's memory as a buffer, without numpy (node venvs may lack it); `flat`
-        # stays alive while the view is hashed.
-        h.update((ctypes.c_char * (flat.numel() * flat.element_size())).from_address(
-            flat.data_ptr()))
-    return h.hexdigest()
-
-
-def _configure_determinism(on: bool, device: torch.device) -> None:
-    if not on:
-        return
-    os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")  # needed by deterministic cuBLAS
-    torch.use_deterministic_algorithms(True)
-    torch.backends.cudnn.benchmark = False
-
-
-def _autocast(device: torch.device):
-    if device.type == "cuda":
-        return torch.autocast("cuda", dtype=torch.bfloat16)
-    return contextlib.nullcontext()
-
-
-def _fork_rng(device: torch.device):
-    """Run measurement steps without moving any RNG stream the real steps use."""
-    return torch.random.fork_rng(devices=[device] if device.type == "cuda" else [])
-
-
-def _rng_state(device: torch.device) -> dict:
-    state = {"torch": torch.get_rng_state(), "python": random.getstate()}
-    if device.type == "cuda":
-        state["cuda"] = torch.cuda.get_rng_state(device)
-    return state
-
-
-def _set_rng_state(state: dict, device: torch.device) -> None:
-    torch.set_rng_state(state["torch"])
-    random.setstate(state["python"])
-    if device.type == "cuda" and "cuda" in state:
-        torch.cuda.set_rng_state(state["cuda"], device)
 
 
 def run_training(cfg: TrainConfig, env: DistEnv) -> Path:

@@ -1,0 +1,225 @@
+"""What commands show on the terminal: phase banners and tables, every table, the node log stream.
+
+Only the CLI renders; the layers below return results and print nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from fatpipe.ops.netgate import fmt_size
+
+PHASES = ("synth", "deploy", "wait", "netcheck", "rendezvous", "launch", "summary")
+
+
+@dataclass
+class Phase:
+    name: str
+    state: str = "not run"  # done | skipped | failed | not run
+    seconds: float = 0.0
+    note: str = ""
+
+
+@dataclass
+class Phases:
+    """Runs the phases in order, shows which one is going, and keeps each one's time and outcome."""
+
+    out: object
+    phases: list[Phase] = field(default_factory=lambda: [Phase(name) for name in PHASES])
+
+    def get(self, name: str) -> Phase:
+        for phase in self.phases:
+            if phase.name == name:
+                return phase
+        phase = Phase(name)
+        self.phases.append(phase)
+        return phase
+
+    def header(self, name: str, what: str) -> None:
+        step = f"[{PHASES.index(name) + 1}/{len(PHASES)}] " if name in PHASES else ""
+        self.out.rule(f"[bold]{step}{name}[/]: {what}", align="left")
+
+    def run(self, name: str, what: str, fn, spinner: bool = True):
+        phase = self.get(name)
+        self.header(name, what)
+        started = time.monotonic()
+        try:
+            if spinner:
+                with self.out.status(f"{name}: {what}"):
+                    value = fn()
+            else:
+                value = fn()
+        except BaseException as e:
+            phase.state, phase.note = "failed", str(e).splitlines()[0] if str(e) else type(e).__name__
+            raise
+        finally:
+            phase.seconds = time.monotonic() - started
+        if phase.state == "not run":
+            phase.state = "done"
+        return value
+
+    def skip(self, name: str, why: str) -> None:
+        phase = self.get(name)
+        phase.state, phase.note = "skipped", why
+        self.out.print(f"[dim][skip] {name}: {why}[/]")
+
+    def table(self):
+        from rich.table import Table
+
+        table = Table(title="time per phase", title_justify="left")
+        table.add_column("phase")
+        table.add_column("state")
+        table.add_column("seconds", justify="right")
+        table.add_column("note")
+        style = {"done": "green", "skipped": "dim", "failed": "red", "not run": "dim"}
+        for p in self.phases:
+            table.add_row(p.name, f"[{style[p.state]}]{p.state}[/]", f"{p.seconds:.1f}", p.note)
+        table.add_row("total", "", f"{sum(p.seconds for p in self.phases):.1f}", "")
+        return table
+
+
+COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red")
+
+
+def log_sink(out, names: list[str]):
+    """Print each node's log line prefixed with its name, one color per node."""
+    from rich.text import Text
+
+    width = max(len(n) for n in names)
+    styles = {name: COLORS[i % len(COLORS)] for i, name in enumerate(names)}
+
+    def sink(node: str, line: str) -> None:
+        out.print(Text.assemble((f"{node:<{width}} | ", styles.get(node, "")), line), soft_wrap=True)
+
+    return sink
+
+
+def note(out):
+    return lambda message: out.print(message, style="dim", markup=False, highlight=False)
+
+
+def exit_table(result):
+    from rich.table import Table
+
+    table = Table(title="exit status", title_justify="left")
+    table.add_column("node")
+    table.add_column("exit", justify="right")
+    for name, code in result.exit_codes.items():
+        shown = "lost" if code is None else str(code)
+        table.add_row(name, f"[green]{shown}[/]" if code == 0 else f"[red]{shown}[/]")
+    return table
+
+
+def readiness_table(states, title: str):
+    from rich.table import Table
+
+    table = Table(title=title, title_justify="left")
+    for column in ("node", "transport", "reachable", "booted", "sysctls", "iface", "mtu", "state"):
+        table.add_column(column)
+
+    def mark(ok: bool, known: bool = True) -> str:
+        return "[green]yes[/]" if ok else ("[red]no[/]" if known else "-")
+
+    for s in states:
+        sysctls = f"[green]{s.checked} ok[/]" if s.sysctls_ok else mark(False, s.booted)
+        table.add_row(s.name, s.transport, mark(s.reachable), mark(s.booted, s.reachable), sysctls,
+                      s.iface or "-", str(s.mtu or "-"),
+                      "[green]ready[/]" if s.ready else f"[yellow]{s.reason}[/]")
+    return table
+
+
+def summary_table(doc: dict):
+    from rich.table import Table
+
+    def num(value, fmt: str, unit: str = "") -> str:
+        return "-" if value is None else format(value, fmt) + unit
+
+    def ms(value) -> str:
+        return num(None if value is None else value * 1e3, ".1f", " ms")
+
+    def bw(value) -> str:
+        if value is None:
+            return "-"
+        return f"{value:.2f} Gbit/s ({100 * value / doc['tier_gbps']:.0f}% of the {doc['tier_gbps']:g} Gbit/s tier)"
+
+    table = Table(title="summary", title_justify="left", show_header=False)
+    table.add_column("what", style="bold")
+    table.add_column("value")
+    rows = [
+        ("final loss", num(doc["final_loss"], ".4f")),
+        ("steps", num(doc["steps"], "d")),
+        ("tokens/s", num(doc["tokens_per_s"], ",.0f")),
+        ("step time p50 / p95", f"{ms(doc['step_s_p50'])} / {ms(doc['step_s_p95'])}"),
+        ("sync latency p50 / p95", f"{ms(doc['sync_s_p50'])} / {ms(doc['sync_s_p95'])}"),
+        ("busbw in training", bw(doc["train_busbw_gbps"])),
+        ("busbw in netcheck", bw(doc["netcheck_busbw_gbps"])),
+        ("comm hook", str(doc["comm"] or "-")),
+        ("world size / restarts", f"{doc['world_size'] or '-'} / {doc['restarts'] if doc['restarts'] is not None else '-'}"),
+    ]
+    for row in rows:
+        table.add_row(*row)
+    return table
+
+
+def netcheck_tables(doc: dict, console) -> None:
+    """The sweep in nccl-tests' columns, the p2p pairs, the latency and the verdict."""
+    from rich import box
+    from rich.table import Table
+
+    threshold = doc["gate"]["threshold_gbps"]
+    last = doc["allreduce"][-1]
+    sweep = Table(title=f"all-reduce (float32 sum, {doc['backend']}), {doc['world_size']} ranks on "
+                        f"{doc['nnodes']} nodes, tier {doc['tier_gbps']:g} Gbit/s", box=box.SIMPLE_HEAD,
+                  show_edge=False)
+    for name in ("size", "count", "iters", "time (us)", "algbw GB/s", "busbw GB/s", "busbw Gbps"):
+        sweep.add_column(name, justify="right", no_wrap=True)
+    for r in doc["allreduce"]:
+        slow = r is last and doc["nnodes"] > 1 and r["busbw_gbps"] < threshold
+        sweep.add_row(fmt_size(r["size"]), str(r["count"]), str(r["iters"]), f"{r['time_s'] * 1e6:.0f}",
+                      f"{r['algbw_gbs']:.3f}", f"{r['busbw_gbs']:.3f}", f"{r['busbw_gbps']:.3f}",
+                      style="red" if slow else None)
+    console.print(sweep)
+    p2p = doc.get("p2p")
+    if p2p and p2p["pairs"]:
+        counts = p2p["streams"]
+        pairs = Table(title=f"p2p TCP to {p2p['server']} ({p2p['tool']}, {p2p['seconds']:g} s each)",
+                      box=box.SIMPLE_HEAD)
+        pairs.add_column("node")
+        for n in counts:
+            pairs.add_column(f"{n} stream{'s' if n > 1 else ''} (Gbit/s)", justify="right")
+        pairs.add_column("best (Gbit/s)", justify="right")
+        for pair in p2p["pairs"]:
+            cells = [_gbps_cell(pair["gbps_by_streams"].get(str(n))) for n in counts]
+            best = "failed: " + pair["error"] if pair.get("error") else f"{pair['best_gbps']:.3f}"
+            slow = pair.get("error") or pair["best_gbps"] < threshold
+            pairs.add_row(pair["client"], *cells, best, style="red" if slow else None)
+        console.print(pairs)
+    console.print(f"small-message all-reduce latency: {doc['latency_s'] * 1e6:.1f} us "
+                  f"({doc['latency_bytes']} B, slowest rank)")
+    gate = doc["gate"]
+    if gate["passed"]:
+        console.print(f"[green]netcheck passed[/]: busbw {doc['busbw_gbps']:.2f} Gbit/s at "
+                      f"{fmt_size(doc['busbw_size'])}, threshold {threshold:.2f} Gbit/s")
+    else:
+        head = "[red]netcheck failed[/]" if gate["enforced"] else "[yellow]netcheck below the bar (not enforced)[/]"
+        console.print(head + ":")
+        for reason in gate["reasons"]:
+            console.print(f"  - {reason}", markup=False)
+
+
+def _gbps_cell(value) -> str:
+    return "-" if value is None else f"{value:.3f}"
+
+
+def print_rendezvous(rdzv, run_dir) -> None:
+    from .options import console
+
+    out = console()
+    out.print(f"run [bold]{rdzv.run_id}[/]: {rdzv.nnodes} node(s) x {rdzv.nproc_per_node} process(es), "
+              f"c10d at {rdzv.rdzv_endpoint}, max restarts {rdzv.max_restarts}")
+    for node in rdzv.nodes:
+        where = node.netns or node.public_ip or node.transport
+        out.print(f"  rank {node.rank:<3} {node.name:<20} {node.private_ip:<15} {node.transport:<6} {where}")
+    out.print(f"files in {run_dir}; on a node, from the project folder: "
+              f"bash {rdzv.run_rel}/node-<rank>.sh", markup=False)

@@ -1,0 +1,27 @@
+"""Shared defaults and vocabulary, defined once: every command, the stacks and the node tools use these."""
+
+from __future__ import annotations
+
+# What applies a synthesized stack (`--engine`).
+ENGINES = ("terraform", "tofu", "cdktf")
+DEFAULT_ENGINE = "terraform"
+
+# How netcheck measures node-to-node TCP (`--p2p-tool`): iperf3 where every node has it, else
+# the built-in socket test. The trainer's p2p module keeps its own copy (it imports nothing of
+# fatpipe beyond the trainer); a unit test ties the two.
+P2P_TOOLS = ("auto", "iperf3", "socket")
+
+# torchrun settings of a run (`fatpipe launch`, `up`, `rendezvous`, `train`).
+JOIN_TIMEOUT_S = 180  # every node must join the rendezvous within this
+MAX_RESTARTS = 3  # restarts of the whole worker group after a failure
+# A benchmark is a measurement, not a job to finish: a restart would only mix two runs' numbers.
+BENCH_MAX_RESTARTS = 0
+
+WAIT_TIMEOUT_S = 600  # `fatpipe wait`: every node ready within this
+
+# Files of a run folder (.fatpipe/<cluster>/runs/<run-id>/).
+RENDEZVOUS_FILE = "rendezvous.json"
+SUMMARY_FILE = "summary.json"
+NETCHECK_FILE = "netcheck.json"
+NETCHECK_PLOT = "netcheck.png"
+UP_REPORT_FILE = "up.json"

@@ -1,0 +1,63 @@
+"""Is the cluster already deployed as declared, and ready? What `fatpipe up` may skip."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fatpipe.infra.defaults import NETCHECK_FILE
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.outputs import ClusterOutputs, read_outputs
+from fatpipe.infra.runs import runs_dir
+
+from .wait import wait_for_nodes
+
+
+def deployment_mismatch(outputs: ClusterOutputs, spec) -> str | None:
+    """Why the existing outputs do not describe the cluster file's cluster, or None if they do."""
+    checks = [
+        ("provider", outputs.provider, spec.provider),
+        ("nodes", len(outputs.nodes), spec.nodes),
+        ("tier_gbps", outputs.tier_gbps, spec.tier_gbps),
+        ("rdzv_port", outputs.rdzv_port, spec.rdzv_port),
+        ("private_cidr", outputs.private_cidr, spec.private_cidr),
+    ]
+    if spec.provider == "sim" and spec.isolation != "auto":
+        checks.append(("isolation", outputs.isolation, spec.isolation))
+    for key, have, want in checks:
+        if have != want:
+            return f"{key} is {have} in the outputs but {want} in the cluster file"
+    return None
+
+
+def ready_deployment(project, spec, outputs_path: Path) -> tuple[ClusterOutputs | None, str]:
+    """(the outputs, "") when the cluster is deployed as declared and every node is ready;
+    else (None, why not)."""
+    if not outputs_path.exists():
+        return None, "not deployed"
+    try:
+        outputs = read_outputs(outputs_path, spec.name)
+    except FatpipeError as e:
+        return None, f"existing outputs unusable ({e})"
+    mismatch = deployment_mismatch(outputs, spec)
+    if mismatch:
+        return None, f"the deployment differs from the cluster file ({mismatch})"
+    states = wait_for_nodes(project, outputs, timeout_s=5, interval_s=1)
+    late = [s for s in states if not s.ready]
+    if late:
+        return None, f"{late[0].name} is not ready ({late[0].reason})"
+    return outputs, ""
+
+
+def reusable_netcheck(project, name: str, outputs_mtime: float) -> Path | None:
+    """The newest netcheck.json that passed on the current deployment (written after its outputs)."""
+    base = runs_dir(project, name)
+    for path in sorted(base.glob(f"*/{NETCHECK_FILE}"), key=lambda p: p.parent.name, reverse=True):
+        try:
+            doc = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        passed = doc.get("gate", {}).get("passed")
+        if passed and path.stat().st_mtime > outputs_mtime:
+            return path
+    return None

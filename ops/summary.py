@@ -1,0 +1,38 @@
+"""A run's summary: the numbers `fatpipe up` and `fatpipe status` show, read from its run folder."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fatpipe.infra.defaults import NETCHECK_FILE, SUMMARY_FILE
+
+
+def read_json(path: Path) -> dict:
+    """A JSON object from `path`, or {} when it is missing or unreadable (a run cut short)."""
+    try:
+        doc = json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def run_summary(run_dir: Path, tier_gbps: float) -> dict:
+    """What the run achieved, from its summary.json (the trainer's) and netcheck.json."""
+    train, net = read_json(run_dir / SUMMARY_FILE), read_json(run_dir / NETCHECK_FILE)
+    return {
+        "tier_gbps": tier_gbps,
+        "final_loss": train.get("final_loss"),
+        "steps": train.get("steps"),
+        "tokens_per_s": train.get("tokens_per_s"),
+        "step_s_p50": train.get("step_s_p50"),
+        "step_s_p95": train.get("step_s_p95"),
+        "sync_s_p50": train.get("sync_s_p50"),
+        "sync_s_p95": train.get("sync_s_p95"),
+        "train_busbw_gbps": train.get("busbw_gbps"),
+        "netcheck_busbw_gbps": net.get("busbw_gbps"),
+        "netcheck_passed": net.get("gate", {}).get("passed") if net else None,
+        "comm": train.get("comm"),
+        "world_size": train.get("world_size"),
+        "restarts": train.get("restarts"),
+    }

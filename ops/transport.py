@@ -1,0 +1,232 @@
+"""How fatpipe reaches a node: the OpenSSH client, `ip netns exec`, or this machine, behind one interface.
+
+Every command is a bash snippet run on the node with the node's home (ssh) or this process's
+folder (netns, local) as its working directory. `fan_out` runs one function per node in
+parallel threads, so a 64-node cluster costs one round trip, not 64.
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+import tempfile
+from collections.abc import Callable, Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TypeVar
+
+from fatpipe.infra.errors import FatpipeError
+
+SSH_CONFIG_ENV = "FATPIPE_SSH_CONFIG"  # an ssh_config file used instead of ~/.ssh/config (ssh -F)
+CONTROL_DIR_ENV = "FATPIPE_SSH_CONTROL_DIR"
+CONNECT_TIMEOUT_S = 10
+CONTROL_PERSIST_S = 120
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+@dataclass(frozen=True)
+class Result:
+    """What a command on a node returned; `returncode` 124 means fatpipe's own timeout hit."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+
+    @property
+    def ok(self) -> bool:
+        return self.returncode == 0
+
+    def reason(self) -> str:
+        """The last non-empty line of stderr (or stdout): what a one-line report should say."""
+        for text in (self.stderr, self.stdout):
+            lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+            if lines:
+                return lines[-1]
+        return f"exit status {self.returncode}"
+
+
+def _run(argv: Sequence[str], timeout: float | None) -> Result:
+    try:
+        # A session of its own: Ctrl-C reaches fatpipe alone, which then stops the nodes in order.
+        done = subprocess.run(
+            list(argv), capture_output=True, text=True, timeout=timeout,
+            start_new_session=True, stdin=subprocess.DEVNULL,
+        )
+    except subprocess.TimeoutExpired as e:
+        out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
+        return Result(124, out, f"timed out after {timeout:g} s")
+    except FileNotFoundError as e:
+        return Result(127, "", f"{e.filename}: command not found")
+    return Result(done.returncode, done.stdout, done.stderr)
+
+
+class Transport:
+    """Runs bash on one node; subclasses say how. `shares_fs`: the node sees this machine's files."""
+
+    kind = "?"
+    shares_fs = False
+
+    def __init__(self, node_name: str):
+        self.node_name = node_name
+
+    def argv(self, command: str) -> list[str]:
+        """The local command line that runs the bash snippet `command` on the node."""
+        raise NotImplementedError
+
+    def run(self, command: str, timeout: float | None = 60) -> Result:
+        return _run(self.argv(command), timeout)
+
+    def popen(self, command: str) -> subprocess.Popen:
+        """Start `command` on the node with its stdout (and stderr) as one text pipe."""
+        return subprocess.Popen(
+            self.argv(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT, text=True, bufsize=1, errors="replace",
+            start_new_session=True,
+        )
+
+    def push(self, src: Path, dest: str, excludes: Iterable[str] = (), timeout: float = 900) -> Result:
+        """Copy the folder `src` to `dest` on the node (relative to the node's home), deleting extras."""
+        raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
+
+    def pull(self, src: str, dest: Path, timeout: float = 900) -> Result:
+        """Copy the folder `src` on the node into the local folder `dest` (nothing deleted)."""
+        raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
+
+    def describe(self) -> str:
+        return f"{self.node_name} ({self.kind})"
+
+
+class LocalTransport(Transport):
+    """A node that is this machine (sim loopback nodes on 127.x addresses)."""
+
+    kind = "local"
+    shares_fs = True
+
+    def argv(self, command: str) -> list[str]:
+        return ["bash", "-c", command]
+
+
+class NetnsTransport(Transport):
+    """A node that is a network namespace on this machine (sim netns nodes; needs root)."""
+
+    kind = "netns"
+    shares_fs = True
+
+    def __init__(self, node_name: str, netns: str):
+        super().__init__(node_name)
+        self.netns = netns
+
+    def argv(self, command: str) -> list[str]:
+        return ["ip", "netns", "exec", self.netns, "bash", "-c", command]
+
+    def describe(self) -> str:
+        return f"{self.node_name} (netns {self.netns})"
+
+
+class SshTransport(Transport):
+    """A remote node through the OpenSSH client, so ~/.ssh/config, agents and jump hosts apply.
+
+    Connections are multiplexed (one TCP+auth handshake per node, reused for minutes), never
+    prompt (BatchMode), and host keys go to a per-cluster known_hosts file with accept-new:
+    the first key a node shows is trusted, a changed one is refused.
+    """
+
+    kind = "ssh"
+
+    def __init__(self, node_name: str, host: str, known_hosts: Path, user: str = "",
+                 port: int | None = None, config: str | None = None):
+        super().__init__(node_name)
+        self.host, self.user, self.port = host, user, port
+        self.known_hosts = Path(known_hosts)
+        self.config = config if config is not None else os.environ.get(SSH_CONFIG_ENV) or None
+
+    def ssh_options(self) -> list[str]:
+        """ssh's options, without the destination: shared by commands and rsync's -e."""
+        opts = ["ssh"]
+        if self.config:
+            opts += ["-F", str(Path(self.config).expanduser())]
+        opts += [
+            "-o", "BatchMode=yes",
+            "-o", "StrictHostKeyChecking=accept-new",
+            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
+            "-o", "ServerAliveInterval=15",
+            "-o", "ServerAliveCountMax=4",
+            "-o", "ControlMaster=auto",
+            "-o", f"ControlPath={control_dir()}/%C",
+            "-o", f"ControlPersist={CONTROL_PERSIST_S}",
+            "-o", "LogLevel=ERROR",
+        ]
+        if self.port:
+            opts += ["-p", str(self.port)]
+        if self.user:
+            opts += ["-l", self.user]
+        return opts
+
+    def argv(self, command: str) -> list[str]:
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        # The remote login shell may be sh or zsh: hand the snippet to bash explicitly.
+        return [*self.ssh_options(), self.host, "bash -c " + shlex.quote(command)]
+
+    def _rsync(self, src: str, dest: str, extra: list[str], timeout: float) -> Result:
+        self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
+        argv = ["rsync", "-az", "--partial", "-e", shlex.join(self.ssh_options()), *extra, src, dest]
+        return _run(argv, timeout)
+
+    def push(self, src: Path, dest: str, excludes: Iterable[str] = (), timeout: float = 900) -> Result:
+        made = self.run(f"mkdir -p {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
+        if not made.ok:
+            return made
+        filters = [f"--exclude={pattern}" for pattern in excludes]
+        # Honour the project's .gitignore files too: nothing a repository leaves out is shipped.
+        filters.append("--filter=:- .gitignore")
+        return self._rsync(f"{src}/", f"{self.host}:{dest}/", ["--delete", *filters], timeout)
+
+    def pull(self, src: str, dest: Path, timeout: float = 900) -> Result:
+        Path(dest).mkdir(parents=True, exist_ok=True)
+        return self._rsync(f"{self.host}:{src}/", f"{dest}/", [], timeout)
+
+    def describe(self) -> str:
+        return f"{self.node_name} (ssh {self.user + '@' if self.user else ''}{self.host})"
+
+
+def control_dir() -> Path:
+    """Where ssh's multiplexing sockets live: short (a socket path must fit in 108 bytes), private.
+
+    $FATPIPE_SSH_CONTROL_DIR overrides the default folder under the temp dir.
+    """
+    path = Path(os.environ.get(CONTROL_DIR_ENV) or Path(tempfile.gettempdir()) / f"fatpipe-ssh-{os.getuid()}")
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    return path
+
+
+def transport_for(node, state_dir: Path, ssh_user: str = "") -> Transport:
+    """The transport a node names (`transport`, `netns`, `public_ip`; optional `ssh_user`, `ssh_port`).
+
+    `node` is an outputs node or a rendezvous node plan; ssh host keys go to
+    `<state_dir>/known_hosts`, the cluster's own file.
+    """
+    if node.transport == "local":
+        return LocalTransport(node.name)
+    if node.transport == "netns":
+        return NetnsTransport(node.name, node.netns)
+    user = node.ssh_user or ssh_user
+    port = node.ssh_port
+    return SshTransport(node.name, node.public_ip, Path(state_dir) / "known_hosts", user=user, port=port)
+
+
+def transports_for(outputs, state_dir: Path) -> list[Transport]:
+    """One transport per node of a cluster's outputs, in node order."""
+    return [transport_for(node, state_dir, outputs.ssh_user) for node in outputs.nodes]
+
+
+def fan_out(fn: Callable[[T], R], items: Sequence[T], max_workers: int = 32) -> list[R]:
+    """`[fn(x) for x in items]`, run in parallel threads; results keep the order of `items`."""
+    if len(items) <= 1:
+        return [fn(x) for x in items]
+    with ThreadPoolExecutor(max_workers=min(max_workers, len(items))) as pool:
+        return list(pool.map(fn, items))

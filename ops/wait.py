@@ -1,0 +1,136 @@
+"""Is every node ready? Reachable, its boot finished (the ready marker), its sysctls read back as declared."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+from fatpipe.infra.node import (
+    READY_FILE as CLOUD_READY_FILE,  # written last by cloud-init on cloud nodes
+)
+from fatpipe.infra.tiers import sysctl_mismatches, tier_name, tier_profile
+
+from .transport import Transport, fan_out, transports_for
+
+MARK = "@@fatpipe"
+
+
+@dataclass
+class NodeReadiness:
+    """One node's answer; `reason` says what is missing when it is not ready."""
+
+    name: str
+    transport: str
+    reachable: bool = False
+    booted: bool = False
+    sysctls_ok: bool = False
+    checked: int = 0  # how many sysctls were compared
+    iface: str = ""
+    mtu: int | None = None
+    reason: str = "not checked yet"
+    marker: dict = field(default_factory=dict, repr=False)
+
+    @property
+    def ready(self) -> bool:
+        return self.reachable and self.booted and self.sysctls_ok
+
+
+def probe_command(ready_file: str, names: list[str]) -> str:
+    """One round trip: the marker, then every declared sysctl read from /proc/sys on the node."""
+    reads = " ".join(
+        f"printf '{MARK} sysctl %s %s\\n' {shlex.quote(n)} \"$(cat /proc/sys/{n.replace('.', '/')} 2>/dev/null)\";"
+        for n in names
+    )
+    return (
+        f"echo {MARK} reachable; if [ -r {shlex.quote(ready_file)} ]; then echo {MARK} marker; "
+        f"cat {shlex.quote(ready_file)}; echo; else echo {MARK} no-marker; fi; {reads} true"
+    )
+
+
+def parse_probe(stdout: str) -> tuple[bool, dict | None, dict[str, str]]:
+    """(reachable, marker or None, {sysctl: value}) from `probe_command`'s output."""
+    reachable, marker_lines, in_marker, values = False, [], False, {}
+    marker_seen = False
+    for line in stdout.splitlines():
+        if line.startswith(MARK):
+            in_marker = False
+            _, kind, *rest = line.split(" ", 2)
+            if kind == "reachable":
+                reachable = True
+            elif kind == "marker":
+                in_marker, marker_seen = True, True
+            elif kind == "sysctl" and rest:
+                name, _, value = rest[0].partition(" ")
+                if value.strip():
+                    values[name] = " ".join(value.split())
+        elif in_marker:
+            marker_lines.append(line)
+    marker = None
+    if marker_seen:
+        try:
+            marker = json.loads("\n".join(marker_lines) or "{}")
+        except ValueError:
+            marker = {"_unreadable": True}
+    return reachable, marker, values
+
+
+def check_node(transport: Transport, node, declared: dict[str, str], timeout: float = 30) -> NodeReadiness:
+    """Probe one node once."""
+    state = NodeReadiness(node.name, node.transport)
+    ready_file = node.ready_file or CLOUD_READY_FILE
+    result = transport.run(probe_command(ready_file, sorted(declared)), timeout=timeout)
+    reachable, marker, values = parse_probe(result.stdout)
+    state.reachable = reachable
+    if not reachable:
+        state.reason = f"unreachable: {result.reason()}"
+        return state
+    if marker is None:
+        state.reason = f"booting: no ready marker {ready_file} yet (cloud-init not finished)"
+        return state
+    if marker.get("_unreadable"):
+        state.reason = f"booting: ready marker {ready_file} is not JSON yet"
+        return state
+    state.booted, state.marker = True, marker
+    state.iface, state.mtu = str(marker.get("iface", "")), marker.get("mtu")
+    # A sim node can only set what its namespace holds; the rest is the host's business.
+    if "namespaced" in marker and node.transport != "ssh":
+        declared = {k: v for k, v in declared.items() if k in set(marker["namespaced"])}
+    state.checked = len(declared)
+    problems = sysctl_mismatches(declared, values)
+    if problems:
+        state.reason = "sysctl " + problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        return state
+    state.sysctls_ok, state.reason = True, "ready"
+    return state
+
+
+def declared_sysctls(outputs) -> dict[str, str]:
+    return tier_profile(tier_name(outputs.tier_gbps)).sysctls
+
+
+def wait_for_nodes(project, outputs, timeout_s: float = 300, interval_s: float = 2,
+                   on_update: Callable[[list[NodeReadiness]], None] | None = None) -> list[NodeReadiness]:
+    """Probe every node until all are ready or `timeout_s` passes; returns the last answers.
+
+    Nodes already ready are not probed again; each round probes the rest in parallel.
+    """
+    transports = transports_for(outputs, project.state_dir(outputs.name))
+    declared = declared_sysctls(outputs)
+    states = [NodeReadiness(n.name, n.transport) for n in outputs.nodes]
+    deadline = time.monotonic() + timeout_s
+    while True:
+        todo = [i for i, s in enumerate(states) if not s.ready]
+        probe_timeout = min(30.0, max(1.0, deadline - time.monotonic()))
+        fresh = fan_out(
+            lambda i, t=probe_timeout: check_node(transports[i], outputs.nodes[i], declared, timeout=t), todo
+        )
+        for i, state in zip(todo, fresh, strict=True):
+            states[i] = state
+        if on_update:
+            on_update(states)
+        if all(s.ready for s in states) or time.monotonic() + interval_s > deadline:
+            return states
+        time.sleep(interval_s)

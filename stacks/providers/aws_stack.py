@@ -1,0 +1,176 @@
+"""The AWS cluster construct: a VPC and subnet, a members-only security group, a placement group,
+the nodes. Importing this module loads the AWS provider bindings (large): only `AwsProvider.construct`
+does, and only when an AWS stack is synthesized.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+
+from cdktf import Fn, TerraformIterator, TerraformLocal, TerraformResourceLifecycle, Token
+from cdktf_cdktf_provider_aws.data_aws_ec2_instance_type_offerings import (
+    DataAwsEc2InstanceTypeOfferings,
+    DataAwsEc2InstanceTypeOfferingsFilter,
+)
+from cdktf_cdktf_provider_aws.data_aws_ssm_parameter import DataAwsSsmParameter
+from cdktf_cdktf_provider_aws.default_security_group import DefaultSecurityGroup
+from cdktf_cdktf_provider_aws.instance import (
+    Instance,
+    InstanceMetadataOptions,
+    InstanceRootBlockDevice,
+)
+from cdktf_cdktf_provider_aws.internet_gateway import InternetGateway
+from cdktf_cdktf_provider_aws.key_pair import KeyPair
+from cdktf_cdktf_provider_aws.placement_group import PlacementGroup
+from cdktf_cdktf_provider_aws.provider import AwsProvider, AwsProviderDefaultTags
+from cdktf_cdktf_provider_aws.route import Route
+from cdktf_cdktf_provider_aws.route_table import RouteTable
+from cdktf_cdktf_provider_aws.route_table_association import RouteTableAssociation
+from cdktf_cdktf_provider_aws.security_group import SecurityGroup
+from cdktf_cdktf_provider_aws.subnet import Subnet
+from cdktf_cdktf_provider_aws.vpc import Vpc
+from cdktf_cdktf_provider_aws.vpc_security_group_egress_rule import VpcSecurityGroupEgressRule
+from cdktf_cdktf_provider_aws.vpc_security_group_ingress_rule import VpcSecurityGroupIngressRule
+
+from fatpipe.infra.catalog import MachineType
+
+from ..literals import literal, literal_map
+from .construct import ClusterConstruct
+
+PROVIDER_SOURCE = "registry.terraform.io/hashicorp/aws"
+
+# Canonical's and AWS's public SSM parameters always name the current AMI of the region.
+UBUNTU_AMI = "/aws/service/canonical/ubuntu/server/24.04/stable/current/{arch}/hvm/ebs-gp3/ami-id"
+GPU_AMI = "/aws/service/deeplearning/ami/{arch}/base-oss-nvidia-driver-gpu-ubuntu-24.04/latest/ami-id"
+ROOT_GIB = {"cpu": 30, "gpu": 100}  # the GPU AMI's own snapshot is ~75 GB
+
+
+class AwsClusterConstruct(ClusterConstruct):
+    """The cluster's AWS resources; `vpc`, `subnet`, `security_group`, `key`, `nodes` are what it built."""
+
+    def __init__(self, scope, id: str, *, cluster, machine: MachineType, user_data: str):
+        super().__init__(scope, id)
+        self.cluster, self.machine = cluster, machine
+        # The provider belongs to the stack (one per stack), not to the cluster construct.
+        AwsProvider(
+            scope, "aws", region=cluster.region,
+            default_tags=[AwsProviderDefaultTags(tags=literal_map({"fatpipe:cluster": cluster.name, "managed-by": "fatpipe"}))],
+        )
+        # A fully qualified source lets both terraform and tofu apply the JSON (opentofu#2402).
+        scope.add_override("terraform.required_providers.aws.source", PROVIDER_SOURCE)
+        self._network()
+        self.key = KeyPair(self, "key", key_name_prefix=f"fatpipe-{cluster.name}-", public_key=literal(cluster.public_key))
+        # One copy of the user data in the JSON, however many nodes share it.
+        self.user_data = TerraformLocal(self, "user_data", literal(user_data))
+        self.nodes = self._nodes()
+        self.output = cluster.output([
+            {"name": name, "public_ip": f'${{aws_instance.nodes["{name}"].public_ip}}',
+             "private_ip": cluster.private_ip(i), "transport": "ssh"}
+            for i, name in enumerate(map(cluster.node_name, range(cluster.nodes)))
+        ])
+
+    def _network(self) -> None:
+        """VPC, one subnet in a zone that offers the type, an internet route, the security group."""
+        cluster = self.cluster
+        self.vpc = Vpc(self, "vpc", cidr_block=cluster.private_cidr, enable_dns_support=True,
+                       enable_dns_hostnames=True, tags=literal_map({"Name": f"fatpipe-{cluster.name}"}))
+        # The VPC's default group would let any member of it talk to any other: empty it.
+        DefaultSecurityGroup(self, "default_sg", vpc_id=self.vpc.id)
+        zone = cluster.availability_zone
+        if zone is None:
+            # Not every zone offers every type: take the first that offers this one.
+            offers = DataAwsEc2InstanceTypeOfferings(
+                self, "zones", location_type="availability-zone",
+                filter=[DataAwsEc2InstanceTypeOfferingsFilter(name="instance-type", values=[self.machine.name])],
+            )
+            zone = Fn.element(Fn.sort(offers.locations), 0)
+        self.subnet = Subnet(self, "subnet", vpc_id=self.vpc.id, cidr_block=cluster.private_cidr,
+                             availability_zone=zone, map_public_ip_on_launch=False,
+                             tags=literal_map({"Name": f"fatpipe-{cluster.name}"}))
+        igw = InternetGateway(self, "igw", vpc_id=self.vpc.id)
+        table = RouteTable(self, "routes", vpc_id=self.vpc.id)
+        self.internet_route = Route(self, "internet", route_table_id=table.id,
+                                    destination_cidr_block="0.0.0.0/0", gateway_id=igw.id)
+        RouteTableAssociation(self, "subnet_routes", subnet_id=self.subnet.id, route_table_id=table.id)
+        self.security_group = self._security_group()
+
+    def _security_group(self) -> SecurityGroup:
+        """SSH from `ssh_cidr` only, everything between members, and explicit egress for apt/pip."""
+        cluster = self.cluster
+        group = SecurityGroup(self, "members", name=f"fatpipe-{cluster.name}", vpc_id=self.vpc.id,
+                              description=literal(f"fatpipe cluster {cluster.name}: SSH from ssh_cidr, all traffic between members"))
+        ssh_net = ipaddress.ip_network(cluster.ssh_cidr)
+        source = {"cidr_ipv6" if ssh_net.version == 6 else "cidr_ipv4": str(ssh_net)}
+        ingress = {
+            "ssh": dict(ip_protocol="tcp", from_port=22, to_port=22, description="SSH from ssh_cidr", **source),
+            # Training ports (rendezvous, NCCL/gloo) are open between members and nowhere else.
+            "from_members": dict(ip_protocol="-1", referenced_security_group_id=group.id,
+                                 description="all traffic between cluster members"),
+            # Path-MTU discovery: nodes run 9001-byte frames, the internet gateway passes 1500.
+            "pmtud": dict(ip_protocol="icmp", from_port=3, to_port=4, cidr_ipv4="0.0.0.0/0",
+                          description="ICMP fragmentation-needed, for path-MTU discovery"),
+        }
+        egress = {
+            "to_members": dict(ip_protocol="-1", referenced_security_group_id=group.id,
+                               description="all traffic between cluster members"),
+            "https": dict(ip_protocol="tcp", from_port=443, to_port=443, cidr_ipv4="0.0.0.0/0",
+                          description="HTTPS: pip, apt, git"),
+            "http": dict(ip_protocol="tcp", from_port=80, to_port=80, cidr_ipv4="0.0.0.0/0",
+                         description="HTTP: Ubuntu apt mirrors"),
+        }
+        for name, rule in ingress.items():
+            VpcSecurityGroupIngressRule(self, f"in_{name}", security_group_id=group.id, **rule)
+        for name, rule in egress.items():
+            VpcSecurityGroupEgressRule(self, f"out_{name}", security_group_id=group.id, **rule)
+        return group
+
+    def _ami(self) -> str:
+        machine = self.machine
+        if machine.gpus:
+            name = GPU_AMI.format(arch="arm64" if machine.arch == "arm64" else "x86_64")
+        else:
+            name = UBUNTU_AMI.format(arch="arm64" if machine.arch == "arm64" else "amd64")
+        # insecure_value: an AMI id is no secret, and `value` would hide it in every plan.
+        return DataAwsSsmParameter(self, "ami", name=name).insecure_value
+
+    def _nodes(self) -> Instance:
+        """One `aws_instance.nodes` with for_each over {node name: private IP}.
+
+        The map puts every node's deterministic IP literally in the JSON, and a single resource
+        keeps synth time flat in the node count (each construct costs a jsii round trip).
+        """
+        cluster, machine = self.cluster, self.machine
+        placement = None
+        if machine.cluster_placement:
+            # One rack-local group: the lowest latency and the full per-flow bandwidth between nodes.
+            placement = PlacementGroup(self, "placement", name=f"fatpipe-{cluster.name}",
+                                       strategy="cluster").name
+        nodes = TerraformIterator.from_map({cluster.node_name(i): cluster.private_ip(i) for i in range(cluster.nodes)})
+        # IMDSv2 only. Hop limit 1: nothing in a container or behind a forwarding hop on the node
+        # reaches the metadata service (the trainer runs on the host and needs no instance
+        # credentials; none are attached).
+        metadata = InstanceMetadataOptions(http_endpoint="enabled", http_tokens="required",
+                                           http_put_response_hop_limit=1)
+        root = InstanceRootBlockDevice(volume_type="gp3", encrypted=True, delete_on_termination=True,
+                                       volume_size=ROOT_GIB["gpu" if machine.gpus else "cpu"])
+        return Instance(
+            self, "nodes",
+            for_each=nodes,
+            ami=self._ami(),
+            instance_type=machine.name,
+            subnet_id=self.subnet.id,
+            private_ip=Token.as_string(nodes.value),  # known before boot: node 0 is the rendezvous host
+            vpc_security_group_ids=[self.security_group.id],
+            associate_public_ip_address=True,  # SSH and apt/pip; the security group limits who
+            key_name=self.key.key_name,
+            placement_group=placement,
+            ebs_optimized=True,
+            monitoring=True,  # 1-minute CloudWatch NetworkIn/Out: link use without logging in
+            user_data=self.user_data.as_string,
+            metadata_options=metadata,
+            root_block_device=root,
+            # A newer AMI in the SSM parameter must not replace running nodes.
+            lifecycle=TerraformResourceLifecycle(ignore_changes=["ami"]),
+            depends_on=[self.internet_route],
+            tags={"Name": Token.as_string(nodes.key)},
+        )

@@ -1,0 +1,57 @@
+"""The provider interface: what every provider (a cloud, or the sim) must supply, declared once.
+
+A provider is an object of a `Provider` subclass in its own module, listed in the registry
+(`fatpipe.stacks.providers.PROVIDERS`). Methods that need a cloud SDK or CDK bindings import
+them in their body, so the registry stays cheap to import. Adding a provider:
+docs/ARCHITECTURE.md, "Adding a provider".
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from pathlib import Path
+from typing import TYPE_CHECKING, ClassVar
+
+from fatpipe.infra.catalog import Estimate, MachineType, estimate, machine_for
+from fatpipe.infra.errors import FatpipeError
+
+if TYPE_CHECKING:
+    from .construct import ClusterConstruct
+
+
+class Provider(ABC):
+    """One provider: its stack construct, node profile facts, catalog, preflight and costs."""
+
+    name: ClassVar[str]  # the cluster file's `provider` value
+    mtu: ClassVar[int]  # the private network's MTU, set on every node's private NIC
+    user_data_limit: ClassVar[int]  # bytes of user data (cloud-init) a node accepts
+    paid: ClassVar[bool] = True  # deploy asks before creating its resources (unless --yes)
+
+    @abstractmethod
+    def construct(self, scope, cluster, project) -> ClusterConstruct:
+        """Add the cluster's resources to `scope` (a TerraformStack) as one construct."""
+
+    def user_data(self, cluster) -> str:
+        """The node profile as cloud-init user data, for this provider's MTU and size limit."""
+        from fatpipe.stacks.node_profile import render_cloud_init
+
+        return render_cloud_init(cluster, self.mtu, self.user_data_limit)
+
+    def machine(self, cluster, root: Path | None = None) -> MachineType:
+        """The machine type the cluster's nodes get (named, else the cheapest for the tier)."""
+        return machine_for(cluster, root)
+
+    def estimate(self, cluster, root: Path | None = None) -> Estimate:
+        """The machine and the estimated $/hour of all the cluster's nodes."""
+        return estimate(cluster, root)
+
+    def preflight(self, cluster, project) -> None:  # noqa: B027 - most providers have nothing to ask
+        """Raise FatpipeError, one line, if the cluster cannot be deployed as declared."""
+
+    def refresh_catalog(self, region: str, root: Path) -> Path:
+        """Refresh the machine catalog of `region` from the provider's API; return its file."""
+        raise FatpipeError(f"{self.name} has no machine API to refresh from; its catalog ships with fatpipe")
+
+    def sweep(self, project, cluster_name: str, log) -> list[str]:
+        """After a destroy: remove what the destroy could not reach; return what was removed."""
+        return []

@@ -1,0 +1,21 @@
+"""DigitalOcean: droplets in one VPC, a tag-based firewall; the VPC network runs at MTU 1500."""
+
+from __future__ import annotations
+
+from .base import Provider
+
+
+class DigitalOcean(Provider):
+    name = "digitalocean"
+    mtu = 1500  # DigitalOcean's VPC network does not carry jumbo frames
+    user_data_limit = 64 * 1024
+
+    def construct(self, scope, cluster, project):
+        from .digitalocean_stack import DigitalOceanClusterConstruct
+
+        return DigitalOceanClusterConstruct(scope, "cluster_resources", cluster=cluster,
+                                            size=self.machine(cluster, project.root),
+                                            user_data=self.user_data(cluster))
+
+
+DIGITALOCEAN = DigitalOcean()

@@ -1,0 +1,105 @@
+"""The sim cluster construct: one built-in `terraform_data` per node whose provisioners run fatpipe sim node-up/down."""
+
+from __future__ import annotations
+
+import shlex
+import sys
+
+from cdktf import LocalExecProvisioner, TerraformResource
+
+from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.spec import FIRST_HOST_OFFSET
+from fatpipe.stacks.simnet import link_names, loopback_ip, netns_usable
+
+from ..literals import literal, literal_map
+from .construct import ClusterConstruct
+
+# Terraform runs in cdktf.out/stacks/<name>/ (terraform -chdir, cdktf deploy): the project root
+# is three folders up, and node folders are given relative to it so the JSON holds no host path.
+ROOT_FROM_STACK_DIR = "../../.."
+
+# Each input key becomes the node-up/node-down option --<key with dashes>.
+NODE_KEYS = ("cluster", "index", "isolation", "address", "tier", "rate_gbit", "node_dir",
+             "netns", "bridge", "host_if")
+
+
+def resolve_isolation(isolation: str) -> str:
+    """`auto` becomes netns when this process can create namespaces, else loopback."""
+    if isolation == "loopback":
+        return "loopback"
+    if netns_usable():
+        return "netns"
+    if isolation == "netns":
+        raise ConfigError("isolation = \"netns\" needs root and `ip netns`; use \"loopback\" or \"auto\"")
+    return "loopback"
+
+
+def node_input(cluster, index: int, isolation: str) -> dict:
+    """What node-up and node-down need, as the terraform_data input (destroy may read only self)."""
+    name = cluster.node_name(index)
+    node = {
+        "cluster": cluster.name,
+        "index": index,
+        "isolation": isolation,
+        "tier": cluster.tier,
+        "rate_gbit": cluster.tier_gbps,
+        "node_dir": f".fatpipe/{cluster.name}/nodes/{name}",
+        "netns": "",
+        "bridge": "",
+        "host_if": "",
+    }
+    if isolation == "netns":
+        prefix = cluster.private_cidr.split("/")[1]
+        node.update(link_names(cluster.name, index), address=f"{cluster.private_ip(index)}/{prefix}")
+    else:
+        node["address"] = loopback_ip(cluster.private_cidr, index, FIRST_HOST_OFFSET) + "/8"
+    return node
+
+
+def node_command(action: str) -> str:
+    """`<python> -m fatpipe.cli sim node-<action>` with every option taken from self.input."""
+    options = " ".join(f"--{key.replace('_', '-')}=${{self.input.{key}}}" for key in NODE_KEYS)
+    # The interpreter's absolute path is baked in at synth time: fine for a stack that only
+    # ever runs on the machine that synthesized it.
+    return f"{literal(shlex.quote(sys.executable))} -m fatpipe.cli sim node-{action} {options}"
+
+
+def node_output(cluster, project, node: dict) -> dict:
+    ip = node["address"].split("/")[0]
+    out = {
+        "name": cluster.node_name(node["index"]),
+        "private_ip": ip,
+        "public_ip": None,
+        "transport": "netns" if node["isolation"] == "netns" else "local",
+        "ready_file": str(project.root / node["node_dir"] / "ready.json"),
+    }
+    if node["isolation"] == "netns":
+        out["netns"] = node["netns"]
+    return out
+
+
+class SimClusterConstruct(ClusterConstruct):
+    """One `terraform_data` per node (`nodes`), whose provisioners make and remove the node."""
+
+    def __init__(self, scope, id: str, *, cluster, project):
+        super().__init__(scope, id)
+        isolation = resolve_isolation(cluster.isolation)
+        self.nodes, outputs = [], []
+        for index in range(cluster.nodes):
+            node = node_input(cluster, index, isolation)
+            resource = TerraformResource(
+                self, f"node-{index}",
+                terraform_resource_type="terraform_data",
+                provisioners=[
+                    LocalExecProvisioner(type="local-exec", command=node_command("up"),
+                                         working_dir=ROOT_FROM_STACK_DIR),
+                    LocalExecProvisioner(type="local-exec", command=node_command("down"),
+                                         when="destroy", working_dir=ROOT_FROM_STACK_DIR),
+                ],
+            )
+            resource.add_override("input", literal_map(node))
+            # Any change to a node (tier, address, isolation) replaces it: input alone would not.
+            resource.add_override("triggers_replace", literal_map(node))
+            self.nodes.append(resource)
+            outputs.append(node_output(cluster, project, node))
+        self.output = cluster.output(outputs, isolation=isolation)

@@ -1,0 +1,136 @@
+"""The layers of docs/ARCHITECTURE.md hold: imports run one way, modules and functions stay small,
+and what two layers must both define is defined the same way."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+from typing import get_args
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+LAYERS = ("infra", "stacks", "ops", "cli", "trainer")
+# Which fatpipe packages each layer may import (its own included).
+ALLOWED = {
+    "infra": {"infra"},
+    "stacks": {"infra", "stacks"},
+    "ops": {"infra", "ops", "trainer"},  # ops ships the trainer package and runs its benchmark
+    "cli": {"infra", "stacks", "ops", "cli", "trainer"},
+    "trainer": {"trainer"},  # runs on a node with torch alone
+}
+# cli modules every command may use; a command module never imports another command module.
+CLI_SHARED = {"__init__", "__main__", "main", "options", "render", "steps"}
+MAX_MODULE_LINES = 300
+MAX_PARAMETERS = 8
+
+
+def modules() -> list[tuple[str, Path]]:
+    return [(layer, path) for layer in LAYERS for path in sorted((REPO / layer).rglob("*.py"))]
+
+
+def fatpipe_imports(layer: str, path: Path, root: Path = REPO) -> list[tuple[int, str]]:
+    """(line, dotted module) of every fatpipe import in `path`, relative ones resolved."""
+    package = ["fatpipe", layer, *path.relative_to(root / layer).parent.parts]
+    found = []
+    for node in ast.walk(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import):
+            found += [(node.lineno, a.name) for a in node.names if a.name.startswith("fatpipe.")]
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                name = ".".join(base + ([node.module] if node.module else []))
+            else:
+                name = node.module or ""
+            if name.startswith("fatpipe."):
+                found.append((node.lineno, name))
+    return found
+
+
+def test_imports_run_one_way():
+    wrong = []
+    for layer, path in modules():
+        for line, name in fatpipe_imports(layer, path):
+            target = name.split(".")[1]
+            if target not in ALLOWED[layer]:
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {name} ({layer} may use "
+                             f"{', '.join(sorted(ALLOWED[layer]))})")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_check_itself_catches_an_upward_import(tmp_path):
+    fake = tmp_path / "infra"
+    fake.mkdir()
+    (fake / "bad.py").write_text("from fatpipe.ops.launch import launch\nfrom .spec import X\n")
+    found = fatpipe_imports("infra", fake / "bad.py", root=tmp_path)
+    assert found == [(1, "fatpipe.ops.launch"), (2, "fatpipe.infra.spec")]
+    assert [name for _, name in found if name.split(".")[1] not in ALLOWED["infra"]] == ["fatpipe.ops.launch"]
+
+
+def test_no_command_module_imports_another():
+    commands = {p.stem for p in (REPO / "cli").glob("*.py")} - CLI_SHARED
+    wrong = []
+    for layer, path in modules():
+        if layer != "cli":
+            continue
+        for line, name in fatpipe_imports(layer, path):
+            parts = name.split(".")
+            if parts[:2] == ["fatpipe", "cli"] and len(parts) > 2 and parts[2] in commands and parts[2] != path.stem:
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports the command module {name}")
+    assert not wrong, "\n".join(wrong)
+
+
+def test_the_model_layer_runs_nothing_and_prints_nothing():
+    for path in (REPO / "infra").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+        names |= {(n.module or "").split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+        assert not names & {"subprocess", "rich", "click"}, f"{path.name} imports {names & {'subprocess', 'rich', 'click'}}"
+        calls = [n for n in ast.walk(tree) if isinstance(n, ast.Call) and getattr(n.func, "id", "") == "print"]
+        assert not calls, f"{path.name} prints"
+
+
+def test_modules_and_functions_stay_small():
+    big, wide = [], []
+    for _, path in modules():
+        lines = len(path.read_text().splitlines())
+        if lines >= MAX_MODULE_LINES:
+            big.append(f"{path.relative_to(REPO)}: {lines} lines")
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+                a = node.args
+                params = [p.arg for p in a.posonlyargs + a.args + a.kwonlyargs if p.arg not in ("self", "cls")]
+                params += [p.arg for p in (a.vararg, a.kwarg) if p]
+                if len(params) > MAX_PARAMETERS:
+                    wide.append(f"{path.relative_to(REPO)}:{node.lineno} {node.name} takes {len(params)}")
+    assert not big, f"modules of {MAX_MODULE_LINES} lines or more:\n" + "\n".join(big)
+    assert not wide, f"functions over {MAX_PARAMETERS} parameters:\n" + "\n".join(wide)
+
+
+def test_train_keys_are_the_trainers_flags():
+    """[train] (TrainSpec) and the trainer's TrainConfig must agree: the trainer imports nothing else."""
+    from fatpipe.infra.spec import TrainSpec
+    from fatpipe.trainer.config import COMMS, PRESETS, TrainConfig
+
+    config = TrainConfig()
+    for name, field in TrainSpec.model_fields.items():
+        assert hasattr(config, name), f"[train] {name} is no trainer flag"
+        assert field.default == getattr(config, name), f"[train] {name}: {field.default} vs {getattr(config, name)}"
+    assert get_args(TrainSpec.model_fields["comm"].annotation) == COMMS
+    assert get_args(TrainSpec.model_fields["preset"].annotation) == PRESETS
+
+
+def test_p2p_tools_are_the_trainers():
+    from fatpipe.infra.defaults import P2P_TOOLS
+    from fatpipe.trainer.p2p import TOOLS
+
+    assert P2P_TOOLS == TOOLS
+
+
+@pytest.mark.parametrize("provider", ["sim", "aws", "digitalocean"])
+def test_every_provider_is_registered_with_its_cluster_model(provider):
+    from fatpipe.infra.spec import CLUSTER_MODELS
+    from fatpipe.stacks.providers import PROVIDERS, Provider
+
+    assert set(PROVIDERS) == set(CLUSTER_MODELS)
+    assert isinstance(PROVIDERS[provider], Provider) and PROVIDERS[provider].name == provider

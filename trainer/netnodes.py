@@ -1,0 +1,62 @@
+"""Where netbench's ranks run: each rank's node, IP and iperf3, gathered on every rank.
+
+torch and the trainer's nic, p2p and collectives modules are imported when called, not at
+module level, so netbench stays importable without torch.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+
+from .netsweep import Bench
+
+
+def node_ip() -> str:
+    """This node's private IP: $FATPIPE_PRIVATE_IP (the launch path's node env), else the
+    address of $GLOO_SOCKET_IFNAME, else the source address the kernel picks to reach the
+    rendezvous host."""
+    from .nic import ipv4_address, source_address
+
+    if os.environ.get("FATPIPE_PRIVATE_IP"):
+        return os.environ["FATPIPE_PRIVATE_IP"]
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        name = os.environ.get(var, "").lstrip("=")
+        if name and "," not in name and not name.startswith("^"):
+            ip = ipv4_address(name)
+            if ip:
+                return ip
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    ip = source_address(host, socket.AF_INET)
+    if ip is None:
+        raise OSError(f"no IPv4 route to the rendezvous host {host}")
+    return ip
+
+
+def describe_ranks(bench: Bench) -> list[dict]:
+    """Every rank's node, local rank, IP, name and whether the node has iperf3.
+
+    `node` is the cluster's node index from the launch path's env (FATPIPE_NODE_RANK), else
+    torchrun's GROUP_RANK: c10d rendezvous hands out group ranks in arrival order, so they need
+    not match the cluster's node order.
+    """
+    from . import p2p
+
+    group_rank = int(os.environ.get("GROUP_RANK", bench.rank))
+    me = {
+        "rank": bench.rank,
+        "node": int(os.environ.get("FATPIPE_NODE_RANK", group_rank)),
+        "group_rank": group_rank,
+        "local_rank": int(os.environ.get("LOCAL_RANK", 0)),
+        "ip": node_ip(),
+        "name": os.environ.get("FATPIPE_NODE_NAME") or socket.gethostname(),
+        "iperf3": p2p.have_iperf3(),
+    }
+    from .collectives import all_gather_objects  # torch only: node venvs lack numpy
+
+    return all_gather_objects(me, bench.device)
+
+
+def node_leaders(ranks: list[dict]) -> list[dict]:
+    """One rank per node (local rank 0), in the cluster's node order."""
+    return sorted((r for r in ranks if r["local_rank"] == 0), key=lambda r: r["node"])
