@@ -78,7 +78,7 @@ def _store_override(ctx, param, value):
 
 def train_overrides(func):
     """Add one --flag per [train] key (TrainSpec's fields); `overrides()` returns the ones given."""
-    from fatpipe.infra.spec import TrainSpec
+    from fatpipe.infra.trainspec import TrainSpec
 
     for name, field in reversed(TrainSpec.model_fields.items()):
         func = _override_option(name, field.annotation)(func)
@@ -145,7 +145,7 @@ def resolve_train(project, overrides: dict):
     """[train] with this run's overrides, validated like the file."""
     from pydantic import ValidationError
 
-    from fatpipe.infra.spec import TrainSpec
+    from fatpipe.infra.trainspec import TrainSpec
 
     try:
         return TrainSpec.model_validate({**project.train.model_dump(), **overrides})

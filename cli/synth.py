@@ -37,9 +37,16 @@ def synth(project, cluster: str | None, as_json: bool):
     # Paths on lines of their own: a table column would fold them, and they are for copying.
     for r in rows:
         out.print(f"{r['cluster']}: {r['json']}", soft_wrap=True)
-    out.print("[dim]Gbit/s: each node's baseline (sustained, not burst) private bandwidth[/]")
+    out.print("[dim]Gbit/s: each node's baseline (sustained, not burst) private bandwidth; (limit): "
+              "a documented ceiling, not a measured baseline: netcheck tells what you get[/]")
     for prices in sorted({e.prices for e in estimates.values() if e.hourly}):
         out.print(f"[dim]$/hour: all nodes, estimated from the offline {prices}[/]")
+    for extras in sorted({e.extras for e in estimates.values() if e.extras}):
+        out.print(f"[dim]  including per node: {', '.join(extras)}[/]")
+    for name in names:
+        spec = project.cluster(name)
+        for warning in provider_for(spec.provider).warnings(spec):
+            out.print(f"[yellow]warning[/]: {warning}", soft_wrap=True)
 
 
 def _row(cluster, est, path: Path) -> dict:
@@ -49,6 +56,7 @@ def _row(cluster, est, path: Path) -> dict:
         "nodes": cluster.nodes,
         "machine": est.machine,
         "baseline_gbps": est.baseline_gbps,
+        "bandwidth_basis": est.bandwidth_basis,
         "tier": cluster.tier,
         "usd_per_hour": None if est.hourly is None else round(est.hourly, 4),
         "json": _shown(path),
@@ -74,6 +82,8 @@ def _table(rows: list[dict]):
     for r in rows:
         price = "?" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.2f}"
         baseline = "?" if r["baseline_gbps"] is None else f"{r['baseline_gbps']:g}"
+        if r["bandwidth_basis"] != "baseline":
+            baseline += " (limit)"
         table.add_row(r["cluster"], r["provider"], str(r["nodes"]), r["machine"], baseline,
                       r["tier"], price)
     return table

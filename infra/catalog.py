@@ -36,11 +36,14 @@ class MachineType:
     arch: str = "x86_64"  # x86_64 | arm64
     cluster_placement: bool = True  # AWS: may join a cluster placement group
     price_hourly: float | None = None  # USD, from the offline price table
+    # What the provider publishes: a measured "baseline" (AWS), or a "documented limit" that
+    # says nothing about what a node sustains (DigitalOcean); netcheck measures either way.
+    bandwidth_basis: str = "baseline"
 
     def bandwidth_text(self) -> str:
         if self.baseline_gbps is None:
             return "unknown baseline"
-        text = f"{self.baseline_gbps:g} Gbit/s baseline"
+        text = f"{self.baseline_gbps:g} Gbit/s {self.bandwidth_basis}"
         if self.peak_gbps and self.peak_gbps > self.baseline_gbps:
             text += f", bursts to {self.peak_gbps:g} on credits"
         return text
@@ -58,6 +61,7 @@ class Catalog:
     prices_date: str
     types: dict[str, MachineType]
     path: Path
+    per_node_extras: dict[str, float]  # USD/h each node costs besides its type (public IPv4, ...)
     refreshable: bool = False  # the provider's API can refresh it (`fatpipe catalog P --region R`)
 
     def qualifying(self, gbps: float, gpus: int = 0) -> list[MachineType]:
@@ -81,7 +85,7 @@ class Catalog:
         return f"{self.provider} catalog {self.date}{where} ({self.path.name}); prices {self.prices_date}"
 
 
-def _machine(name: str, raw: dict, prices: dict[str, float]) -> MachineType:
+def _machine(name: str, raw: dict, prices: dict[str, float], basis: str) -> MachineType:
     return MachineType(
         name=name,
         baseline_gbps=raw.get("baseline_gbps"),
@@ -92,6 +96,7 @@ def _machine(name: str, raw: dict, prices: dict[str, float]) -> MachineType:
         arch=raw.get("arch", "x86_64"),
         cluster_placement=bool(raw.get("cluster_placement", True)),
         price_hourly=prices.get(name, raw.get("price_hourly")),
+        bandwidth_basis=basis,
     )
 
 
@@ -126,11 +131,13 @@ def load_catalog(provider: str, region: str | None = None, root: Path | None = N
     data = _read(path)
     prices = offline.get("prices", {})
     hourly = prices.get("hourly", {})
-    types = {name: _machine(name, raw, hourly) for name, raw in data["types"].items()}
+    basis = offline.get("bandwidth_basis", "baseline")
+    types = {name: _machine(name, raw, hourly, basis) for name, raw in data["types"].items()}
     return Catalog(
         provider=provider, date=data["date"], source=data["source"], region=data.get("region"),
         prices_date=prices.get("date", "?"),
-        types=types, path=path, refreshable=bool(offline.get("refreshable")),
+        types=types, path=path, per_node_extras=dict(prices.get("per_node_extras", {})),
+        refreshable=bool(offline.get("refreshable")),
     )
 
 
@@ -185,6 +192,8 @@ class Estimate:
     baseline_gbps: float | None
     hourly: float | None  # USD for the whole cluster; None when the price table lacks the type
     prices: str  # which price table, and its date
+    bandwidth_basis: str = "baseline"
+    extras: tuple[str, ...] = ()  # what the hourly price counts besides the machines
 
 
 def estimate(cluster, root: Path | None = None) -> Estimate:
@@ -192,5 +201,8 @@ def estimate(cluster, root: Path | None = None) -> Estimate:
     machine = machine_for(cluster, root)
     catalog = load_catalog(cluster.provider, cluster.region, root)
     prices = catalog.offline_prices_label()
-    hourly = machine.price_hourly * cluster.nodes if machine.price_hourly is not None else None
-    return Estimate(machine.name, machine.baseline_gbps, hourly, prices)
+    hourly = None
+    if machine.price_hourly is not None:
+        hourly = (machine.price_hourly + sum(catalog.per_node_extras.values())) * cluster.nodes
+    return Estimate(machine.name, machine.baseline_gbps, hourly, prices, machine.bandwidth_basis,
+                    tuple(catalog.per_node_extras))

@@ -67,6 +67,7 @@ class ClusterOutputs(BaseModel):
     gpus_per_node: int = Field(0, ge=0)
     rdzv_port: int = Field(29400, ge=1, le=65535)
     isolation: Literal["netns", "loopback"] | None = None  # sim clusters: what `auto` resolved to
+    nccl: dict[str, str] = Field(default_factory=dict)  # NCCL_* settings the nodes' runs get
     nodes: list[NodeOutput]
 
     @field_validator("nodes")

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
+import secrets
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -11,8 +13,10 @@ from pathlib import Path
 from pydantic import ValidationError
 
 from .errors import ConfigError
-from .spec import PROVIDERS, ProjectSpec, TrainSpec
+from .files import write_atomic
+from .spec import PROVIDERS, ProjectSpec
 from .templates import SIM as DEFAULT_TOML
+from .trainspec import TrainSpec
 
 if sys.version_info >= (3, 11):
     import tomllib
@@ -21,6 +25,7 @@ else:  # pragma: no cover
 
 CONFIG_NAME = "fatpipe.toml"
 STATE_DIR_NAME = ".fatpipe"
+PROJECT_ID_FILE = "project-id"
 
 
 @dataclass(frozen=True)
@@ -53,8 +58,30 @@ class Project:
             raise ConfigError(f"{self.label}: no cluster {name!r}; declared: {', '.join(self.clusters)}")
         return self.clusters[name]
 
+    def with_cluster(self, cluster) -> Project:
+        """This project with `cluster` in place of the one of the same name."""
+        clusters = {**self.clusters, cluster.name: cluster}
+        return dataclasses.replace(self, spec=self.spec.model_copy(update={"clusters": clusters}))
+
     def state_dir(self, cluster_name: str) -> Path:
         return self.root / STATE_DIR_NAME / cluster_name
+
+    @property
+    def project_id(self) -> str:
+        """This project's stable random id (`.fatpipe/project-id`, made on first use).
+
+        Cloud names, tags and state keys carry it, so two projects with a cluster of the same
+        name in one account never collide, and a sim node can tell whose it is.
+        """
+        path = self.root / STATE_DIR_NAME / PROJECT_ID_FILE
+        try:
+            found = path.read_text().strip()
+        except FileNotFoundError:
+            found = ""
+        if re.fullmatch(r"[0-9a-f]{8}", found):
+            return found
+        write_atomic(path, secrets.token_hex(4) + "\n")
+        return path.read_text().strip()
 
 
 def config_path(explicit: str | os.PathLike | None = None) -> Path:

@@ -8,7 +8,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Annotated, ClassVar, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from .trainspec import Strict, TrainSpec
 
 Tier = Literal["1g", "10g", "25g"]
 TIER_GBPS: dict[str, int] = {"1g": 1, "10g": 10, "25g": 25}
@@ -18,7 +20,7 @@ TIER_GBPS: dict[str, int] = {"1g": 1, "10g": 10, "25g": 25}
 # and the last one; starting at .10 leaves room for that on every provider.
 FIRST_HOST_OFFSET = 10
 NAME_PATTERN = re.compile(r"^[a-z][a-z0-9-]{0,23}$")
-RESERVED_NAMES = ("catalog",)  # .fatpipe/catalog/ holds refreshed machine catalogs
+RESERVED_NAMES = ("catalog", "project-id")  # names of other things under .fatpipe/
 
 DIGITALOCEAN_REGIONS = (
     "ams3", "atl1", "blr1", "fra1", "lon1", "nyc1", "nyc2", "nyc3",
@@ -38,10 +40,6 @@ def aws_regions() -> frozenset[str]:
     return frozenset(regions)
 
 
-class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_default=True)
-
-
 class Backend(Strict):
     """Where terraform keeps state: a local file under .fatpipe/<cluster>/ or an S3 bucket."""
 
@@ -57,10 +55,17 @@ class Backend(Strict):
             raise ValueError("an s3 backend needs bucket = \"...\"")
         return self
 
+    @property
+    def minimum_terraform(self) -> str:
+        """terraform_data needs 1.4; S3-native state locking (use_lockfile) needs 1.10."""
+        return "1.10" if self.type == "s3" and self.use_lockfile else "1.4"
+
 
 class ClusterBase(Strict):
     name: str = ""  # filled from the table key
     machine_field: ClassVar[str | None] = None  # the key naming a machine type, where one can be named
+    # The network sizes the provider accepts for its private network (prefix lengths).
+    prefix_range: ClassVar[tuple[int, int]] = (8, 30)
     nodes: int = Field(4, ge=1, le=512)
     tier: Tier = "1g"
     gpus_per_node: int = Field(0, ge=0, le=16)
@@ -81,6 +86,11 @@ class ClusterBase(Strict):
 
     @model_validator(mode="after")
     def _cidr_holds_nodes(self):
+        shortest, longest = self.prefix_range
+        prefix = ipaddress.IPv4Network(self.private_cidr).prefixlen
+        if not shortest <= prefix <= longest:
+            raise ValueError(f"private_cidr {self.private_cidr}: a {self.provider} network is /{shortest} to "
+                             f"/{longest}, not /{prefix}")
         size = ipaddress.IPv4Network(self.private_cidr).num_addresses
         usable = size - FIRST_HOST_OFFSET - 1
         if self.nodes > usable:
@@ -101,6 +111,14 @@ class ClusterBase(Strict):
 
     def node_name(self, index: int) -> str:
         return f"{self.name}-{index}"
+
+    @model_validator(mode="after")
+    def _s3_region_given(self):
+        # An AWS cluster's state bucket defaults to the cluster's region; nothing else has one.
+        if self.backend.type == "s3" and self.backend.region is None and self.provider != "aws":
+            raise ValueError(f"backend.region: required for the S3 state bucket of a {self.provider} "
+                             "cluster (for example \"us-east-1\")")
+        return self
 
     def output(self, nodes: list[dict], **extra) -> dict:
         """The stack's `cluster` output (docs/ARCHITECTURE.md, "The outputs contract") for these nodes."""
@@ -169,6 +187,7 @@ class SimCluster(ClusterBase):
 class AwsCluster(CloudCluster):
     provider: Literal["aws"]
     machine_field: ClassVar[str] = "instance_type"  # the key that names a machine type
+    prefix_range: ClassVar[tuple[int, int]] = (16, 28)  # what EC2 accepts for a VPC and subnet
     instance_type: str | None = None
     availability_zone: str | None = None
 
@@ -183,6 +202,7 @@ class AwsCluster(CloudCluster):
 class DigitalOceanCluster(CloudCluster):
     provider: Literal["digitalocean"]
     machine_field: ClassVar[str] = "size"
+    prefix_range: ClassVar[tuple[int, int]] = (16, 24)  # what DigitalOcean accepts for a VPC
     size: str | None = None
     image: str = "ubuntu-24-04-x64"
     ssh_user: str = "root"
@@ -210,38 +230,6 @@ CLUSTER_MODELS: dict[str, type[ClusterBase]] = {
 }
 PROVIDERS = tuple(CLUSTER_MODELS)
 Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster, Field(discriminator="provider")]
-
-
-class TrainSpec(Strict):
-    """Defaults for the built-in trainer; each key maps to the trainer flag --key-with-dashes."""
-
-    preset: Literal["tiny", "small", "124m"] = "small"
-    steps: int = Field(200, ge=1)
-    comm: Literal["auto", "none", "bf16", "fp16", "powersgd"] = "auto"
-    batch_size: int = Field(8, ge=1)
-    seq_len: int = Field(256, ge=8, le=8192)
-    grad_accum: int = Field(1, ge=1)
-    lr: float = Field(6e-4, gt=0, le=1)
-    warmup_steps: int = Field(20, ge=0)
-    checkpoint_every: int = Field(50, ge=1)
-    bucket_cap_mb: float = Field(25.0, gt=0)
-    seed: int = 1337
-    data: str | None = None
-    compile: bool = False
-    powersgd_rank: int = Field(4, ge=1)
-
-    def trainer_args(self) -> list[str]:
-        """The trainer's command-line flags for these settings."""
-        args: list[str] = []
-        for key, value in self.model_dump().items():
-            flag = "--" + key.replace("_", "-")
-            if value is None:
-                continue
-            if isinstance(value, bool):
-                args.append(flag if value else "--no-" + key.replace("_", "-"))
-            else:
-                args += [flag, str(value)]
-        return args
 
 
 class ProjectSpec(Strict):

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 
+from .nodefiles import write_rendezvous
 from .noderun import (
     STOP_WAIT_S,
     LaunchResult,
@@ -23,7 +24,7 @@ from .noderun import (
     run_nodes,
 )
 from .prepare import fetch_run, prepare_node
-from .rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, plan_rendezvous, write_rendezvous
+from .rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, plan_rendezvous
 from .transport import fan_out
 
 # Once a node's torchrun has failed, the run cannot finish (the node count is fixed): its peers

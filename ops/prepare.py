@@ -13,9 +13,9 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
 
 from .noderun import Log, NodeRun
-from .rendezvous import REMOTE_PKG, REMOTE_VENV
 
 # Never shipped to nodes, on top of each folder's .gitignore.
 SYNC_EXCLUDES = (

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -17,26 +16,13 @@ from pathlib import Path
 
 from fatpipe.infra.defaults import JOIN_TIMEOUT_S, MAX_RESTARTS, RENDEZVOUS_FILE
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.files import write_atomic, write_json_atomic
+from fatpipe.infra.node import DEFAULT_REMOTE_DIR, REMOTE_VENV
 from fatpipe.infra.tiers import tier_name, tier_profile
+
+from .nodefiles import torchrun_command, write_rendezvous
 
 TRAINER_MODULE = "fatpipe.trainer"
 REMOTE_DIR_ENV = "FATPIPE_REMOTE_DIR"  # where the project folder goes on ssh nodes; {cluster}, {node}
-DEFAULT_REMOTE_DIR = "fatpipe/{cluster}"  # relative to the login user's home
-REMOTE_VENV = ".fatpipe/venv"  # inside the project folder on the node
-REMOTE_PKG = ".fatpipe/pkg"  # the built-in trainer, shipped as fatpipe/trainer on PYTHONPATH
-
-# The interface holding the node's private IP: an exact address match first, else the longest
-# prefix holding it (127.0.0.0/8 on lo holds every loopback node's 127.x address).
-IFACE_AWK = r"""
-function n(a,  p) { split(a, p, "."); return ((p[1] * 256 + p[2]) * 256 + p[3]) * 256 + p[4] }
-{ split($4, c, "/")
-  if (c[1] == want) { exact = $2; exit }
-  m = 2 ^ (32 - c[2])
-  if (int(n(c[1]) / m) == int(n(want) / m) && c[2] + 0 > best) { best = c[2] + 0; dev = $2 } }
-END { if (exact != "") print exact; else if (dev != "") print dev }
-""".strip()
-
 
 @dataclass(frozen=True)
 class RunOptions:
@@ -177,7 +163,7 @@ def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str
         "FATPIPE_TIER_GBPS": f"{outputs.tier_gbps:g}",
         "PYTHONUNBUFFERED": "1",  # the per-node log streams line by line, not in 8 KiB blocks
     }
-    env |= _tier_nccl(outputs.tier_gbps)
+    env |= outputs.nccl or _tier_nccl(outputs.tier_gbps)  # outputs from before they carried it
     if shared:
         # Sim nodes share one machine: NCCL would use shared memory and bypass the shaped links,
         # and every rank using every core would oversubscribe the CPUs.
@@ -213,80 +199,6 @@ def make_rendezvous(project, outputs, run_id: str, run_dir: Path, train=None,
     rdzv = plan_rendezvous(project, outputs, run_id, run_dir, entry=entry, train_args=train_args, options=options)
     write_rendezvous(rdzv, run_dir)
     return rdzv
-
-
-def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
-    """torchrun's arguments for one node (after the interpreter)."""
-    # Only node 0 hosts the c10d store: on one machine (loopback nodes) torchrun's own guess
-    # would make every node think it is the host.
-    conf = f"is_host={int(node.rank == 0)},join_timeout={rdzv.join_timeout_s},read_timeout={rdzv.join_timeout_s}"
-    return [
-        "-m", "torch.distributed.run",
-        "--nnodes", str(rdzv.nnodes), "--nproc-per-node", str(rdzv.nproc_per_node),
-        "--rdzv-backend", rdzv.rdzv_backend, "--rdzv-endpoint", rdzv.rdzv_endpoint,
-        "--rdzv-id", rdzv.run_id, "--rdzv-conf", conf,
-        "--max-restarts", str(rdzv.max_restarts), "--local-addr", node.private_ip,
-        *rdzv.entry,
-    ]
-
-
-def node_env_text(rdzv: Rendezvous, node: NodePlan) -> str:
-    lines = [
-        f"# fatpipe run {rdzv.run_id}, node {node.name} (rank {node.rank} of {rdzv.nnodes}); sourced by",
-        f"# node-{node.rank}.sh, which also sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on the node",
-        f"# to the interface that holds {node.private_ip}.",
-    ]
-    lines += [f"{key}={shlex.quote(value)}" for key, value in node.env.items()]
-    return "\n".join(lines) + "\n"
-
-
-def node_script_text(rdzv: Rendezvous, node: NodePlan) -> str:
-    depth = len(Path(rdzv.run_rel).parts)
-    up = "/".join([".."] * depth)
-    # One flag (with its value) per line, so the command reads like torchrun's docs.
-    body = " \\\n  ".join(_group([shlex.quote(a) for a in node.command]))
-    pythonpath = ""
-    if node.transport == "ssh" and rdzv.ships_trainer:
-        pythonpath = f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
-    return f"""#!/usr/bin/env bash
-# fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, rank {node.rank} of {rdzv.nnodes}.
-# Runnable by hand on that node, from the project folder: bash {rdzv.run_rel}/node-{node.rank}.sh
-set -euo pipefail
-export PATH="$PATH:/usr/sbin:/sbin"  # `ip` lives there on some images, outside a user's PATH
-cd "$(dirname "$0")/{up}"
-set -a; . "{rdzv.run_rel}/node-{node.rank}.env"; set +a
-IFACE=$(ip -o -4 addr show | awk -v want="$FATPIPE_PRIVATE_IP" '{IFACE_AWK}')
-if [ -z "$IFACE" ]; then
-  echo "fatpipe: no interface on $(hostname) holds $FATPIPE_PRIVATE_IP" >&2
-  exit 2
-fi
-export NCCL_SOCKET_IFNAME="$IFACE" GLOO_SOCKET_IFNAME="$IFACE"
-{pythonpath}PY="${{FATPIPE_PYTHON:-{node.python}}}"
-exec "$PY" {body}
-"""
-
-
-def _group(args: list[str]) -> list[str]:
-    """Pair each `--flag` with its value; the first item is `-m torch.distributed.run`."""
-    out, i = [" ".join(args[:2])], 2
-    while i < len(args):
-        nxt = args[i + 1] if i + 1 < len(args) else None
-        if (args[i] == "-m" or args[i].startswith("--")) and nxt is not None and not nxt.startswith("--"):
-            out.append(f"{args[i]} {args[i + 1]}")
-            i += 2
-        else:
-            out.append(args[i])
-            i += 1
-    return out
-
-
-def write_rendezvous(rdzv: Rendezvous, run_dir: Path) -> Path:
-    """Write rendezvous.json and each node's .env and .sh into `run_dir`; returns the json path."""
-    run_dir = Path(run_dir)
-    for node in rdzv.nodes:
-        write_atomic(run_dir / f"node-{node.rank}.env", node_env_text(rdzv, node))
-        write_atomic(run_dir / f"node-{node.rank}.sh", node_script_text(rdzv, node), mode=0o755)
-    return write_json_atomic(run_dir / RENDEZVOUS_FILE, rdzv.to_json())
 
 
 def read_rendezvous(run_dir: Path) -> Rendezvous:

@@ -99,12 +99,25 @@ def check_node(transport: Transport, node, declared: dict[str, str], timeout: fl
     if "namespaced" in marker and node.transport != "ssh":
         declared = {k: v for k, v in declared.items() if k in set(marker["namespaced"])}
     state.checked = len(declared)
-    problems = sysctl_mismatches(declared, values)
+    problems = [f"sysctl {p}" for p in sysctl_mismatches(declared, values)] + profile_problems(marker)
     if problems:
-        state.reason = "sysctl " + problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
+        state.reason = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
         return state
     state.sysctls_ok, state.reason = True, "ready"
     return state
+
+
+def profile_problems(marker: dict) -> list[str]:
+    """What the node profile's ready marker says went wrong at boot (cloud and ssh nodes)."""
+    problems = []
+    missing = sorted(name for name, ok in (marker.get("packages") or {}).items() if not ok)
+    if missing:
+        problems.append(f"packages not installed: {', '.join(missing)} (apt failed at boot? see "
+                        "/var/log/cloud-init-output.log)")
+    qdisc = marker.get("qdisc")
+    if isinstance(qdisc, list) and (not qdisc or "fq" not in qdisc or set(qdisc) - {"fq", "mq"}):
+        problems.append(f"qdisc {' '.join(qdisc) or 'none'} on {marker.get('iface')} (want fq, or mq of fq)")
+    return problems
 
 
 def declared_sysctls(outputs) -> dict[str, str]:

@@ -48,16 +48,21 @@ def build_stack(app, cluster, project):
         S3Backend(
             stack,
             bucket=backend.bucket,
-            key=backend.key or f"fatpipe/{cluster.name}.tfstate",
+            key=backend.key or f"fatpipe/{project.project_id}/{cluster.name}.tfstate",
             region=backend.region or cluster.region,
             encrypt=True,
         )
-        # cdktf 0.21's S3Backend predates S3-native locking (terraform/tofu >= 1.10): set it raw.
-        stack.add_override("terraform.backend.s3.use_lockfile", backend.use_lockfile)
+        if backend.use_lockfile:
+            # cdktf 0.21's S3Backend predates S3-native locking (terraform/tofu >= 1.10): set it raw.
+            stack.add_override("terraform.backend.s3.use_lockfile", True)
     else:
         LocalBackend(stack, path=state_path_from_stack_dir(cluster.name))
-    resources = provider_for(cluster.provider).construct(stack, cluster, project)
-    TerraformOutput(stack, "cluster", value=resources.output,
+    stack.add_override("terraform.required_version", f">= {backend.minimum_terraform}")
+    provider = provider_for(cluster.provider)
+    resources = provider.construct(stack, cluster, project)
+    # The nodes' NCCL settings travel with the outputs: every run's rendezvous sets them.
+    output = {**resources.output, "nccl": provider.nccl_env(cluster)}
+    TerraformOutput(stack, "cluster", value=output,
                     description="fatpipe cluster contract (docs/ARCHITECTURE.md)")
     return stack
 

@@ -20,6 +20,7 @@ from fatpipe.infra.runs import outputs_file as outputs_path
 from .providers import provider_for
 
 CDKTF_LOCAL = Path(".tools/node_modules/.bin/cdktf")
+OVERRIDE_GLOB = "*_override.tf.json"  # Terraform merges these over the synthesized JSON
 # Offline and non-interactive: no version-check call home, no prompts, no "run terraform X next".
 QUIET_ENV = {"CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1", "TF_INPUT": "0", "CI": "1"}
 
@@ -34,7 +35,8 @@ def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGIN
     name = cluster.name
     log = log or _quiet
     provider = provider_for(cluster.provider)
-    provider.preflight(cluster, project)
+    cluster = provider.preflight(cluster, project, log)
+    project = project.with_cluster(cluster)
     if provider.paid and not yes:
         question = (f"Create {cluster.nodes} {cluster.provider} node(s) in {cluster.region} for "
                     f"cluster {name}? They cost money until `fatpipe down {name}`.")
@@ -77,9 +79,10 @@ class Runner:
 
     def apply(self) -> dict:
         stack_dir = self._synth(required=True)
+        self._place_overrides(stack_dir)
         if self.engine == "cdktf":
             return self._cdktf_deploy(stack_dir)
-        self._tf(stack_dir, "init", "-input=false")
+        self._init(stack_dir)
         try:
             self._tf(stack_dir, "apply", "-auto-approve", "-input=false")
         except FatpipeError as e:
@@ -93,15 +96,36 @@ class Runner:
             self.log(f"{self.name}: no stack was ever synthesized; nothing to destroy")
             return
         try:
+            self._place_overrides(stack_dir)
             if self.engine == "cdktf":
                 self._cdktf(stack_dir, "destroy", self.name, "--auto-approve")
             else:
-                self._tf(stack_dir, "init", "-input=false")
+                self._init(stack_dir)
                 self._tf(stack_dir, "destroy", "-auto-approve", "-input=false")
         except FatpipeError as e:
             raise FatpipeError(self._partial_message("destroy", stack_dir, e)) from None
 
     # --- helpers ---
+
+    def _init(self, stack_dir: Path) -> None:
+        # -upgrade: the lock file must follow the pins of this synth and its override files
+        # (cdktf pins exact versions, so nothing newer sneaks in).
+        self._tf(stack_dir, "init", "-input=false", "-upgrade")
+
+    def _place_overrides(self, stack_dir: Path) -> None:
+        """Put the project's Terraform override files for this cluster beside its stack.
+
+        `.fatpipe/<cluster>/*_override.tf.json` (another provider endpoint, a pinned version,
+        a swapped AMI) survive every synth; the stack folder holds exactly these.
+        """
+        wanted = {p.name: p for p in sorted(self.project.state_dir(self.name).glob(OVERRIDE_GLOB))}
+        for stale in stack_dir.glob(OVERRIDE_GLOB):
+            if stale.name not in wanted:
+                stale.unlink()
+        for name, path in wanted.items():
+            shutil.copyfile(path, stack_dir / name)
+        if wanted:
+            self.log(f"{self.name}: override files {', '.join(wanted)}")
 
     def _synth(self, required: bool) -> Path | None:
         """A fresh synth while the cluster is declared; else the folder of its last synth."""
@@ -198,7 +222,8 @@ def _find_binary(engine: str, root: Path) -> str:
     found = shutil.which(engine)
     if not found:
         hint = {"cdktf": "run `make cdktf-cli` or npm install -g cdktf-cli@0.21",
-                "terraform": "install terraform >= 1.4, or pass --engine tofu",
+                "terraform": "install terraform >= 1.4 (>= 1.10 for an S3 backend with use_lockfile), "
+                             "or pass --engine tofu",
                 "tofu": "install OpenTofu, or pass --engine terraform"}[engine]
         raise FatpipeError(f"{engine} not found on PATH; {hint}")
     return found

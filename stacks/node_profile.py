@@ -44,15 +44,20 @@ sys.exit("no interface holds an address in " + sys.argv[1])
 IFACE=${{found% *}}
 ADDR=${{found#* }}
 ip link set dev "$IFACE" mtu "$MTU" || echo "fatpipe-net: could not set MTU $MTU on $IFACE" >&2
+# default_qdisc = fq reaches only qdiscs made after it was set, and the NIC's were made at
+# boot: drop its root so the kernel attaches the default again (fq, or mq with fq per queue).
+tc qdisc del dev "$IFACE" root 2>/dev/null || true
 mkdir -p /etc/fatpipe
-printf 'FATPIPE_IFACE=%s\\nFATPIPE_PRIVATE_IP=%s\\nNCCL_SOCKET_IFNAME=%s\\nGLOO_SOCKET_IFNAME=%s\\n' \\
+# NCCL_SOCKET_IFNAME=ens5 is a prefix (ens5, ens50, ...); a leading = makes it exact.
+# GLOO_SOCKET_IFNAME takes one exact name.
+printf 'FATPIPE_IFACE=%s\\nFATPIPE_PRIVATE_IP=%s\\nNCCL_SOCKET_IFNAME==%s\\nGLOO_SOCKET_IFNAME=%s\\n' \\
     "$IFACE" "$ADDR" "$IFACE" "$IFACE" > {net_env}
 # NCCL reads /etc/nccl.conf at init; the tier's socket settings are already in it.
 sed -i '/^NCCL_SOCKET_IFNAME=/d' {nccl_conf}
-echo "NCCL_SOCKET_IFNAME=$IFACE" >> {nccl_conf}
+echo "NCCL_SOCKET_IFNAME==$IFACE" >> {nccl_conf}
 # pam_env applies /etc/environment to SSH sessions too, so `ssh node torchrun ...` sees these.
 sed -i '/^NCCL_SOCKET_IFNAME=/d; /^GLOO_SOCKET_IFNAME=/d' /etc/environment
-printf 'NCCL_SOCKET_IFNAME=%s\\nGLOO_SOCKET_IFNAME=%s\\n' "$IFACE" "$IFACE" >> /etc/environment
+printf 'NCCL_SOCKET_IFNAME==%s\\nGLOO_SOCKET_IFNAME=%s\\n' "$IFACE" "$IFACE" >> /etc/environment
 """
 
 # The last step: read back what the kernel actually applied, so `fatpipe wait` can compare it
@@ -63,11 +68,22 @@ READY_SCRIPT_TEXT = """\
 import json, os, pathlib, subprocess, time
 
 SYSCTLS = {names}
+PACKAGES = {packages}
 
 
 def read(name):
     r = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True)
     return " ".join(r.stdout.split()) if r.returncode == 0 else None
+
+
+def installed(package):
+    r = subprocess.run(["dpkg-query", "-W", "-f=${{Status}}", package], capture_output=True, text=True)
+    return r.stdout.strip() == "install ok installed"
+
+
+def qdisc(iface):
+    r = subprocess.run(["tc", "qdisc", "show", "dev", iface], capture_output=True, text=True)
+    return [line.split()[1] for line in r.stdout.splitlines() if len(line.split()) > 1]
 
 
 def keyvalues(path):
@@ -84,6 +100,10 @@ doc = {{
     "iface": iface,
     "private_ip": env.get("FATPIPE_PRIVATE_IP"),
     "mtu": int(mtu_file.read_text()) if iface and mtu_file.exists() else None,
+    # What really paces the NIC: `wait` refuses a node whose root qdisc is not fq (or mq of fq).
+    "qdisc": qdisc(iface) if iface else [],
+    # apt may have failed at boot (no egress yet): `wait` refuses a node without these.
+    "packages": {{name: installed(name) for name in PACKAGES}},
     "bbr_available": "bbr" in (read("net.ipv4.tcp_available_congestion_control") or "").split(),
     "nccl": keyvalues("{nccl_conf}"),
     "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
@@ -117,8 +137,8 @@ def sysctl_conf(profile: TierProfile) -> str:
     return "\n".join(lines) + "\n"
 
 
-def nccl_conf(profile: TierProfile) -> str:
-    return "".join(f"{key}={value}\n" for key, value in profile.nccl.items())
+def nccl_conf(nccl: dict[str, str]) -> str:
+    return "".join(f"{key}={value}\n" for key, value in nccl.items())
 
 
 def net_script(cidr: str, mtu: int) -> str:
@@ -130,12 +150,13 @@ def net_script(cidr: str, mtu: int) -> str:
 def ready_script(profile: TierProfile) -> str:
     return READY_SCRIPT_TEXT.format(
         ready=READY_FILE, names=json.dumps(list(profile.sysctls)), net_env=NET_ENV,
-        nccl_conf=NCCL_CONF, tier=profile.name,
+        nccl_conf=NCCL_CONF, tier=profile.name, packages=json.dumps(list(PACKAGES)),
     )
 
 
-def cloud_config(cluster, mtu: int) -> dict:
-    """The cloud-config document (a dict) for every node of `cluster`, its private NIC at `mtu`."""
+def cloud_config(cluster, mtu: int, nccl: dict[str, str]) -> dict:
+    """The cloud-config document (a dict) for every node of `cluster`: its private NIC at `mtu`,
+    NCCL's settings `nccl`."""
     profile = tier_profile(cluster.tier)
 
     def file(path, content, mode="0644"):
@@ -147,7 +168,7 @@ def cloud_config(cluster, mtu: int) -> dict:
         "write_files": [
             file(SYSCTL_FILE, sysctl_conf(profile)),
             file(MODULES_FILE, "tcp_bbr\nsch_fq\n"),
-            file(NCCL_CONF, nccl_conf(profile)),
+            file(NCCL_CONF, nccl_conf(nccl)),
             file(NET_SCRIPT, net_script(cluster.private_cidr, mtu), "0755"),
             file(UNIT_FILE, UNIT_TEXT),
             file(READY_SCRIPT, ready_script(profile), "0755"),
@@ -164,14 +185,15 @@ def cloud_config(cluster, mtu: int) -> dict:
     }
 
 
-def render_cloud_init(cluster, mtu: int, limit: int) -> str:
+def render_cloud_init(cluster, mtu: int, limit: int, nccl: dict[str, str] | None = None) -> str:
     """User data for `cluster`'s nodes: `#cloud-config` followed by the document as JSON.
 
     JSON is valid YAML, so cloud-init reads it as is, and no YAML library or quoting rules
     stand between the scripts above and the node. The same text serves every node: each one
     finds its own private NIC at boot.
     """
-    text = "#cloud-config\n" + json.dumps(cloud_config(cluster, mtu), indent=1) + "\n"
+    nccl = tier_profile(cluster.tier).nccl if nccl is None else nccl
+    text = "#cloud-config\n" + json.dumps(cloud_config(cluster, mtu, nccl), indent=1) + "\n"
     if len(text.encode()) > limit:
         raise FatpipeError(f"user data for {cluster.name} is {len(text.encode())} bytes; {cluster.provider} allows {limit}")
     return text

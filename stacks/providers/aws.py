@@ -8,6 +8,8 @@ from fatpipe.infra.errors import FatpipeError
 
 from .base import Provider
 
+SINGLE_FLOW_GBPS = 10  # EC2's limit for one flow, even inside a cluster placement group
+
 
 class Aws(Provider):
     name = "aws"
@@ -19,12 +21,26 @@ class Aws(Provider):
 
         return AwsClusterConstruct(scope, "cluster_resources", cluster=cluster,
                                    machine=self.machine(cluster, project.root),
-                                   user_data=self.user_data(cluster))
+                                   user_data=self.user_data(cluster), project_id=project.project_id)
 
-    def preflight(self, cluster, project) -> None:
+    def nccl_env(self, cluster) -> dict[str, str]:
+        # NCCL recognises AWS's ENA and opens 2 threads x 8 sockets per peer by itself: the
+        # tier's counts would only lower that.
+        return {"NCCL_IB_DISABLE": "1"}
+
+    def warnings(self, cluster) -> list[str]:
+        if cluster.tier_gbps > SINGLE_FLOW_GBPS and not cluster.gpus_per_node:
+            return [f"{cluster.name}: AWS caps one TCP flow at {SINGLE_FLOW_GBPS} Gbit/s (5 outside a "
+                    "placement group) and gloo, the CPU backend, opens one flow per peer: a CPU cluster "
+                    f"cannot reach tier {cluster.tier}; NCCL on GPU nodes spreads over many flows. "
+                    "netcheck shows single- against multi-flow throughput."]
+        return []
+
+    def preflight(self, cluster, project, log=None):
         from .aws_api import preflight  # boto3: only for AWS clusters
 
         preflight(cluster, root=project.root)
+        return cluster
 
     def refresh_catalog(self, region: str, root: Path) -> Path:
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError

@@ -48,18 +48,22 @@ ROOT_GIB = {"cpu": 30, "gpu": 100}  # the GPU AMI's own snapshot is ~75 GB
 class AwsClusterConstruct(ClusterConstruct):
     """The cluster's AWS resources; `vpc`, `subnet`, `security_group`, `key`, `nodes` are what it built."""
 
-    def __init__(self, scope, id: str, *, cluster, machine: MachineType, user_data: str):
+    def __init__(self, scope, id: str, *, cluster, machine: MachineType, user_data: str, project_id: str):
         super().__init__(scope, id)
         self.cluster, self.machine = cluster, machine
+        # Account-wide names carry the project id: two projects' `demo` clusters never collide.
+        self.unique_name = f"fatpipe-{cluster.name}-{project_id}"
         # The provider belongs to the stack (one per stack), not to the cluster construct.
         AwsProvider(
             scope, "aws", region=cluster.region,
-            default_tags=[AwsProviderDefaultTags(tags=literal_map({"fatpipe:cluster": cluster.name, "managed-by": "fatpipe"}))],
+            default_tags=[AwsProviderDefaultTags(tags=literal_map({
+                "fatpipe:cluster": cluster.name, "fatpipe:project": project_id, "managed-by": "fatpipe"}))],
         )
         # A fully qualified source lets both terraform and tofu apply the JSON (opentofu#2402).
         scope.add_override("terraform.required_providers.aws.source", PROVIDER_SOURCE)
         self._network()
-        self.key = KeyPair(self, "key", key_name_prefix=f"fatpipe-{cluster.name}-", public_key=literal(cluster.public_key))
+        self.key = KeyPair(self, "key", key_name_prefix=literal(f"{self.unique_name}-"),
+                           public_key=literal(cluster.public_key))
         # One copy of the user data in the JSON, however many nodes share it.
         self.user_data = TerraformLocal(self, "user_data", literal(user_data))
         self.nodes = self._nodes()
@@ -91,13 +95,16 @@ class AwsClusterConstruct(ClusterConstruct):
         table = RouteTable(self, "routes", vpc_id=self.vpc.id)
         self.internet_route = Route(self, "internet", route_table_id=table.id,
                                     destination_cidr_block="0.0.0.0/0", gateway_id=igw.id)
-        RouteTableAssociation(self, "subnet_routes", subnet_id=self.subnet.id, route_table_id=table.id)
+        association = RouteTableAssociation(self, "subnet_routes", subnet_id=self.subnet.id,
+                                            route_table_id=table.id)
+        # A node that boots before its route, association or rules exist has no egress: apt fails.
+        self.egress_ready = [self.internet_route, association]
         self.security_group = self._security_group()
 
     def _security_group(self) -> SecurityGroup:
         """SSH from `ssh_cidr` only, everything between members, and explicit egress for apt/pip."""
         cluster = self.cluster
-        group = SecurityGroup(self, "members", name=f"fatpipe-{cluster.name}", vpc_id=self.vpc.id,
+        group = SecurityGroup(self, "members", name=literal(self.unique_name), vpc_id=self.vpc.id,
                               description=literal(f"fatpipe cluster {cluster.name}: SSH from ssh_cidr, all traffic between members"))
         ssh_net = ipaddress.ip_network(cluster.ssh_cidr)
         source = {"cidr_ipv6" if ssh_net.version == 6 else "cidr_ipv4": str(ssh_net)}
@@ -119,9 +126,9 @@ class AwsClusterConstruct(ClusterConstruct):
                          description="HTTP: Ubuntu apt mirrors"),
         }
         for name, rule in ingress.items():
-            VpcSecurityGroupIngressRule(self, f"in_{name}", security_group_id=group.id, **rule)
+            self.egress_ready.append(VpcSecurityGroupIngressRule(self, f"in_{name}", security_group_id=group.id, **rule))
         for name, rule in egress.items():
-            VpcSecurityGroupEgressRule(self, f"out_{name}", security_group_id=group.id, **rule)
+            self.egress_ready.append(VpcSecurityGroupEgressRule(self, f"out_{name}", security_group_id=group.id, **rule))
         return group
 
     def _ami(self) -> str:
@@ -143,7 +150,7 @@ class AwsClusterConstruct(ClusterConstruct):
         placement = None
         if machine.cluster_placement:
             # One rack-local group: the lowest latency and the full per-flow bandwidth between nodes.
-            placement = PlacementGroup(self, "placement", name=f"fatpipe-{cluster.name}",
+            placement = PlacementGroup(self, "placement", name=literal(self.unique_name),
                                        strategy="cluster").name
         nodes = TerraformIterator.from_map({cluster.node_name(i): cluster.private_ip(i) for i in range(cluster.nodes)})
         # IMDSv2 only. Hop limit 1: nothing in a container or behind a forwarding hop on the node
@@ -167,10 +174,13 @@ class AwsClusterConstruct(ClusterConstruct):
             ebs_optimized=True,
             monitoring=True,  # 1-minute CloudWatch NetworkIn/Out: link use without logging in
             user_data=self.user_data.as_string,
+            # Changed user data must boot a fresh node: a stop/start would not rerun cloud-init,
+            # the old tuning would stay, and `fatpipe wait` would never pass.
+            user_data_replace_on_change=True,
             metadata_options=metadata,
             root_block_device=root,
             # A newer AMI in the SSM parameter must not replace running nodes.
             lifecycle=TerraformResourceLifecycle(ignore_changes=["ami"]),
-            depends_on=[self.internet_route],
+            depends_on=self.egress_ready,
             tags={"Name": Token.as_string(nodes.key)},
         )

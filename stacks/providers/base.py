@@ -31,11 +31,21 @@ class Provider(ABC):
     def construct(self, scope, cluster, project) -> ClusterConstruct:
         """Add the cluster's resources to `scope` (a TerraformStack) as one construct."""
 
+    def nccl_env(self, cluster) -> dict[str, str]:
+        """NCCL's settings on this provider's nodes: the tier's socket threads by default."""
+        from fatpipe.infra.tiers import tier_profile
+
+        return dict(tier_profile(cluster.tier).nccl)
+
     def user_data(self, cluster) -> str:
         """The node profile as cloud-init user data, for this provider's MTU and size limit."""
         from fatpipe.stacks.node_profile import render_cloud_init
 
-        return render_cloud_init(cluster, self.mtu, self.user_data_limit)
+        return render_cloud_init(cluster, self.mtu, self.user_data_limit, self.nccl_env(cluster))
+
+    def warnings(self, cluster) -> list[str]:
+        """What the user should know before deploying this cluster (shown by synth)."""
+        return []
 
     def machine(self, cluster, root: Path | None = None) -> MachineType:
         """The machine type the cluster's nodes get (named, else the cheapest for the tier)."""
@@ -45,8 +55,14 @@ class Provider(ABC):
         """The machine and the estimated $/hour of all the cluster's nodes."""
         return estimate(cluster, root)
 
-    def preflight(self, cluster, project) -> None:  # noqa: B027 - most providers have nothing to ask
-        """Raise FatpipeError, one line, if the cluster cannot be deployed as declared."""
+    def preflight(self, cluster, project, log=None):
+        """Ask the provider's API whether `cluster` can be deployed as declared.
+
+        Raises FatpipeError (one line) if not; returns the cluster to deploy, with what the
+        API settled filled in (for instance an SSH key already on the account); `log` takes
+        warnings. By default there is nothing to ask.
+        """
+        return cluster
 
     def refresh_catalog(self, region: str, root: Path) -> Path:
         """Refresh the machine catalog of `region` from the provider's API; return its file."""

@@ -15,7 +15,7 @@ class DigitalOcean(Provider):
 
         return DigitalOceanClusterConstruct(scope, "cluster_resources", cluster=cluster,
                                             size=self.machine(cluster, project.root),
-                                            user_data=self.user_data(cluster))
+                                            user_data=self.user_data(cluster), project_id=project.project_id)
 
 
 DIGITALOCEAN = DigitalOcean()

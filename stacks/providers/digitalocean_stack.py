@@ -29,17 +29,19 @@ ANYWHERE = ["0.0.0.0/0", "::/0"]
 class DigitalOceanClusterConstruct(ClusterConstruct):
     """The cluster's DigitalOcean resources; `vpc`, `tag`, `firewall`, `nodes` are what it built."""
 
-    def __init__(self, scope, id: str, *, cluster, size: MachineType, user_data: str):
+    def __init__(self, scope, id: str, *, cluster, size: MachineType, user_data: str, project_id: str):
         super().__init__(scope, id)
         self.cluster = cluster
+        # Account-wide names carry the project id: two projects' `demo` clusters never collide.
+        self.unique_name = unique = literal(f"fatpipe-{cluster.name}-{project_id}")
         DigitaloceanProvider(scope, "digitalocean")
         # A fully qualified source lets both terraform and tofu apply the JSON (opentofu#2402).
         scope.add_override("terraform.required_providers.digitalocean.source", PROVIDER_SOURCE)
-        self.vpc = Vpc(self, "vpc", name=literal(f"fatpipe-{cluster.name}"), region=cluster.region,
+        self.vpc = Vpc(self, "vpc", name=unique, region=cluster.region,
                        ip_range=cluster.private_cidr, description=literal(f"fatpipe cluster {cluster.name}"))
         fingerprint = cluster.ssh_key_fingerprint or SshKey(
-            self, "key", name=literal(f"fatpipe-{cluster.name}"), public_key=literal(cluster.public_key)).fingerprint
-        self.tag = Tag(self, "members", name=literal(f"fatpipe-{cluster.name}"))
+            self, "key", name=unique, public_key=literal(cluster.public_key)).fingerprint
+        self.tag = Tag(self, "members", name=unique)
         self.firewall = self._firewall()
         self.user_data = TerraformLocal(self, "user_data", literal(user_data))
         names = [cluster.node_name(i) for i in range(cluster.nodes)]
@@ -93,5 +95,5 @@ class DigitalOceanClusterConstruct(ClusterConstruct):
             out("udp", "123", destination_addresses=ANYWHERE),  # NTP
             out("icmp", destination_addresses=ANYWHERE),  # mtr/ping, path-MTU replies
         ]
-        return Firewall(self, "firewall", name=literal(f"fatpipe-{self.cluster.name}"), tags=[tag],
+        return Firewall(self, "firewall", name=self.unique_name, tags=[tag],
                         inbound_rule=inbound, outbound_rule=outbound)

@@ -109,7 +109,7 @@ def test_modules_and_functions_stay_small():
 
 def test_train_keys_are_the_trainers_flags():
     """[train] (TrainSpec) and the trainer's TrainConfig must agree: the trainer imports nothing else."""
-    from fatpipe.infra.spec import TrainSpec
+    from fatpipe.infra.trainspec import TrainSpec
     from fatpipe.trainer.config import COMMS, PRESETS, TrainConfig
 
     config = TrainConfig()

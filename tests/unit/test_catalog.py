@@ -81,7 +81,7 @@ def test_a_type_below_the_tier_is_refused_naming_one_that_qualifies(key):
     message = str(refused.value)
     assert "clusters.east.instance_type: c5.large has 0.75 Gbit/s baseline, bursts to 10 on credits" in message
     assert "below tier 10g" in message and "c7gn.xlarge qualifies" in message
-    with pytest.raises(ConfigError, match="size: s-2vcpu-4gb has 2 Gbit/s baseline.*s-2vcpu-4gb-amd qualifies"):
+    with pytest.raises(ConfigError, match="size: s-2vcpu-4gb has 2 Gbit/s documented limit.*s-2vcpu-4gb-amd qualifies"):
         catalog.machine_for(do(key, tier="10g", size="s-2vcpu-4gb"))
     with pytest.raises(ConfigError, match="no digitalocean type .* reaches tier 25g"):
         catalog.machine_for(do(key, tier="25g"))
@@ -95,7 +95,9 @@ def test_a_type_below_the_tier_is_refused_naming_one_that_qualifies(key):
 def test_estimate_prices_the_whole_cluster(key):
     est = catalog.estimate(aws(key, nodes=4))
     assert (est.machine, est.baseline_gbps) == ("c7gn.xlarge", 12.5)
-    assert est.hourly == pytest.approx(4 * 0.2496)
+    # The machine, its public IPv4 address and detailed monitoring, for each node.
+    assert est.hourly == pytest.approx(4 * (0.2496 + 0.005 + 0.00288))
+    assert est.extras == ("public IPv4 address", "detailed monitoring")
     assert "us-east-1" in est.prices and "2025" in est.prices
 
 

@@ -7,7 +7,7 @@ import json
 import pytest
 
 from fatpipe.infra.project import load_project
-from fatpipe.infra.spec import TrainSpec
+from fatpipe.infra.trainspec import TrainSpec
 
 
 @pytest.fixture

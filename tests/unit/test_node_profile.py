@@ -11,7 +11,7 @@ import pytest
 
 from fatpipe.infra import node
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.spec import AwsCluster, SimCluster
+from fatpipe.infra.spec import AwsCluster, DigitalOceanCluster, SimCluster
 from fatpipe.infra.tiers import tier_profile
 from fatpipe.stacks.node_profile import render_cloud_init
 from fatpipe.stacks.providers import PROVIDERS
@@ -46,8 +46,8 @@ def test_user_data_has_sysctls_bbr_nccl_packages_and_a_ready_step_last(aws_clust
     conf = written["/etc/sysctl.d/60-fatpipe.conf"]["content"]
     assert "net.ipv4.tcp_wmem = 4096 65536 33554432\n" in conf
     assert "tcp_bbr" in written["/etc/modules-load.d/fatpipe.conf"]["content"]
-    assert written["/etc/nccl.conf"]["content"] == (
-        "NCCL_SOCKET_NTHREADS=2\nNCCL_NSOCKS_PERTHREAD=4\nNCCL_IB_DISABLE=1\n")
+    # On AWS NCCL picks its own socket counts for ENA (2 x 8); the tier's would lower them.
+    assert written["/etc/nccl.conf"]["content"] == "NCCL_IB_DISABLE=1\n"
     assert written["/usr/local/sbin/fatpipe-net"]["permissions"] == "0755"
     assert "WantedBy=multi-user.target" in written["/etc/systemd/system/fatpipe-net.service"]["content"]
     assert set(doc["packages"]) == {"htop", "iftop", "net-tools", "mtr-tiny", "iperf3", "rsync", "python3-venv"}
@@ -100,8 +100,26 @@ def test_ready_script_reads_back_values_as_json(aws_cluster, tmp_path):
     assert (doc["iface"], doc["private_ip"], doc["tier"]) == ("lo", "127.0.0.1", "10g")
     assert isinstance(doc["mtu"], int) and doc["mtu"] > 0
     assert doc["nccl"]["NCCL_SOCKET_IFNAME"] == "lo"
+    assert set(doc["packages"]) == {"htop", "iftop", "net-tools", "mtr-tiny", "iperf3", "rsync", "python3-venv"}
+    assert isinstance(doc["qdisc"], list)
     if doc["sysctls"]["net.ipv4.tcp_rmem"] is not None:
         assert "\t" not in doc["sysctls"]["net.ipv4.tcp_rmem"]
+
+
+def test_other_providers_get_the_tiers_nccl_sockets(aws_cluster):
+    do = DigitalOceanCluster(provider="digitalocean", name="d", region="nyc3", nodes=2, tier="10g",
+                             ssh_public_key=aws_cluster.ssh_public_key, ssh_cidr="203.0.113.7/32")
+    written = files(parsed(PROVIDERS["digitalocean"].user_data(do)))
+    assert written["/etc/nccl.conf"]["content"] == (
+        "NCCL_SOCKET_NTHREADS=2\nNCCL_NSOCKS_PERTHREAD=4\nNCCL_IB_DISABLE=1\n")
+
+
+def test_net_script_makes_nccl_exact_and_rebuilds_the_qdisc(aws_cluster):
+    script = files(parsed(user_data("aws", aws_cluster, "1g")))["/usr/local/sbin/fatpipe-net"]["content"]
+    assert 'echo "NCCL_SOCKET_IFNAME==$IFACE"' in script  # =ens5: exactly ens5, not ens50
+    assert "GLOO_SOCKET_IFNAME=%s" in script  # gloo takes one exact name, no =
+    assert 'tc qdisc del dev "$IFACE" root' in script
+    assert script.index("qdisc del") > script.index('mtu "$MTU"')
 
 
 def test_digitalocean_and_sim_render_too():

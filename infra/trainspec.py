@@ -1,0 +1,45 @@
+"""The `[train]` table of fatpipe.toml: defaults for the built-in trainer, one key per trainer flag."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class Strict(BaseModel):
+    """A table of fatpipe.toml: unknown keys are errors, defaults are validated too."""
+
+    model_config = ConfigDict(extra="forbid", validate_default=True)
+
+
+class TrainSpec(Strict):
+    """Defaults for the built-in trainer; each key maps to the trainer flag --key-with-dashes."""
+
+    preset: Literal["tiny", "small", "124m"] = "small"
+    steps: int = Field(200, ge=1)
+    comm: Literal["auto", "none", "bf16", "fp16", "powersgd"] = "auto"
+    batch_size: int = Field(8, ge=1)
+    seq_len: int = Field(256, ge=8, le=8192)
+    grad_accum: int = Field(1, ge=1)
+    lr: float = Field(6e-4, gt=0, le=1)
+    warmup_steps: int = Field(20, ge=0)
+    checkpoint_every: int = Field(50, ge=1)
+    bucket_cap_mb: float = Field(25.0, gt=0)
+    seed: int = 1337
+    data: str | None = None
+    compile: bool = False
+    powersgd_rank: int = Field(4, ge=1)
+
+    def trainer_args(self) -> list[str]:
+        """The trainer's command-line flags for these settings."""
+        args: list[str] = []
+        for key, value in self.model_dump().items():
+            flag = "--" + key.replace("_", "-")
+            if value is None:
+                continue
+            if isinstance(value, bool):
+                args.append(flag if value else "--no-" + key.replace("_", "-"))
+            else:
+                args += [flag, str(value)]
+        return args
