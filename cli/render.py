@@ -195,6 +195,9 @@ def netcheck_tables(doc: dict, console) -> None:
             slow = pair.get("error") or pair["best_gbps"] < threshold
             pairs.add_row(pair["client"], *cells, best, style="red" if slow else None)
         console.print(pairs)
+        if p2p.get("single_flow_gbps") is not None:
+            console.print(f"slowest pair: {p2p['single_flow_gbps']:.3f} Gbit/s on one flow (what gloo gets per "
+                          f"peer), {p2p['multi_flow_gbps']:.3f} on {max(counts)} (what NCCL can spread over)")
     console.print(f"small-message all-reduce latency: {doc['latency_s'] * 1e6:.1f} us "
                   f"({doc['latency_bytes']} B, slowest rank)")
     gate = doc["gate"]

@@ -184,6 +184,12 @@ def pairs_from_bench(p2p: dict | None, names: dict[str, str]) -> list[PairResult
             for client, e in by_client.items()]
 
 
+def worst_pair(pairs: list[PairResult], pick) -> float | None:
+    """The slowest pair's rate at its fewest (pick=min) or most (pick=max) streams."""
+    rates = [p.gbps_by_streams[pick(p.gbps_by_streams)] for p in pairs if p.gbps_by_streams]
+    return min(rates) if rates else None
+
+
 def netcheck_doc(bench: dict, outputs, options: NetcheckOptions, run_id: str = "") -> dict:
     """netcheck.json: the sweep, the pairs, the latency and the gate, with the keys comm=auto reads."""
     names = {node.private_ip: node.name for node in outputs.nodes}
@@ -216,6 +222,10 @@ def netcheck_doc(bench: dict, outputs, options: NetcheckOptions, run_id: str = "
             "pairs": [{"server": p.server, "client": p.client, "best_gbps": p.best_gbps,
                        "gbps_by_streams": {str(n): g for n, g in sorted(p.gbps_by_streams.items())},
                        "error": p.error} for p in pairs],
+            # gloo opens one TCP flow per peer, NCCL many: a provider that caps a single flow
+            # (AWS: 10 Gbit/s) shows here as single-flow well below multi-flow.
+            "single_flow_gbps": worst_pair(pairs, min),
+            "multi_flow_gbps": worst_pair(pairs, max),
         },
         "gate": {**gate.to_json(), "enforced": options.enforce},
         "bench_elapsed_s": bench.get("elapsed_s"),

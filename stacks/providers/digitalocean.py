@@ -17,5 +17,10 @@ class DigitalOcean(Provider):
                                             size=self.machine(cluster, project.root),
                                             user_data=self.user_data(cluster), project_id=project.project_id)
 
+    def preflight(self, cluster, project, log=None):
+        from .digitalocean_api import preflight  # a test may stand in for this module
+
+        return preflight(cluster, project, size=self.machine(cluster, project.root).name, log=log)
+
 
 DIGITALOCEAN = DigitalOcean()

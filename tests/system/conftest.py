@@ -1,19 +1,32 @@
-"""System-test fixtures: a real sshd on a loopback port, and outputs that reach it."""
+"""System-test fixtures: a real sshd on a loopback port, and terraform with the real AWS provider."""
 
 from __future__ import annotations
 
 import getpass
+import json
 import os
 import shutil
 import socket
 import subprocess
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 from conftest import skip_or_fail
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
+
+
+def wait_for_port(port: int, proc: subprocess.Popen, timeout_s: float) -> bool:
+    """Whether a server `proc` listens on 127.0.0.1:`port` within `timeout_s` (False: it died or is late)."""
+    deadline = time.monotonic() + timeout_s
+    while proc.poll() is None and time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return True
+        time.sleep(0.1)
+    return False
 
 
 def free_port() -> int:
@@ -62,14 +75,8 @@ Host 127.0.0.1
     monkeypatch.setenv("FATPIPE_SSH_CONFIG", str(base / "ssh_config"))
     monkeypatch.setenv("FATPIPE_REMOTE_DIR", str(base / "remote" / "{node}"))
     monkeypatch.setenv("FATPIPE_SSH_CONTROL_DIR", str(base / "cm"))
-    deadline = time.monotonic() + 10
-    while True:
-        with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
-                break
-        if proc.poll() is not None or time.monotonic() > deadline:
-            pytest.fail("sshd did not start: " + (base / "sshd.log").read_text())
-        time.sleep(0.1)
+    if not wait_for_port(port, proc, timeout_s=10):
+        pytest.fail("sshd did not start: " + (base / "sshd.log").read_text())
     yield base
     proc.terminate()
     proc.wait(10)
@@ -86,3 +93,66 @@ def ssh_outputs(rdzv_port: int) -> dict:
         "nodes": [{"name": f"demo-{i}", "public_ip": "127.0.0.1", "private_ip": f"127.0.0.{10 + i}",
                    "transport": "ssh"} for i in range(2)],
     }
+
+
+# -- Terraform with the real hashicorp/aws provider, from a filesystem mirror (no registry) --------
+
+PLUGIN_DIR_ENV = "FATPIPE_TF_PLUGIN_DIR"  # a folder holding registry.terraform.io/hashicorp/aws/...
+# Where Terraform itself looks for an unpacked mirror when no CLI config names one.
+IMPLIED_MIRRORS = ("~/.terraform.d/plugins", "~/.local/share/terraform/plugins",
+                   "/usr/local/share/terraform/plugins", "/usr/share/terraform/plugins")
+
+
+@dataclass(frozen=True)
+class AwsMirror:
+    """The mirror, the provider version it holds, and the environment that makes terraform use it."""
+
+    plugin_dir: Path
+    version: str
+    env: dict
+
+    def pin(self, stack_dir: Path) -> None:
+        """Pin hashicorp/aws to the mirror's version in this scratch stack folder (an override file)."""
+        pin = {"terraform": {"required_providers": {"aws": {
+            "source": "registry.terraform.io/hashicorp/aws", "version": self.version}}}}
+        (stack_dir / "mirror_version_override.tf.json").write_text(json.dumps(pin))
+
+
+def find_aws_mirror() -> Path | None:
+    candidates = [os.environ.get(PLUGIN_DIR_ENV)] + [os.path.expanduser(p) for p in IMPLIED_MIRRORS]
+    for base in filter(None, candidates):
+        if any(Path(base).glob("registry.terraform.io/hashicorp/aws/*/linux_amd64/terraform-provider-aws_*")):
+            return Path(base)
+    return None
+
+
+@pytest.fixture(scope="session")
+def aws_mirror(tmp_path_factory) -> AwsMirror:
+    if not shutil.which("terraform"):
+        skip_or_fail("terraform not found")
+    base = find_aws_mirror()
+    if base is None:
+        skip_or_fail(f"no hashicorp/aws provider mirror (set {PLUGIN_DIR_ENV} to the folder holding "
+                     "registry.terraform.io/hashicorp/aws/<version>/linux_amd64/)")
+    version = sorted(p.name for p in (base / "registry.terraform.io/hashicorp/aws").iterdir())[-1]
+    config = tmp_path_factory.mktemp("tf") / "terraform.rc"
+    config.write_text(f"""\
+provider_installation {{
+  filesystem_mirror {{
+    path    = "{base}"
+    include = ["registry.terraform.io/hashicorp/aws"]
+  }}
+  direct {{
+    exclude = ["registry.terraform.io/hashicorp/aws"]
+  }}
+}}
+disable_checkpoint = true
+""")
+    print(f"terraform uses hashicorp/aws {version} from the mirror {base}; scratch stacks are pinned to it")
+    return AwsMirror(base, version, {"TF_CLI_CONFIG_FILE": str(config), "CHECKPOINT_DISABLE": "1"})
+
+
+def terraform(args: list[str], cwd: Path, env: dict, timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run terraform in `cwd`; the result carries the output for assertion messages."""
+    return subprocess.run(["terraform", *args, "-no-color"], cwd=cwd, env={**os.environ, **env},
+                          capture_output=True, text=True, timeout=timeout)

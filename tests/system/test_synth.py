@@ -43,7 +43,8 @@ def test_synth_prints_machines_bandwidth_price_and_paths(run_cli, project_dir):
     rows = {r["cluster"]: r for r in json.loads(result.output)["clusters"]}
     assert sorted(rows) == sorted(names)
     assert (rows["aws"]["machine"], rows["aws"]["baseline_gbps"], rows["aws"]["tier"]) == ("c7gn.xlarge", 12.5, "10g")
-    assert rows["aws"]["usd_per_hour"] == pytest.approx(4 * 0.2496, abs=1e-4)
+    # Machines plus, per node, a public IPv4 address and detailed monitoring.
+    assert rows["aws"]["usd_per_hour"] == pytest.approx(4 * (0.2496 + 0.005 + 0.00288), abs=1e-4)
     assert rows["do"]["machine"] == "s-2vcpu-4gb" and rows["do"]["usd_per_hour"] > 0
     assert rows["local"]["usd_per_hour"] == 0
     for name, row in rows.items():
@@ -52,7 +53,8 @@ def test_synth_prints_machines_bandwidth_price_and_paths(run_cli, project_dir):
 
     table = run_cli("synth", "aws")
     assert table.exit_code == 0, table.output
-    for text in ("c7gn.xlarge", "12.5", "10g", "1.00", "cdktf.out/stacks/aws/cdk.tf.json", "2025-06"):
+    for text in ("c7gn.xlarge", "12.5", "10g", "1.03", "cdktf.out/stacks/aws/cdk.tf.json", "2025-06",
+                 "public IPv4 address"):
         assert text in table.output
 
 

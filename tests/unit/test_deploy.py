@@ -51,11 +51,13 @@ def calls(monkeypatch):
     """Record preflight and engine calls; the engine 'applies' by returning terraform's JSON."""
     seen: list[str] = []
 
-    def preflight(cluster, root=None):
+    def preflight(cluster, *args, **kwargs):
         seen.append(f"preflight {cluster.name}")
+        return cluster
 
-    monkeypatch.setitem(__import__("sys").modules, "fatpipe.stacks.providers.aws_api",
-                        types.SimpleNamespace(preflight=preflight))
+    for api in ("aws_api", "digitalocean_api"):
+        monkeypatch.setitem(__import__("sys").modules, f"fatpipe.stacks.providers.{api}",
+                            types.SimpleNamespace(preflight=preflight))
 
     class FakeRunner:
         def __init__(self, engine_name, project, name, log):
@@ -101,9 +103,9 @@ def test_yes_skips_the_question_and_writes_bare_outputs(cloud_project, calls):
     assert written == out.model_dump(mode="json") and written["nodes"][0]["public_ip"] == "54.1.2.3"
 
 
-def test_digitalocean_asks_but_has_no_preflight(cloud_project, calls):
+def test_digitalocean_runs_its_preflight_and_asks(cloud_project, calls):
     engine.deploy_cluster(cloud_project, "c-do", confirm=lambda q: True)
-    assert calls == ["runner terraform", "apply c-do"]
+    assert calls == ["preflight c-do", "runner terraform", "apply c-do"]
 
 
 def test_sim_never_asks_and_keeps_extra_node_fields(cloud_project, calls):

@@ -205,6 +205,15 @@ def test_netcheck_doc_names_the_slow_node_by_its_ip():
     assert doc["gate"]["reasons"][0].startswith("node demo-2: p2p 0.24 Gbit/s to demo-0 is below")
 
 
+def test_single_flow_is_reported_against_multi_flow():
+    """A provider that caps one flow (AWS: 10 Gbit/s) shows as single-flow below multi-flow."""
+    doc = bench(n=3)
+    for r in doc["p2p"]["results"]:
+        r["gbps"] = 0.4 if r["streams"] == 1 else 0.9
+    p2p = netcheck_doc(doc, outputs(n=3), NetcheckOptions())["p2p"]
+    assert (p2p["single_flow_gbps"], p2p["multi_flow_gbps"]) == (0.4, 0.9)
+
+
 def test_pairs_keep_a_failed_stream_count_out():
     p2p = bench()["p2p"]
     p2p["results"][1] = {**p2p["results"][1], "error": "timed out", "gbps": None}
