@@ -87,6 +87,12 @@ BAD_CONFIGS = [
     ("sim-loopback-clash", "[clusters.a]\nprovider='sim'\nprivate_cidr='10.16.0.0/24'\n[clusters.b]\nprovider='sim'\nprivate_cidr='172.16.0.0/24'\n", "clusters", "share addresses"),
     ("s3-without-bucket", "[clusters.a]\nprovider='sim'\n[clusters.a.backend]\ntype='s3'\n", "clusters.a.backend", "bucket"),
     ("not-toml", "[clusters.a\nprovider='sim'\n", "fatpipe.toml", "not valid TOML"),
+    ("aws-cidr-too-wide", lambda k: aws(k, private_cidr='"10.0.0.0/12"'), "clusters.east", "/16 to /28"),
+    ("do-cidr-too-narrow", lambda k: aws(k, provider='"digitalocean"', region='"nyc3"', private_cidr='"10.42.0.0/26"'),
+     "clusters.east", "/16 to /24"),
+    ("do-s3-without-region", lambda k: aws(k, provider='"digitalocean"', region='"nyc3"')
+     + "[clusters.east.backend]\ntype='s3'\nbucket='b'\n", "clusters.east", "backend.region"),
+    ("reserved-project-id", "[clusters.project-id]\nprovider='sim'\n", "clusters", "reserved"),
 ]
 
 

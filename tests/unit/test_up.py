@@ -47,6 +47,20 @@ def test_node_states_name_what_is_missing(tmp_path):
     assert not state.reachable and state.reason.startswith("unreachable: ")
 
 
+def test_a_node_whose_boot_went_wrong_is_not_ready(tmp_path):
+    """The node profile's marker: packages that did not install, a qdisc that is not fq."""
+    n = node(tmp_path)
+    good = {"iface": "ens5", "packages": {"iperf3": True, "rsync": True}, "qdisc": ["mq", "fq", "fq"]}
+    (tmp_path / "ready-0.json").write_text(json.dumps(good))
+    assert check_node(LocalTransport(n.name), n, {}).ready
+    for change, reason in [({"packages": {"iperf3": False, "rsync": True}}, "packages not installed: iperf3"),
+                           ({"qdisc": ["mq", "pfifo_fast"]}, "qdisc mq pfifo_fast on ens5"),
+                           ({"qdisc": ["fq_codel"]}, "qdisc fq_codel")]:
+        (tmp_path / "ready-0.json").write_text(json.dumps({**good, **change}))
+        state = check_node(LocalTransport(n.name), n, {})
+        assert not state.ready and state.reason.startswith(reason), state.reason
+
+
 def test_wait_command_times_out_with_per_node_reasons(run_cli, project_dir):
     outputs = {"name": "demo", "provider": "sim", "tier_gbps": 1, "private_cidr": "10.42.0.0/24",
                "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}", "transport": "local",
