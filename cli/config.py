@@ -14,13 +14,18 @@ from .options import cluster_argument, console, pass_project
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @pass_project
 def config(project, cluster: str | None, as_json: bool):
-    """Show the resolved cluster and train settings (all clusters when none is named)."""
+    """Show the resolved cluster and train settings (all clusters when none is named), and what
+    looks valid but surely is not meant."""
+    from fatpipe.infra.project import train_warnings
+
     clusters = [project.cluster(cluster)] if cluster else list(project.clusters.values())
+    warnings = train_warnings(project.train)
     if as_json:
         doc = {
             "config": project.label,
             "clusters": {c.name: c.model_dump(mode="json") for c in clusters},
             "train": project.train.model_dump(mode="json"),
+            "warnings": warnings,
         }
         click.echo(json.dumps(doc, indent=2))
         return
@@ -29,6 +34,8 @@ def config(project, cluster: str | None, as_json: bool):
     for c in clusters:
         out.print(_table(f"cluster {c.name}", c.model_dump(mode="json")))
     out.print(_table("train", project.train.model_dump(mode="json")))
+    for warning in warnings:
+        out.print(f"[yellow]warning[/]: {warning}", highlight=False)
 
 
 def _table(title: str, values: dict):

@@ -12,7 +12,7 @@ from .options import (
     verbose_option,
     yes_option,
 )
-from .steps import deploy_outputs
+from .steps import changing, deploy_outputs
 
 
 @click.command()
@@ -26,7 +26,9 @@ def deploy(project, cluster: str | None, engine: str, yes: bool, verbose: bool):
     from fatpipe.infra.runs import outputs_file
 
     out = console()
-    outputs = deploy_outputs(project, cluster, engine, yes, verbose)
+    name = project.cluster(cluster).name
+    with changing(project, name, "deploy"):
+        outputs = deploy_outputs(project, name, engine, yes, verbose)
     for node in outputs.nodes:
         where = node.netns or node.public_ip or node.transport
         out.print(f"  {node.name:<20} {node.private_ip:<15} {where}")

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from .options import cluster_argument, console, engine_option, pass_project, verbose_option
-from .steps import terraform_log
+from .steps import TeardownAbandoned, changing, guarded_teardown, terraform_log
 
 
 @click.command()
@@ -14,10 +16,34 @@ from .steps import terraform_log
 @verbose_option
 @pass_project
 def down(project, cluster: str | None, engine: str, verbose: bool):
-    """Destroy every node of the cluster (a sim cluster's namespaces and bridge too)."""
+    """Destroy every node of the cluster (a sim cluster's namespaces and bridge too).
+
+    Only this project's resources: a sim namespace of the same name that another project folder
+    deployed is left alone and named. Ctrl-C asks before abandoning the teardown.
+    """
     from fatpipe.stacks.engine import destroy_cluster
 
-    name = cluster or project.cluster(None).name
-    swept = destroy_cluster(project, name, engine=engine, log=terraform_log(verbose))
-    note = f" (also removed leftovers: {', '.join(swept)})" if swept else ""
-    console().print(f"{name}: destroyed{note}")
+    name = _known(project, cluster)
+    out = console()
+    with changing(project, name, "down"):
+        try:
+            with guarded_teardown(out, f"the teardown of {name}"):
+                result = destroy_cluster(project, name, engine=engine, log=terraform_log(verbose))
+        except TeardownAbandoned:
+            out.print(f"[red]teardown of {name} abandoned[/]: resources may be left; run `fatpipe down {name}` again")
+            sys.exit(130)
+    out.print(f"{name}: {result.summary()}", highlight=False)
+
+
+def _known(project, cluster: str | None) -> str:
+    """The cluster to destroy: a declared one, or one this folder still holds state of (a cluster
+    since removed from the file); a typo is refused, exit 2, with the declared names."""
+    from fatpipe.stacks.app import OUTDIR
+
+    if cluster is None or cluster in project.clusters:
+        return project.cluster(cluster).name
+    leftovers = [project.state_dir(cluster) / "terraform.tfstate", project.state_dir(cluster) / "outputs.json",
+                 project.root / OUTDIR / "stacks" / cluster / "cdk.tf.json"]
+    if any(path.is_file() for path in leftovers):
+        return cluster
+    return project.cluster(cluster).name  # raises: no cluster 'x'; declared: ...

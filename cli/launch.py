@@ -16,7 +16,7 @@ from .options import (
     script_args,
     train_overrides,
 )
-from .steps import new_rendezvous, run_training
+from .steps import changing, new_rendezvous, run_training
 
 
 @click.command(cls=ScriptCommand)
@@ -43,13 +43,14 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)
-    refuse_if_running(project, name)
-    if run_id:
-        if script_args() or overrides():
-            raise FatpipeError("--run starts a rendezvous as written; give no script or [train] overrides")
-        run_id, run_dir = find_run(project, name, run_id)
-        rdzv = read_rendezvous(run_dir)
-    else:
-        rdzv, run_dir = new_rendezvous(project, outputs)
-    result = run_training(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s, detach=detach)
+    with changing(project, name, "launch"):
+        refuse_if_running(project, name)
+        if run_id:
+            if script_args() or overrides():
+                raise FatpipeError("--run starts a rendezvous as written; give no script or [train] overrides")
+            run_id, run_dir = find_run(project, name, run_id)
+            rdzv = read_rendezvous(run_dir)
+        else:
+            rdzv, run_dir = new_rendezvous(project, outputs)
+        result = run_training(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s, detach=detach)
     sys.exit(result.exit_code)

@@ -6,6 +6,7 @@ import click
 
 from .options import cluster_argument, console, pass_project
 from .render import exit_table, log_sink
+from .steps import node_gone
 
 
 @click.command()
@@ -17,12 +18,12 @@ from .render import exit_table, log_sink
 def logs(project, cluster: str | None, run_id, follow: bool, node_names):
     """Print every node's log, each line prefixed with the node's name.
 
-    With -f, reattach to a running run (Ctrl-C detaches; the run goes on).
+    The run is the last one launched (else the newest with logs). With -f, reattach to a running
+    run (Ctrl-C detaches; the run goes on). Once the cluster is down, the logs kept here.
     """
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.ops.launch import follow_nodes
     from fatpipe.ops.noderun import run_nodes
-
 
     name = project.cluster(cluster).name
     run_id, run_dir, nodes = run_nodes(project, name, run_id)
@@ -33,10 +34,15 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
         nodes = [n for n in nodes if n.name in node_names]
     out = console()
     sink = log_sink(out, [n.name for n in nodes])
+    gone = {n.name for n in nodes if node_gone(n)}
+    if follow and gone:
+        out.print(f"[dim]{', '.join(sorted(gone))}: gone (cluster down); run {run_id} has ended: "
+                  "its logs as kept here[/]")
+        follow = False
     if not follow:
         for node in nodes:
             local = run_dir / f"node-{node.plan.rank}.log"
-            if node.transport.shares_fs or (local.exists() and node.status() != "running"):
+            if node.transport.shares_fs or node.name in gone or (local.exists() and node.status() != "running"):
                 text = local.read_text(errors="replace") if local.exists() else ""
             else:
                 result = node.transport.run(node.follow_command(follow=False), timeout=60)

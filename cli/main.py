@@ -25,11 +25,13 @@ COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --he
     "train": ("fatpipe.cli.train:train", "Train the built-in GPT on this machine with torchrun."),
     "status": ("fatpipe.cli.status:status", "Show the cluster's nodes and the latest run."),
     "logs": ("fatpipe.cli.logs:logs", "Print or follow a run's per-node logs."),
+    "runs": ("fatpipe.cli.runs:runs", "List a cluster's runs and what each achieved; prune old ones."),
     "stop": ("fatpipe.cli.stop:stop", "Stop a run on every node."),
     "down": ("fatpipe.cli.down:down", "Destroy the cluster's nodes."),
 }
 HIDDEN: dict[str, str] = {
     "sim": "fatpipe.cli.sim:sim",
+    "ssh-node": "fatpipe.cli.ssh_node:ssh_node",
 }
 
 
@@ -56,6 +58,11 @@ class LazyGroup(click.Group):
             error = click.ClickException(str(e))
             error.exit_code = e.exit_code
             raise error from None
+        except BrokenPipeError:  # `fatpipe ... | head`: the reader has what it wanted
+            from .options import silence_output
+
+            silence_output()
+            ctx.exit(141)
 
 
 def _version() -> str:

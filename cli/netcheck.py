@@ -7,7 +7,7 @@ import click
 from fatpipe.infra.defaults import P2P_TOOLS
 
 from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
-from .steps import run_netcheck
+from .steps import changing, run_netcheck
 
 
 def _size(ctx, param, value):
@@ -29,7 +29,8 @@ def _size(ctx, param, value):
 @click.option("--max-size", default=None, callback=_size,
               help="Largest all-reduce of the sweep, e.g. 64M  [default: 256M, 32M with --quick]")
 @click.option("--min-size", default="1M", show_default=True, callback=_size, help="Smallest all-reduce.")
-@click.option("--quick", is_flag=True, help="Up to 32M, fewer iterations, 1 s p2p runs: a smoke check.")
+@click.option("--quick", is_flag=True,
+              help="Up to 32M, fewer iterations, 1 s p2p runs: a smoke check (`up --netcheck quick`).")
 @click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Parallel TCP streams of the multi-stream p2p test.")
 @click.option("--p2p-seconds", type=click.FloatRange(1, 60), default=3.0, show_default=True,
@@ -55,6 +56,8 @@ def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, ve
         if verbose or line.startswith(("#", " ")):
             err.print(f"{node}: {line}", style="dim", markup=False, soft_wrap=True)
 
-    outputs = load_outputs(project, project.cluster(cluster).name, outputs_file)
+    name = project.cluster(cluster).name
+    outputs = load_outputs(project, name, outputs_file)
     out = console()
-    run_netcheck(project, outputs, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)
+    with changing(project, name, "netcheck"):
+        run_netcheck(project, outputs, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import os
 from typing import Literal, get_args, get_origin
 
 import click
@@ -47,6 +49,16 @@ def console(stderr: bool = False):
     from rich.console import Console
 
     return Console(stderr=stderr, highlight=False)
+
+
+def silence_output() -> None:
+    """After the reader of our output went away (a closed pipe): send the rest to /dev/null, so
+    that what still has to run (a teardown) runs, and exit raises no second BrokenPipeError."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    for fd in (1, 2):
+        with contextlib.suppress(OSError):
+            os.dup2(devnull, fd)
+    os.close(devnull)
 
 
 class ScriptCommand(click.Command):
@@ -142,14 +154,24 @@ def given_run_options():
 
 
 def resolve_train(project, overrides: dict):
-    """[train] with this run's overrides, validated like the file."""
+    """[train] with this run's overrides, validated like the file (every problem at once); warns
+    on stderr about settings that are valid but surely not meant."""
     from pydantic import ValidationError
 
+    from fatpipe.infra.project import error_report, train_warnings
     from fatpipe.infra.trainspec import TrainSpec
 
     try:
-        return TrainSpec.model_validate({**project.train.model_dump(), **overrides})
+        spec = TrainSpec.model_validate({**project.train.model_dump(), **overrides})
     except ValidationError as e:
-        err = e.errors(include_url=False)[0]
-        flag = "--" + str(err["loc"][0]).replace("_", "-") if err["loc"] else "[train]"
-        raise ConfigError(f"{flag}: {err['msg'].removeprefix('Value error, ')}") from None
+        messages = []
+        for err in e.errors(include_url=False):
+            key = str(err["loc"][0]) if err["loc"] else ""
+            where = ("--" + key.replace("_", "-")) if key in overrides else f"[train] {key}".strip()
+            messages.append(f"{where}: {err['msg'].removeprefix('Value error, ')}")
+        if len(messages) == 1:
+            raise ConfigError(messages[0]) from None
+        raise ConfigError(error_report("train settings", messages)) from None
+    for warning in train_warnings(spec):
+        console(stderr=True).print(f"[yellow]warning[/]: {warning}", highlight=False)
+    return spec

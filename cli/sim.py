@@ -21,15 +21,22 @@ def node_options(func):
         click.option("--netns", default=""),
         click.option("--bridge", default=""),
         click.option("--host-if", default=""),
+        click.option("--transport", type=click.Choice(["netns", "ssh", "local"]), default="netns"),
+        click.option("--project-id", default=None,
+                     help="Whose node it is (default: the working folder's .fatpipe/project-id)."),
     ]
     for option in reversed(options):
         func = option(func)
 
     @functools.wraps(func)
-    def wrapper(**kwargs):
+    def wrapper(transport, **kwargs):
+        from fatpipe.infra.project import project_id_at
         from fatpipe.stacks.simnet import SimNode
 
-        return func(SimNode(**kwargs))
+        # terraform runs the provisioners in the project folder (the stack's working_dir)
+        kwargs["project_id"] = kwargs["project_id"] or project_id_at(Path.cwd())
+        # Over ssh the node is a bare machine: the node profile tunes it through the ssh path.
+        return func(SimNode(**kwargs, tune=transport != "ssh"), transport)
 
     return wrapper
 
@@ -41,18 +48,49 @@ def sim():
 
 @sim.command("node-up")
 @node_options
-def node_up(node):
-    """Create one sim node and write its ready file."""
+def node_up(node, transport):
+    """Create one sim node and write its ready file; with transport ssh, start its sshd and tune
+    it over SSH as a rented machine is tuned."""
+    from fatpipe.stacks.simnet import node_down
     from fatpipe.stacks.simnet import node_up as up
 
-    ready = up(node, log=lambda m: click.echo(m, err=True))
+    log = lambda m: click.echo(m, err=True)  # noqa: E731
+    ready = up(node, log=log)
+    if transport == "ssh":
+        try:
+            tune_over_ssh(node)
+        except BaseException:
+            node_down(node, log)
+            raise
     shaped = f"tbf {ready['rate_gbit']:g} Gbit/s" if ready.get("rate_gbit") else "unshaped"
-    click.echo(f"{node.name}: up at {node.ip} on {ready['iface']} ({node.isolation}, {shaped})")
+    click.echo(f"{node.name}: up at {node.ip} on {ready['iface']} ({node.isolation}, {shaped}, {transport})")
+
+
+def tune_over_ssh(node) -> None:
+    """sshd in the node's namespace, then the node profile through the ssh provider's path."""
+    import ipaddress
+
+    from fatpipe.infra.clusters import SimCluster
+    from fatpipe.ops.profile import SshHost, apply_profile
+    from fatpipe.stacks.node_profile import profile_plan
+    from fatpipe.stacks.providers import provider_for
+    from fatpipe.stacks.simsshd import cluster_key, host_address, start_sshd
+
+    state_dir = node.node_dir.parent.parent  # .fatpipe/<cluster>
+    key = cluster_key(state_dir, node.bridge)
+    host_address(node.bridge, node.address)
+    start_sshd(node.netns, node.ip, node.node_dir, key)
+    network = str(ipaddress.IPv4Interface(node.address).network)
+    spec = SimCluster(provider="sim", name=node.cluster, tier=node.tier, private_cidr=network, nodes=1)
+    sim = provider_for("sim")
+    profile = profile_plan(spec, sim.mtu, sim.nccl_env(spec), packages=False)
+    host = SshHost(node.name, node.ip, 22, "root", str(key))
+    apply_profile(host, {**profile, "private_ip": node.ip}, state_dir / "known_hosts")
 
 
 @sim.command("node-down")
 @node_options
-def node_down(node):
+def node_down(node, transport):
     """Remove one sim node; succeeds when it is already gone."""
     from fatpipe.stacks.simnet import node_down as down
 

@@ -7,6 +7,7 @@ import json
 import click
 
 from .options import cluster_argument, console, pass_project
+from .steps import node_gone
 
 
 @click.command()
@@ -14,7 +15,11 @@ from .options import cluster_argument, console, pass_project
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @pass_project
 def status(project, cluster: str | None, as_json: bool):
-    """Show the cluster's nodes (and whether each is ready) and the latest run's state."""
+    """Show the cluster's nodes (and whether each is ready) and the latest run's state.
+
+    The latest run is the last one launched (else the newest with logs); once the cluster is
+    down, its nodes' recorded exit statuses and last step tell how it ended.
+    """
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.runs import load_outputs, outputs_file
 
@@ -26,8 +31,10 @@ def status(project, cluster: str | None, as_json: bool):
         doc["nodes"] = _node_states(project, outputs)
     try:
         doc["run"] = _run_state(project, spec.name)
-    except FatpipeError:
+    except FatpipeError as e:
         doc["run"] = None
+        if e.exit_code != 1:  # not "no runs yet": a run fatpipe cannot read, which the user must hear
+            doc["run_error"] = str(e)
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
@@ -50,15 +57,26 @@ def _node_states(project, outputs) -> list[dict]:
 
 
 def _run_state(project, cluster: str) -> dict:
+    """The run's state per node: its recorded exit status where the folder holds one, else what
+    the node says (unless it is gone: a sim node after `down`)."""
     from fatpipe.infra.defaults import SUMMARY_FILE
+    from fatpipe.infra.runinfo import read_json_object, run_info
     from fatpipe.ops.noderun import node_states, run_nodes
-    from fatpipe.ops.summary import read_json
 
     run_id, run_dir, nodes = run_nodes(project, cluster)
-    states = node_states(nodes)
-    summary = read_json(run_dir / SUMMARY_FILE) or None
-    return {"id": run_id, "dir": str(run_dir), "nodes": dict(zip([n.name for n in nodes], states, strict=True)),
-            "summary": summary}
+    info = run_info(run_dir, size=False)
+    pending = [n for n in nodes if f"node-{n.plan.rank}" not in info.exits and not node_gone(n)]
+    asked = dict(zip([n.name for n in pending], node_states(pending), strict=True))
+    states = {}
+    for node in nodes:
+        key = f"node-{node.plan.rank}"
+        if key in info.exits:
+            states[node.name] = "unreadable exit file" if info.exits[key] is None else str(info.exits[key])
+        else:
+            states[node.name] = asked.get(node.name, "no exit recorded (node gone)")
+    return {"id": run_id, "dir": str(run_dir), "nodes": states, "outcome": info.outcome,
+            "last_step": info.last_step, "final_loss": info.final_loss,
+            "summary": read_json_object(run_dir / SUMMARY_FILE) or None}
 
 
 def _print(doc: dict) -> None:
@@ -78,14 +96,17 @@ def _print(doc: dict) -> None:
         out.print(table)
     run = doc["run"]
     if not run:
-        out.print("no runs yet")
+        out.print(f"[red]{doc['run_error']}[/]" if doc.get("run_error") else "no runs yet", highlight=False)
         return
     states = ", ".join(f"{name}: {_state(s)}" for name, s in run["nodes"].items())
     out.print(f"latest run [bold]{run['id']}[/]: {states}")
     summary = run["summary"]
     if summary:
         out.print(f"  final loss {summary.get('final_loss', '?')}, "
-                  f"{summary.get('tokens_per_s', 0):,.0f} tokens/s, {summary.get('steps', '?')} steps")
+                  f"{summary.get('tokens_per_s') or 0:,.0f} tokens/s, {summary.get('steps', '?')} steps")
+    elif run["last_step"] is not None:
+        loss = f", loss {run['final_loss']:.4f}" if isinstance(run["final_loss"], (int, float)) else ""
+        out.print(f"  last step {run['last_step']}{loss} (no summary: the run did not finish)")
 
 
 def _state(value: str) -> str:

@@ -4,19 +4,104 @@ netcheck, train. A command calls these; it never imports another command's modul
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import sys
+import threading
+
 import click
 
 from .options import console, given_run_options, overrides, resolve_train, script_args
 from .render import exit_table, log_sink, netcheck_tables, note
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised like Ctrl-C so that the same clean-up runs (stop the nodes, tear down)."""
+
+
+TERMINATED = threading.Event()  # set by SIGTERM: code that caught the interrupt as Ctrl-C can tell
+
+
+class TeardownAbandoned(KeyboardInterrupt):
+    """The user chose, at the question a Ctrl-C during a teardown asks, to leave resources behind."""
+
+
+@contextlib.contextmanager
+def changing(project, name: str, command: str):
+    """While `command` changes cluster `name`: hold its lock (a second such command is refused),
+    and take SIGTERM like Ctrl-C, so that a termination stops terraform and the nodes cleanly."""
+    from fatpipe.infra.runs import cluster_lock
+
+    with cluster_lock(project, name, command), _signal_handler(signal.SIGTERM, _raise_terminated):
+        yield
+
+
+def _raise_terminated(signum, frame):
+    TERMINATED.set()
+    raise Terminated()
+
+
+@contextlib.contextmanager
+def _signal_handler(signum: int, handler):
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signum, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+
+
+@contextlib.contextmanager
+def guarded_teardown(out, what: str):
+    """While a teardown runs, Ctrl-C does not cut it: on a terminal it asks whether to abandon it
+    (resources stay, and cost), without one it is ignored; SIGTERM is ignored. The engine and the
+    nodes run in sessions of their own, so only this process hears either."""
+    asking = False
+
+    def on_interrupt(signum, frame):
+        nonlocal asking
+        if asking:  # Ctrl-C at the question itself: the user insists
+            raise TeardownAbandoned()
+        if not sys.stdin.isatty():
+            out.print(f"[yellow]{what} goes on[/]: without a terminal to ask, Ctrl-C does not abandon it")
+            return
+        asking = True
+        try:
+            leave = click.confirm(f"\n{what} is running; abandon it and leave resources behind?",
+                                  default=False, err=True)
+        except click.Abort:
+            leave = True
+        finally:
+            asking = False
+        if leave:
+            raise TeardownAbandoned()
+        out.print(f"{what} goes on")
+
+    def on_terminate(signum, frame):
+        out.print(f"[yellow]{what} goes on[/]: a termination does not cut a teardown short")
+
+    with _signal_handler(signal.SIGINT, on_interrupt), _signal_handler(signal.SIGTERM, on_terminate):
+        yield
+
+
+def node_gone(node) -> bool:
+    """Whether a run's node no longer exists on this machine (a sim namespace removed by `down`):
+    then its folder's files are all there is, and asking it would only time out."""
+    from fatpipe.stacks.simlinks import netns_exists
+
+    return node.plan.transport == "netns" and not netns_exists(node.plan.netns or "")
+
+
 def terraform_log(verbose: bool):
-    """Echo engine output to stderr: every line with -v, else only what names a resource."""
+    """Echo engine output to stderr: every line with -v, else only what names a resource, and
+    fatpipe's own lines about the deployment."""
     err = console(stderr=True)
 
     def log(line: str) -> None:
         if verbose or ": Creation complete" in line or ": Destruction complete" in line \
-                or "Apply complete" in line or "Destroy complete" in line:
+                or "Apply complete" in line or "Destroy complete" in line or line.startswith("fatpipe: "):
             err.print(line, style="dim", markup=False, soft_wrap=True)
 
     return log
@@ -32,8 +117,20 @@ def deploy_outputs(project, name: str | None, engine: str, yes: bool, verbose: b
 
 
 def wait_ready(project, outputs, timeout_s: float, out):
-    """Wait with a live summary line; returns the final per-node states."""
+    """Wait with a live summary line; returns the final per-node states.
+
+    Sim nodes that are gone from this machine (a restart clears namespaces) are named at once,
+    with the fix, instead of being waited for.
+    """
+    from fatpipe.infra.errors import FatpipeError
     from fatpipe.ops.wait import wait_for_nodes
+    from fatpipe.stacks.providers.sim import vanished_nodes
+
+    gone = vanished_nodes(outputs)
+    if gone:
+        raise FatpipeError(f"{', '.join(gone)}: gone from this machine, though {outputs.name} is deployed "
+                           f"(a restart clears network namespaces): `fatpipe deploy {outputs.name}` "
+                           "makes them again")
 
     with out.status(f"waiting for {len(outputs.nodes)} node(s)") as status:
         def update(states):
@@ -66,8 +163,13 @@ def new_rendezvous(project, outputs, train=None, script=None, run=None):
     train = train if train is not None else resolve_train(project, overrides())
     script = script if script is not None else script_args()
     run_id, run_dir = run or new_run(project, outputs.name)
-    rdzv = make_rendezvous(project, outputs, run_id, run_dir, train=train, script=script,
-                           options=given_run_options())
+    try:
+        rdzv = make_rendezvous(project, outputs, run_id, run_dir, train=train, script=script,
+                               options=given_run_options())
+    except BaseException:
+        if run is None and not any(run_dir.iterdir()):  # refused before writing anything: no clutter
+            run_dir.rmdir()
+        raise
     return rdzv, run_dir
 
 
@@ -86,15 +188,44 @@ def run_netcheck(project, outputs, options, out, run_dir=None, sink=None, remote
     return doc
 
 
+def check_netchecks(project, name: str, since: float) -> None:
+    """Refuse, exit 2, naming the file, when a netcheck.json that could be reused (written on this
+    deployment) is unreadable: reusing it is what `up` is asked to do, so it must not guess."""
+    import json
+
+    from fatpipe.infra.defaults import NETCHECK_FILE
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.infra.runs import json_problem, runs_dir
+
+    for path in sorted(runs_dir(project, name).glob(f"*/{NETCHECK_FILE}")):
+        if path.stat().st_mtime <= since:
+            continue
+        why = json_problem(path)
+        if why is None and not isinstance(json.loads(path.read_text()).get("gate", {}), dict):
+            why = "its gate is not an object"
+        if why is not None:
+            raise FatpipeError(f"{path}: unreadable ({why}); remove it (`rm {path}`) and run again: up then "
+                               "measures the links anew", exit_code=2)
+
+
 def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False):
     """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult."""
+    from fatpipe.infra.runs import latest_run_id, mark_latest
     from fatpipe.ops.launch import launch as launch_run
 
     names = [n.name for n in rdzv.nodes]
-    result = launch_run(
-        project, rdzv, run_dir, sink=log_sink(out, names), log=note(out), timeout_s=timeout_s,
-        detach=detach,
-    )
+    # The launched run becomes the latest (what status, logs and stop mean); one that never
+    # started (nodes could not be prepared, a start refused) gives the mark back.
+    before = latest_run_id(project, outputs.name)
+    mark_latest(project, outputs.name, rdzv.run_id)
+    try:
+        result = launch_run(
+            project, rdzv, run_dir, sink=log_sink(out, names), log=note(out), timeout_s=timeout_s,
+            detach=detach,
+        )
+    except BaseException:
+        mark_latest(project, outputs.name, before)
+        raise
     if detach:
         out.print(f"run {rdzv.run_id} started; follow it with: fatpipe logs {outputs.name} -f")
         return result

@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import cluster_argument, console, pass_project
+from .steps import node_gone
 
 
 @click.command()
@@ -12,13 +13,29 @@ from .options import cluster_argument, console, pass_project
 @click.option("--run", "run_id", default=None, help="Which run (default: the latest).")
 @pass_project
 def stop(project, cluster: str | None, run_id):
-    """Signal the run's torchrun on every node, wait for it to wind down, kill what is left."""
+    """Signal the run's torchrun on every node, wait for it to wind down, kill what is left.
+
+    On a cluster that is down nothing can run: it says so, with how the run ended as its folder
+    recorded it.
+    """
+    from fatpipe.infra.runinfo import run_info
+    from fatpipe.infra.runs import outputs_file
     from fatpipe.ops.launch import stop_nodes
     from fatpipe.ops.noderun import run_nodes
 
-    run_id, _, nodes = run_nodes(project, project.cluster(cluster).name, run_id)
-    stop_nodes(nodes)
+    name = project.cluster(cluster).name
     out = console()
+    run_id, run_dir, nodes = run_nodes(project, name, run_id)
+    live = [n for n in nodes if not node_gone(n)]
+    if live:
+        stop_nodes(live)
+        states = {n.name: n.status() for n in live}
+    else:
+        states = {}
+    if all(s.startswith("unreachable") for s in states.values()) and not outputs_file(project, name).exists():
+        out.print(f"{name} is not deployed (destroyed?): nothing runs there; run {run_id}: "
+                  f"{run_info(run_dir, size=False).outcome}", highlight=False)
+        return
     for node in nodes:
-        out.print(f"  {node.name:<20} {node.status()}")
+        out.print(f"  {node.name:<20} {states.get(node.name, 'gone')}")
     out.print(f"run {run_id} stopped")

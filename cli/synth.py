@@ -83,7 +83,7 @@ def _table(rows: list[dict]):
         price = "?" if r["usd_per_hour"] is None else f"{r['usd_per_hour']:.2f}"
         baseline = "?" if r["baseline_gbps"] is None else f"{r['baseline_gbps']:g}"
         if r["bandwidth_basis"] != "baseline":
-            baseline += " (limit)"
+            baseline += " (limit)" if r["bandwidth_basis"] == "documented limit" else " (declared)"
         table.add_row(r["cluster"], r["provider"], str(r["nodes"]), r["machine"], baseline,
                       r["tier"], price)
     return table

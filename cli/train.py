@@ -37,24 +37,28 @@ def torchrun_command(trainer_args: list[str], run_dir: Path, nproc: int,
 @click.command()
 @click.option("--nproc-per-node", type=click.IntRange(1, 64), default=None,
               help="Processes to start (default: one per GPU, else 1).")
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder (default .fatpipe/_local/runs/<run-id>/ beside the cluster file).")
 @max_restarts_option
 @train_overrides
 @pass_project
-def train(project, nproc_per_node, out_dir, max_restarts):
+def train(project, nproc_per_node, run_dir, max_restarts):
     """Train the built-in GPT here with [train] and the overrides given; exit with torchrun's status.
 
     Metrics, summary.json and checkpoints land in the run folder; a netcheck.json placed there
     is what comm = "auto" reads instead of probing the link.
     """
     from fatpipe.infra.errors import ConfigError
-    from fatpipe.infra.runs import new_run
+    from fatpipe.infra.runs import mark_latest, new_run
 
     spec = resolve_train(project, overrides())
     if spec.data is not None and not Path(spec.data).exists():
         raise ConfigError(f"--data {spec.data}: no such file or folder")
-    run_dir = Path(out_dir) if out_dir else new_run(project, LOCAL)[1]
+    if run_dir:
+        run_dir = Path(run_dir)
+    else:
+        run_id, run_dir = new_run(project, LOCAL)
+        mark_latest(project, LOCAL, run_id)
     cmd = torchrun_command(spec.trainer_args(), run_dir, nproc_per_node or default_nproc(),
                            max_restarts)
     out = console(stderr=True)

@@ -2,8 +2,9 @@
 
 Re-running `up` skips what is done: a deployment whose outputs match the cluster file and whose
 nodes all answer ready skips synth, deploy and wait; a netcheck that passed on this deployment
-is reused. Training always runs anew. `--down-after` destroys the cluster at the end, also after
-a failure (and says so when the destroy itself fails).
+is reused. Training always runs anew. `--down-after` destroys the cluster on every way out:
+success, failure, Ctrl-C, SIGTERM (and says what it destroyed, or that the destroy failed). A
+Ctrl-C during that teardown asks before abandoning it; without a terminal it goes on.
 """
 
 from __future__ import annotations
@@ -28,17 +29,25 @@ from .options import (
     resolve_train,
     run_options,
     script_args,
+    silence_output,
     train_overrides,
     verbose_option,
     yes_option,
 )
 from .render import Phases, note, readiness_table, summary_table
 from .steps import (
+    TERMINATED,
+    TeardownAbandoned,
+    Terminated,
+    changing,
+    check_netchecks,
     deploy_outputs,
+    guarded_teardown,
     new_rendezvous,
     require_ready,
     run_netcheck,
     run_training,
+    terraform_log,
     wait_ready,
 )
 
@@ -64,7 +73,8 @@ class UpFlags:
 @yes_option
 @click.option("--down-after", is_flag=True, help="Destroy the cluster at the end, also after a failure.")
 @click.option("--netcheck", "netcheck_mode", type=click.Choice(["full", "quick", "off"]), default="full",
-              show_default=True, help="The link check before training: full sweep, a quick one, or none.")
+              show_default=True,
+              help="The link check before training: the full sweep, a quick one (as `netcheck --quick`), or off.")
 @click.option("--no-gate", is_flag=True, help="Train even when netcheck finds the links below the tier.")
 @click.option("--wait-timeout", type=click.FloatRange(1), default=WAIT_TIMEOUT_S, show_default=True,
               help="Seconds to wait for the nodes to become ready.")
@@ -80,23 +90,11 @@ def up(project, cluster, **flags):
     Everything after `--` is your torchrun script and its arguments; without it the built-in
     trainer runs with [train] and the overrides given here.
     """
-    from fatpipe.infra.errors import FatpipeError
-
     spec = project.cluster(cluster)
+    train = resolve_train(project, overrides())
     job = Up(project, spec, UpFlags(**flags), console())
-    code = 1
-    try:
-        code = job.run(resolve_train(project, overrides()), script_args())
-    except KeyboardInterrupt:
-        job.out.print("[yellow]interrupted[/]")
-        code = 130
-    except FatpipeError as e:
-        job.out.print(f"[red]error[/]: {e}", markup=True, highlight=False)
-        code = e.exit_code
-    finally:
-        if job.flags.down_after:
-            code = job.down(code)
-        job.finish(code)
+    with changing(project, spec.name, "up"):
+        code = job.run_to_the_end(train, script_args())
     sys.exit(code)
 
 
@@ -107,6 +105,36 @@ class Up:
         self.project, self.spec, self.flags, self.out = project, spec, flags, out
         self.phases = Phases(out)
         self.report: dict = {"cluster": spec.name}
+
+    def run_to_the_end(self, train, script: list[str]) -> int:
+        """Every phase, then (with --down-after) the teardown however the phases ended; the exit status."""
+        from fatpipe.infra.errors import FatpipeError
+
+        code = 1
+        try:
+            code = self.run(train, script)
+        except KeyboardInterrupt as e:
+            code = 143 if isinstance(e, Terminated) else 130
+            self.say("[yellow]terminated[/]" if code == 143 else "[yellow]interrupted[/]")
+        except FatpipeError as e:
+            self.say(f"[red]error[/]: {e}")
+            code = e.exit_code
+        except BrokenPipeError:  # the reader of our output went away: finish quietly
+            silence_output()
+            code = 141
+        finally:
+            if code == 130 and TERMINATED.is_set():  # a SIGTERM the launch took as its own stop
+                code = 143
+            if self.flags.down_after:
+                code = self.down(code)
+            self.finish(code)
+        return code
+
+    def say(self, text: str) -> None:
+        try:
+            self.out.print(text, highlight=False)
+        except BrokenPipeError:
+            silence_output()
 
     def run(self, train, script: list[str]) -> int:
         from fatpipe.infra.runs import new_run
@@ -137,9 +165,9 @@ class Up:
             self.out.print(f"[dim]{why}: deploying[/]")
 
         def synth():
-            from fatpipe.stacks.app import synth as synth_stacks
+            from fatpipe.stacks.engine import synth_stack
 
-            return synth_stacks(self.project, [spec.name])[spec.name]
+            return synth_stack(self.project, spec.name)
 
         stack_dir = phases.run("synth", f"the {spec.provider} stack of {spec.name}", synth)
         phases.get("synth").note = str(stack_dir.relative_to(self.project.root))
@@ -165,6 +193,7 @@ class Up:
         if mode == "off":
             phases.skip("netcheck", "--netcheck off")
             return
+        check_netchecks(self.project, outputs.name, outputs_path.stat().st_mtime)
         earlier = reusable_netcheck(self.project, outputs.name, outputs_path.stat().st_mtime)
         if earlier is not None:
             for name in (NETCHECK_FILE, NETCHECK_PLOT):
@@ -211,29 +240,41 @@ class Up:
         return result.exit_code
 
     def down(self, code: int) -> int:
-        """Destroy the cluster; a failed destroy is reported and makes the exit status nonzero."""
+        """Destroy the cluster, Ctrl-C guarded; says what went. A failed or abandoned destroy is
+        reported with the command that finishes it, and makes the exit status nonzero."""
         from fatpipe.stacks.engine import destroy_cluster
 
         name = self.spec.name
         try:
-            swept = self.phases.run("down", f"destroy {name} (--down-after)",
-                                    lambda: destroy_cluster(self.project, name, engine=self.flags.engine))
+            with guarded_teardown(self.out, f"the teardown of {name}"):
+                result = self.phases.run("down", f"destroy {name} (--down-after)", lambda: destroy_cluster(
+                    self.project, name, engine=self.flags.engine, log=terraform_log(self.flags.verbose)),
+                    spinner=False)
+        except BrokenPipeError:
+            silence_output()
+            return self.down(code)  # destroying again is safe: what is gone stays gone
+        except TeardownAbandoned:
+            self.say(f"[red]teardown of {name} abandoned[/]: resources may be left; "
+                     f"`fatpipe down {name}` removes them")
+            return code or 130
         except Exception as e:  # noqa: BLE001 - whatever broke, the user must hear the cluster may be up
-            self.out.print(f"[red]destroy of {name} failed[/]: {e}\nresources may be left: "
-                           f"run `fatpipe down {name}`", highlight=False)
+            self.say(f"[red]destroy of {name} failed[/]: {e}\nresources may be left: run `fatpipe down {name}`")
             return code or 1
-        self.phases.get("down").note = ("swept " + ", ".join(swept)) if swept else "destroyed"
+        self.phases.get("down").note = result.summary()
+        self.say(f"{name}: {result.summary()}")
         return code
 
     def finish(self, code: int) -> None:
         """The phase table and the verdict; the report as up.json in the run folder."""
         from fatpipe.infra.files import write_json_atomic
 
-        self.out.print(self.phases.table())
-        verdict = "[green]up finished[/]" if code == 0 else f"[red]up failed[/] (exit {code})"
-        self.out.print(verdict)
         run_dir = self.report.get("run_dir")
         if run_dir is not None and Path(run_dir).exists():
             doc = {**self.report, "run_dir": str(run_dir), "exit_code": code,
                    "phases": [asdict(p) for p in self.phases.phases]}
             write_json_atomic(Path(run_dir) / UP_REPORT_FILE, doc)
+        try:
+            self.out.print(self.phases.table())
+        except BrokenPipeError:
+            silence_output()
+        self.say("[green]up finished[/]" if code == 0 else f"[red]up failed[/] (exit {code})")

@@ -13,8 +13,8 @@ from .steps import require_ready, wait_ready
 
 @click.command()
 @cluster_argument
-@click.option("--wait-timeout", "--timeout", "timeout_s", type=click.FloatRange(1), default=WAIT_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for every node.")
+@click.option("--wait-timeout", "timeout_s", type=click.FloatRange(1), default=WAIT_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for every node (as `up --wait-timeout`).")
 @outputs_option
 @pass_project
 def wait(project, cluster: str | None, timeout_s: float, outputs_file):

@@ -9,6 +9,8 @@ NET_SCRIPT = "/usr/local/sbin/fatpipe-net"
 READY_SCRIPT = "/usr/local/sbin/fatpipe-ready"
 # The ready marker: JSON with the values read back from the kernel, written last at boot.
 READY_FILE = "/var/lib/fatpipe/ready"
+SYSCTL_APPLY_FILE = "/var/lib/fatpipe/sysctl-apply.json"  # over SSH: what the kernel took
+RESTORE_FILE = "/var/lib/fatpipe/restore.json"  # over SSH: what the machine had before
 UNIT = "fatpipe-net.service"
 UNIT_FILE = f"/etc/systemd/system/{UNIT}"
 

@@ -30,8 +30,11 @@ class NodeOutput(BaseModel):
     public_ip: str | None = None
     transport: Literal["ssh", "netns", "local"]
     netns: str | None = None  # transport netns: the namespace
+    ssh_host: str | None = None  # transport ssh: what ssh dials (a name or IP), else public_ip
     ssh_user: str | None = None  # transport ssh: this node's login, else the cluster's ssh_user
     ssh_port: int | None = Field(None, ge=1, le=65535)
+    ssh_key_file: str | None = None  # transport ssh: the private key to log in with (a path here)
+    remote_dir: str | None = None  # transport ssh: the project folder there (default ~/fatpipe/<cluster>)
     ready_file: str | None = None  # sim nodes: the ready marker on this machine (else the node's own)
 
     @field_validator("private_ip")
@@ -46,8 +49,8 @@ class NodeOutput(BaseModel):
 
     @model_validator(mode="after")
     def _transport_has_its_address(self) -> NodeOutput:
-        if self.transport == "ssh" and not self.public_ip:
-            raise ValueError(f"node {self.name} uses transport ssh but has no public_ip")
+        if self.transport == "ssh" and not (self.public_ip or self.ssh_host):
+            raise ValueError(f"node {self.name} uses transport ssh but has no public_ip or ssh_host")
         if self.transport == "netns" and not self.netns:
             raise ValueError(f"node {self.name} uses transport netns but names no netns")
         return self
@@ -59,7 +62,7 @@ class ClusterOutputs(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     name: str
-    provider: Literal["sim", "aws", "digitalocean"]
+    provider: str  # one of the cluster file's providers (checked below)
     region: str = ""
     tier_gbps: int = Field(gt=0)
     private_cidr: str
@@ -69,6 +72,15 @@ class ClusterOutputs(BaseModel):
     isolation: Literal["netns", "loopback"] | None = None  # sim clusters: what `auto` resolved to
     nccl: dict[str, str] = Field(default_factory=dict)  # NCCL_* settings the nodes' runs get
     nodes: list[NodeOutput]
+
+    @field_validator("provider")
+    @classmethod
+    def _known_provider(cls, value: str) -> str:
+        from .clusters import PROVIDERS
+
+        if value not in PROVIDERS:
+            raise ValueError(f"{value!r} is not a provider; allowed: {', '.join(PROVIDERS)}")
+        return value
 
     @field_validator("nodes")
     @classmethod

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 import re
 import secrets
@@ -12,9 +13,8 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
+from .clusters import PROVIDERS, ProjectSpec
 from .errors import ConfigError
-from .files import write_atomic
-from .spec import PROVIDERS, ProjectSpec
 from .templates import SIM as DEFAULT_TOML
 from .trainspec import TrainSpec
 
@@ -73,15 +73,43 @@ class Project:
         Cloud names, tags and state keys carry it, so two projects with a cluster of the same
         name in one account never collide, and a sim node can tell whose it is.
         """
-        path = self.root / STATE_DIR_NAME / PROJECT_ID_FILE
-        try:
-            found = path.read_text().strip()
-        except FileNotFoundError:
-            found = ""
-        if re.fullmatch(r"[0-9a-f]{8}", found):
-            return found
-        write_atomic(path, secrets.token_hex(4) + "\n")
-        return path.read_text().strip()
+        return project_id_at(self.root)
+
+
+def project_id_at(root: Path, create: bool = True) -> str | None:
+    """The id in `<root>/.fatpipe/project-id`; made when missing (unless not `create`: None).
+
+    A file that is there but holds no id is an error, never replaced: what the project deployed
+    carries the old id, and a new one would disown it.
+    """
+    path = Path(root) / STATE_DIR_NAME / PROJECT_ID_FILE
+    try:
+        found = path.read_text(errors="replace").strip()
+    except FileNotFoundError:
+        if not create:
+            return None
+        _create_id(path)
+        return project_id_at(root, create=False)
+    if re.fullmatch(r"[0-9a-f]{8}", found):
+        return found
+    raise ConfigError(
+        f"{path}: holds no project id ({found[:16]!r}; 8 hex digits expected). What this project deployed "
+        "carries its id (sim nodes' owner.json, cloud names): put it back, or delete the file to start "
+        "a new identity after removing what the old one made"
+    )
+
+
+def _create_id(path: Path) -> None:
+    """Write a new id unless another process got there first (sim nodes come up in parallel)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{secrets.token_hex(2)}.tmp")
+    tmp.write_text(secrets.token_hex(4) + "\n")
+    try:
+        os.link(tmp, path)  # atomic, and fails when the file exists: the first id wins
+    except FileExistsError:
+        pass
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def config_path(explicit: str | os.PathLike | None = None) -> Path:
@@ -110,7 +138,33 @@ def parse_project(text: str, label: str) -> ProjectSpec:
     try:
         return ProjectSpec.model_validate(data)
     except ValidationError as e:
-        raise ConfigError(f"{label}: {_first_error(e, data)}") from None
+        raise ConfigError(error_report(label, validation_messages(e, data))) from None
+
+
+def error_report(label: str, messages: list[str]) -> str:
+    """One line for one problem; a count and one line each for several (all at once, not the first)."""
+    if len(messages) == 1:
+        return f"{label}: {messages[0]}"
+    return f"{label}: {len(messages)} problems:\n" + "\n".join(f"  {m}" for m in messages)
+
+
+def validation_messages(error: ValidationError, data: dict) -> list[str]:
+    """Every problem pydantic found, each one line naming the key and what is allowed."""
+    messages: list[str] = []
+    for err in error.errors(include_url=False):
+        message = _describe(err, data)
+        if message not in messages:
+            messages.append(message)
+    return messages
+
+
+def train_warnings(train: TrainSpec) -> list[str]:
+    """Settings that are valid but surely not meant."""
+    warnings = []
+    if train.steps <= train.warmup_steps:
+        warnings.append(f"steps ({train.steps}) is not above warmup_steps ({train.warmup_steps}): the "
+                        "learning rate never finishes warming up (raise steps or lower warmup_steps)")
+    return warnings
 
 
 def _toml_message(error: Exception) -> str:
@@ -122,9 +176,8 @@ def _toml_message(error: Exception) -> str:
     return f"not valid TOML: {message}"
 
 
-def _first_error(error: ValidationError, data: dict) -> str:
-    """One line naming the key and what is allowed, from pydantic's first error."""
-    err = error.errors(include_url=False)[0]
+def _describe(err: dict, data: dict) -> str:
+    """One line naming the key and what is allowed, from one pydantic error."""
     loc = [str(p) for p in err["loc"]]
     # A discriminated union puts the provider tag into the path: clusters.x.aws.nodes.
     if len(loc) > 2 and loc[0] == "clusters" and loc[2] in PROVIDERS:
@@ -132,7 +185,10 @@ def _first_error(error: ValidationError, data: dict) -> str:
     key = ".".join(loc) or "(top level)"
     kind, msg = err["type"], err["msg"]
     if kind == "extra_forbidden":
-        return f"{key}: unknown key; allowed: {', '.join(_allowed_keys(loc, data))}"
+        allowed = _allowed_keys(loc, data)
+        close = difflib.get_close_matches(loc[-1], allowed, n=1, cutoff=0.6)
+        hint = f"did you mean {close[0]}? " if close else ""
+        return f"{key}: unknown key; {hint}allowed: {', '.join(allowed)}"
     if kind == "union_tag_not_found":
         return f"{key}.provider: missing; allowed: {', '.join(PROVIDERS)}"
     if kind == "union_tag_invalid":
@@ -149,7 +205,8 @@ def _first_error(error: ValidationError, data: dict) -> str:
 
 
 def _allowed_keys(loc: list[str], data: dict) -> list[str]:
-    from .spec import CLUSTER_MODELS, Backend
+    from .clusters import CLUSTER_MODELS
+    from .spec import Backend
 
     if loc[:1] == ["train"]:
         model = TrainSpec

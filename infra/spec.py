@@ -1,4 +1,4 @@
-"""The cluster file, fatpipe.toml: pydantic models for clusters and training defaults."""
+"""The cluster file's building blocks: what every cluster has (ClusterBase), what clouds share, a backend."""
 
 from __future__ import annotations
 
@@ -6,11 +6,11 @@ import ipaddress
 import re
 from functools import lru_cache
 from pathlib import Path
-from typing import Annotated, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from .trainspec import Strict, TrainSpec
+from .trainspec import Strict
 
 Tier = Literal["1g", "10g", "25g"]
 TIER_GBPS: dict[str, int] = {"1g": 1, "10g": 10, "25g": 25}
@@ -75,7 +75,9 @@ class ClusterBase(Strict):
 
     @field_validator("private_cidr")
     @classmethod
-    def _private_ipv4_network(cls, value: str) -> str:
+    def _private_ipv4_network(cls, value: str | None) -> str | None:
+        if value is None:  # an ssh cluster derives it from its hosts
+            return None
         try:
             net = ipaddress.IPv4Network(value, strict=True)
         except ValueError as e:
@@ -170,103 +172,3 @@ class CloudCluster(ClusterBase):
     @property
     def public_key(self) -> str:
         return Path(self.ssh_public_key).expanduser().read_text().strip()
-
-
-class SimCluster(ClusterBase):
-    """Nodes on this machine: network namespaces shaped with tc, or loopback addresses."""
-
-    provider: Literal["sim"]
-    isolation: Literal["auto", "netns", "loopback"] = "auto"
-    ssh_user: str = ""
-
-    @property
-    def region(self) -> str:
-        return "local"
-
-
-class AwsCluster(CloudCluster):
-    provider: Literal["aws"]
-    machine_field: ClassVar[str] = "instance_type"  # the key that names a machine type
-    prefix_range: ClassVar[tuple[int, int]] = (16, 28)  # what EC2 accepts for a VPC and subnet
-    instance_type: str | None = None
-    availability_zone: str | None = None
-
-    @field_validator("region")
-    @classmethod
-    def _known_region(cls, value: str) -> str:
-        if value not in aws_regions():
-            raise ValueError(f"{value!r} is not an AWS region (for example us-east-1, eu-west-1)")
-        return value
-
-
-class DigitalOceanCluster(CloudCluster):
-    provider: Literal["digitalocean"]
-    machine_field: ClassVar[str] = "size"
-    prefix_range: ClassVar[tuple[int, int]] = (16, 24)  # what DigitalOcean accepts for a VPC
-    size: str | None = None
-    image: str = "ubuntu-24-04-x64"
-    ssh_user: str = "root"
-    # DigitalOcean refuses to add a public key the account already holds: name that key instead.
-    ssh_key_fingerprint: str | None = None
-
-    @field_validator("ssh_key_fingerprint")
-    @classmethod
-    def _md5_fingerprint(cls, value: str | None) -> str | None:
-        if value is not None and not re.fullmatch(r"([0-9a-f]{2}:){15}[0-9a-f]{2}", value):
-            raise ValueError(f"{value!r} is not an MD5 key fingerprint such as 3b:16:...:9f (see `doctl compute ssh-key list`)")
-        return value
-
-    @field_validator("region")
-    @classmethod
-    def _known_region(cls, value: str) -> str:
-        if value not in DIGITALOCEAN_REGIONS:
-            raise ValueError(f"{value!r} is not a DigitalOcean region; allowed: {', '.join(DIGITALOCEAN_REGIONS)}")
-        return value
-
-
-# The cluster file's models, one per provider, by the `provider` key that selects them.
-CLUSTER_MODELS: dict[str, type[ClusterBase]] = {
-    "sim": SimCluster, "aws": AwsCluster, "digitalocean": DigitalOceanCluster,
-}
-PROVIDERS = tuple(CLUSTER_MODELS)
-Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster, Field(discriminator="provider")]
-
-
-class ProjectSpec(Strict):
-    clusters: dict[str, Cluster] = Field(min_length=1)
-    train: TrainSpec = Field(default_factory=TrainSpec)
-
-    @field_validator("clusters", mode="before")
-    @classmethod
-    def _names_from_keys(cls, value):
-        if isinstance(value, dict):
-            for key, table in value.items():
-                if key in RESERVED_NAMES:
-                    raise ValueError(f"cluster name {key!r} is reserved (.fatpipe/{key}/ is not a cluster's folder)")
-                if not NAME_PATTERN.match(key):
-                    raise ValueError(
-                        f"cluster name {key!r} must be lowercase letters, digits and '-', "
-                        "starting with a letter, at most 24 characters"
-                    )
-                if isinstance(table, dict):
-                    if "name" in table and table["name"] != key:
-                        raise ValueError(f"clusters.{key}.name must equal its table key or be left out")
-                    table["name"] = key
-        return value
-
-    @model_validator(mode="after")
-    def _sim_addresses_distinct(self):
-        # Two sim clusters on one machine must not share addresses: not their networks, nor the
-        # loopback ranges derived from them (127.<low 24 bits of the network>).
-        sims = [c for c in self.clusters.values() if c.provider == "sim"]
-        for i, a in enumerate(sims):
-            net_a = ipaddress.IPv4Network(a.private_cidr)
-            for b in sims[i + 1:]:
-                net_b = ipaddress.IPv4Network(b.private_cidr)
-                low_a, low_b = (int(n.network_address) & 0xFFFFFF for n in (net_a, net_b))
-                if net_a.overlaps(net_b) or low_a == low_b:
-                    raise ValueError(
-                        f"sim clusters {a.name} and {b.name} would share addresses ({a.private_cidr}, "
-                        f"{b.private_cidr}); give one another private_cidr, e.g. 10.43.0.0/24"
-                    )
-        return self

@@ -68,4 +68,32 @@ steps = 200
 comm = "auto"
 '''
 
-TEMPLATES = {"sim": SIM, "aws": AWS, "digitalocean": DIGITALOCEAN}
+SSH = '''\
+# fatpipe.toml: machines you already rent, reached over SSH. fatpipe tunes them on deploy and
+# hands them back as they were on down; it never creates or deletes a machine.
+
+[clusters.rented]
+provider = "ssh"
+tier = "1g"                           # 1g | 10g | 25g: what the private links must carry
+ssh_user = "root"                     # the default login; a login that is not root needs passwordless sudo
+# ssh_key_file = "~/.ssh/id_ed25519"  # default: what ssh itself uses (~/.ssh/config, agent)
+# mtu = 1400                          # default: the private NIC's MTU is left as it is
+# install_packages = true             # apt-get iperf3, rsync, python3-venv, ... where apt exists
+
+[[clusters.rented.hosts]]
+address = "203.0.113.10"              # what ssh dials: an IP, a name, or a ~/.ssh/config alias
+private_ip = "10.0.0.10"              # the host's address on the fast private network
+# port = 22
+# user = "ubuntu"
+
+[[clusters.rented.hosts]]
+address = "203.0.113.11"
+private_ip = "10.0.0.11"
+
+[train]
+preset = "small"
+steps = 200
+comm = "auto"
+'''
+
+TEMPLATES = {"sim": SIM, "aws": AWS, "digitalocean": DIGITALOCEAN, "ssh": SSH}

@@ -51,6 +51,8 @@ class NodePlan:
     python: str  # the interpreter that runs torchrun there
     ssh_user: str = ""
     ssh_port: int | None = None
+    ssh_key_file: str | None = None
+    ssh_host: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     command: list[str] = field(default_factory=list)
 
@@ -171,12 +173,13 @@ def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str
                 "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
         workdir, python = str(project.root), sys.executable
     else:
-        workdir = remote_dir(outputs.name, node.name)
+        workdir = node.remote_dir or remote_dir(outputs.name, node.name)
         python = remote_python or f"{REMOTE_VENV}/bin/python"
     return NodePlan(
         rank=rank, name=node.name, transport=node.transport, private_ip=node.private_ip,
         public_ip=node.public_ip, netns=node.netns, workdir=workdir, python=python,
-        ssh_user=node.ssh_user or outputs.ssh_user, ssh_port=node.ssh_port, env=env,
+        ssh_user=node.ssh_user or outputs.ssh_user, ssh_port=node.ssh_port, ssh_key_file=node.ssh_key_file,
+        ssh_host=node.ssh_host, env=env,
     )
 
 

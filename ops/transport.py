@@ -138,9 +138,9 @@ class SshTransport(Transport):
     kind = "ssh"
 
     def __init__(self, node_name: str, host: str, known_hosts: Path, user: str = "",
-                 port: int | None = None, config: str | None = None):
+                 port: int | None = None, config: str | None = None, identity: str | None = None):
         super().__init__(node_name)
-        self.host, self.user, self.port = host, user, port
+        self.host, self.user, self.port, self.identity = host, user, port, identity
         self.known_hosts = Path(known_hosts)
         self.config = config if config is not None else os.environ.get(SSH_CONFIG_ENV) or None
 
@@ -161,6 +161,8 @@ class SshTransport(Transport):
             "-o", f"ControlPersist={CONTROL_PERSIST_S}",
             "-o", "LogLevel=ERROR",
         ]
+        if self.identity:  # this key only: an agent's other keys must not use up the tries
+            opts += ["-i", str(Path(self.identity).expanduser()), "-o", "IdentitiesOnly=yes"]
         if self.port:
             opts += ["-p", str(self.port)]
         if self.user:
@@ -214,9 +216,9 @@ def transport_for(node, state_dir: Path, ssh_user: str = "") -> Transport:
         return LocalTransport(node.name)
     if node.transport == "netns":
         return NetnsTransport(node.name, node.netns)
-    user = node.ssh_user or ssh_user
-    port = node.ssh_port
-    return SshTransport(node.name, node.public_ip, Path(state_dir) / "known_hosts", user=user, port=port)
+    host = node.ssh_host or node.public_ip
+    return SshTransport(node.name, host, Path(state_dir) / "known_hosts", user=node.ssh_user or ssh_user,
+                        port=node.ssh_port, identity=node.ssh_key_file)
 
 
 def transports_for(outputs, state_dir: Path) -> list[Transport]:

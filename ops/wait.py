@@ -16,6 +16,9 @@ from fatpipe.infra.tiers import sysctl_mismatches, tier_name, tier_profile
 from .transport import Transport, fan_out, transports_for
 
 MARK = "@@fatpipe"
+# Root qdiscs the kernel attaches by itself; the node profile replaces these with fq, and leaves
+# any other (a tbf or htb someone installed to shape the link) alone.
+DEFAULT_QDISCS = ("pfifo_fast", "pfifo", "fq_codel", "mq", "noqueue", "fq")
 
 
 @dataclass
@@ -44,9 +47,11 @@ def probe_command(ready_file: str, names: list[str]) -> str:
         f"printf '{MARK} sysctl %s %s\\n' {shlex.quote(n)} \"$(cat /proc/sys/{n.replace('.', '/')} 2>/dev/null)\";"
         for n in names
     )
+    # A machine's own marker may sit below $FATPIPE_ROOT (a sim node that shares its host's files).
+    path = f'"${{FATPIPE_ROOT:-}}"{shlex.quote(ready_file)}' if ready_file == CLOUD_READY_FILE else shlex.quote(ready_file)
     return (
-        f"echo {MARK} reachable; if [ -r {shlex.quote(ready_file)} ]; then echo {MARK} marker; "
-        f"cat {shlex.quote(ready_file)}; echo; else echo {MARK} no-marker; fi; {reads} true"
+        f"echo {MARK} reachable; if [ -r {path} ]; then echo {MARK} marker; "
+        f"cat {path}; echo; else echo {MARK} no-marker; fi; {reads} true"
     )
 
 
@@ -98,12 +103,19 @@ def check_node(transport: Transport, node, declared: dict[str, str], timeout: fl
     # A sim node can only set what its namespace holds; the rest is the host's business.
     if "namespaced" in marker and node.transport != "ssh":
         declared = {k: v for k, v in declared.items() if k in set(marker["namespaced"])}
+    # Applied over SSH: what the kernel refused or does not have here (a namespace, a container
+    # VPS) is reported with the node's state, not waited for.
+    applied = marker.get("sysctl_apply") or {}
+    untaken = sorted({*applied.get("refused", {}), *applied.get("absent", [])} & set(declared))
+    declared = {k: v for k, v in declared.items() if k not in untaken}
     state.checked = len(declared)
     problems = [f"sysctl {p}" for p in sysctl_mismatches(declared, values)] + profile_problems(marker)
     if problems:
         state.reason = problems[0] + (f" (+{len(problems) - 1} more)" if len(problems) > 1 else "")
         return state
     state.sysctls_ok, state.reason = True, "ready"
+    if untaken:
+        state.reason = f"ready; the kernel did not take {', '.join(untaken)}"
     return state
 
 
@@ -115,7 +127,8 @@ def profile_problems(marker: dict) -> list[str]:
         problems.append(f"packages not installed: {', '.join(missing)} (apt failed at boot? see "
                         "/var/log/cloud-init-output.log)")
     qdisc = marker.get("qdisc")
-    if isinstance(qdisc, list) and (not qdisc or "fq" not in qdisc or set(qdisc) - {"fq", "mq"}):
+    shaped = isinstance(qdisc, list) and qdisc[:1] and qdisc[0] not in DEFAULT_QDISCS  # someone's shaper
+    if isinstance(qdisc, list) and not shaped and (not qdisc or "fq" not in qdisc or set(qdisc) - {"fq", "mq"}):
         problems.append(f"qdisc {' '.join(qdisc) or 'none'} on {marker.get('iface')} (want fq, or mq of fq)")
     return problems
 

@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import collections
 import json
 import os
+import re
 import shutil
-import subprocess
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.defaults import DEFAULT_ENGINE, ENGINES
@@ -18,6 +18,7 @@ from fatpipe.infra.outputs import ClusterOutputs, parse_outputs
 from fatpipe.infra.runs import outputs_file as outputs_path
 
 from .providers import provider_for
+from .shield import capture, hold_signals, shield_cdk_runtime, stream
 
 CDKTF_LOCAL = Path(".tools/node_modules/.bin/cdktf")
 OVERRIDE_GLOB = "*_override.tf.json"  # Terraform merges these over the synthesized JSON
@@ -25,6 +26,34 @@ OVERRIDE_GLOB = "*_override.tf.json"  # Terraform merges these over the synthesi
 QUIET_ENV = {"CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1", "TF_INPUT": "0", "CI": "1"}
 
 Log = Callable[[str], None]
+DESTROYED = re.compile(r"(\S+): Destruction complete")  # terraform's, tofu's and cdktf's line per resource
+
+
+@dataclass
+class Teardown:
+    """What a destroy did: the engine's resources, the leftovers swept after it, what it left alone."""
+
+    cluster: str
+    destroyed: list[str] = field(default_factory=list)  # resource addresses the engine destroyed
+    swept: list[str] = field(default_factory=list)  # this project's leftovers removed after it
+    kept: list[str] = field(default_factory=list)  # named like the cluster's nodes, another project's
+
+    def summary(self) -> str:
+        parts = [f"destroyed {len(self.destroyed)} resource(s)" if self.destroyed else "nothing was deployed"]
+        if self.swept:
+            parts.append("removed leftovers: " + ", ".join(self.swept))
+        if self.kept:
+            parts.append("left alone (another project's): " + ", ".join(self.kept))
+        return "; ".join(parts)
+
+
+def synth_stack(project, name: str) -> Path:
+    """Synthesize one cluster's stack, the CDK runtime shielded from Ctrl-C and never cut mid-call."""
+    from .app import synth
+
+    shield_cdk_runtime()
+    with hold_signals():
+        return synth(project, [name])[name]
 
 
 def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGINE, yes: bool = False,
@@ -43,6 +72,7 @@ def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGIN
         if confirm is None or not confirm(question):
             raise FatpipeError(f"deploy of {name} cancelled; nothing was created (--yes skips the question)")
     runner = Runner(engine, project, name, log)
+    runner.replace = _vanished(project, cluster, engine, log)
     doc = runner.apply()
     outputs = parse_outputs(doc, name, label=f"{engine} outputs of {name}")
     write_json_atomic(outputs_path(project, name), outputs.model_dump(mode="json"))
@@ -50,20 +80,53 @@ def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGIN
 
 
 def destroy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGINE,
-                    log: Log | None = None) -> list[str]:
-    """Destroy `name`'s stack and remove its outputs; returns sim leftovers that had to be swept."""
+                    log: Log | None = None) -> Teardown:
+    """Destroy `name`'s stack and remove its outputs; says what went, and what was left alone."""
     log = log or _quiet
     if name is None:
         name = project.cluster(None).name
-    runner = Runner(engine, project, name, log)
-    runner.destroy()
+    result = Teardown(name)
+
+    def record(line: str) -> None:
+        found = DESTROYED.search(line)
+        if found:
+            result.destroyed.append(found.group(1))
+        log(line)
+
+    Runner(engine, project, name, record).destroy()
     cluster = project.clusters.get(name)
     # An undeclared cluster can only be a sim one left from an edited file (clouds need their spec).
-    swept = provider_for(cluster.provider if cluster else "sim").sweep(project, name, log)
+    provider = provider_for(cluster.provider if cluster else "sim")
+    result.swept = provider.sweep(project, name, log)
+    if provider.name == "sim":
+        from .providers.sim import foreign_nodes
+
+        result.kept = foreign_nodes(name)
     outputs_path(project, name).unlink(missing_ok=True)
     # The next deploy brings new nodes with new host keys, which accept-new would refuse.
     (project.state_dir(name) / "known_hosts").unlink(missing_ok=True)
-    return swept
+    return result
+
+
+def _vanished(project, cluster, engine: str, log: Log) -> list[str]:
+    """Addresses of sim nodes that terraform's state holds but this machine lost (a restart clears
+    namespaces): a plain apply would see nothing to do, so they are replaced."""
+    if cluster.provider != "sim" or not outputs_path(project, cluster.name).exists():
+        return []
+    from fatpipe.infra.outputs import read_outputs
+
+    from .providers.sim import vanished_nodes
+
+    try:
+        gone = vanished_nodes(read_outputs(outputs_path(project, cluster.name), cluster.name))
+    except FatpipeError:
+        return []  # unreadable outputs: the apply rewrites them
+    if gone and engine == "cdktf":
+        raise FatpipeError(f"{', '.join(gone)}: gone from this machine though deployed; cdktf cannot "
+                           f"replace single nodes: `fatpipe down {cluster.name}`, then deploy again")
+    if gone:
+        log(f"{', '.join(gone)}: gone from this machine though deployed; making them again")
+    return [f"terraform_data.node-{name.rsplit('-', 1)[1]}" for name in gone]
 
 
 class Runner:
@@ -73,6 +136,7 @@ class Runner:
         if engine not in ENGINES:
             raise FatpipeError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
         self.engine, self.project, self.name, self.log = engine, project, name, log
+        self.replace: list[str] = []  # resource addresses the next apply replaces
         self.binary = _find_binary(engine, project.root)
 
     # --- the two operations ---
@@ -84,11 +148,12 @@ class Runner:
             return self._cdktf_deploy(stack_dir)
         self._init(stack_dir)
         try:
-            self._tf(stack_dir, "apply", "-auto-approve", "-input=false")
+            self._tf(stack_dir, "apply", "-auto-approve", "-input=false",
+                     *(f"-replace={address}" for address in self.replace))
         except FatpipeError as e:
             raise FatpipeError(self._partial_message("apply", stack_dir, e)) from None
-        return json.loads(_capture([self.binary, f"-chdir={stack_dir}", "output", "-json"],
-                                   self.project.root))
+        return json.loads(capture([self.binary, f"-chdir={stack_dir}", "output", "-json"],
+                                  self.project.root, _env()))
 
     def destroy(self) -> None:
         stack_dir = self._synth(required=False)
@@ -129,18 +194,18 @@ class Runner:
 
     def _synth(self, required: bool) -> Path | None:
         """A fresh synth while the cluster is declared; else the folder of its last synth."""
-        from .app import OUTDIR, synth
+        from .app import OUTDIR
 
         if self.name in self.project.clusters:
-            return synth(self.project, [self.name])[self.name]
+            return synth_stack(self.project, self.name)
         if required:
             self.project.cluster(self.name)  # raises the "no cluster" message
         stack_dir = self.project.root / OUTDIR / "stacks" / self.name
         return stack_dir if (stack_dir / "cdk.tf.json").is_file() else None
 
     def _tf(self, stack_dir: Path, *args: str) -> str:
-        return _stream([self.binary, f"-chdir={stack_dir}", *args, "-no-color"], self.project.root,
-                       self.log)
+        return stream([self.binary, f"-chdir={stack_dir}", *args, "-no-color"], self.project.root,
+                      self.log, _env())
 
     def _cdktf(self, stack_dir: Path, command: str, *args: str) -> str:
         # --skip-synth: deploy exactly the JSON fatpipe synthesized. The CLI still insists on a
@@ -149,10 +214,10 @@ class Runner:
         outdir = stack_dir.parent.parent
         argv = [self.binary, command, *args, "--skip-synth", "--output", str(outdir), "--no-color"]
         if (self.project.root / "cdktf.json").is_file():
-            return _stream(argv, self.project.root, self.log)
+            return stream(argv, self.project.root, self.log, _env())
         with tempfile.TemporaryDirectory(prefix="fatpipe-cdktf-") as tmp:
             Path(tmp, "cdktf.json").write_text(json.dumps({"language": "python", "app": "true"}))
-            return _stream(argv, Path(tmp), self.log)
+            return stream(argv, Path(tmp), self.log, _env())
 
     def _cdktf_deploy(self, stack_dir: Path) -> dict:
         with tempfile.TemporaryDirectory(prefix="fatpipe-cdktf-") as tmp:
@@ -168,7 +233,7 @@ class Runner:
         """The failure, and which resources exist now: nothing half-made goes unreported."""
         binary = self.binary if self.engine != "cdktf" else _find_binary("terraform", self.project.root)
         try:
-            left = _capture([binary, f"-chdir={stack_dir}", "state", "list"], self.project.root).split()
+            left = capture([binary, f"-chdir={stack_dir}", "state", "list"], self.project.root, _env()).split()
         except FatpipeError:
             left = ["(could not read the state)"]
         exists = ", ".join(left) if left else "none"
@@ -178,39 +243,8 @@ class Runner:
                 f"or `fatpipe down {self.name}` to remove them")
 
 
-def _stream(argv: list, cwd: Path, log: Log) -> str:
-    """Run `argv`, handing each output line to `log`; return stdout, or raise with the error lines."""
-    env = {**os.environ, **QUIET_ENV}
-    tail: collections.deque[str] = collections.deque(maxlen=60)
-    out: list[str] = []
-    with subprocess.Popen([str(a) for a in argv], cwd=cwd, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
-        for line in proc.stdout:
-            line = line.rstrip("\n")
-            out.append(line)
-            tail.append(line)
-            log(line)
-    if proc.returncode != 0:
-        raise FatpipeError(_error_lines(list(tail)) or f"{argv[0]} exited with {proc.returncode}")
-    return "\n".join(out)
-
-
-def _capture(argv: list, cwd: Path) -> str:
-    """Run `argv` quietly and return its stdout (terraform warns on stderr, which stays apart)."""
-    proc = subprocess.run([str(a) for a in argv], cwd=cwd, env={**os.environ, **QUIET_ENV},
-                          text=True, capture_output=True)
-    if proc.returncode != 0:
-        raise FatpipeError(_error_lines(proc.stderr.splitlines()) or f"{argv[0]} exited with {proc.returncode}")
-    return proc.stdout
-
-
-def _error_lines(lines: list[str]) -> str:
-    """From terraform's first `Error:` diagnostic on (not a provisioner's echo), else the last lines."""
-    for i, line in enumerate(lines):
-        if line.lstrip("│╷ ").startswith("Error:"):
-            kept = [x for x in lines[i:i + 20] if x.strip(" │╷╵")]
-            return "\n".join([kept[0].lstrip("│╷ ").removeprefix("Error: "), *kept[1:]])
-    return "\n".join(lines[-10:])
+def _env() -> dict:
+    return {**os.environ, **QUIET_ENV}
 
 
 def _find_binary(engine: str, root: Path) -> str:

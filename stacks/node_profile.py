@@ -13,6 +13,7 @@ from fatpipe.infra.node import (
     NET_SCRIPT,
     READY_FILE,
     READY_SCRIPT,
+    SYSCTL_APPLY_FILE,
     SYSCTL_FILE,
     UNIT,
     UNIT_FILE,
@@ -43,21 +44,30 @@ sys.exit("no interface holds an address in " + sys.argv[1])
 ' "$CIDR")
 IFACE=${{found% *}}
 ADDR=${{found#* }}
-ip link set dev "$IFACE" mtu "$MTU" || echo "fatpipe-net: could not set MTU $MTU on $IFACE" >&2
+if [ -n "$MTU" ]; then  # empty: the machine's own network decides (machines fatpipe did not make)
+    ip link set dev "$IFACE" mtu "$MTU" || echo "fatpipe-net: could not set MTU $MTU on $IFACE" >&2
+fi
 # default_qdisc = fq reaches only qdiscs made after it was set, and the NIC's were made at
-# boot: drop its root so the kernel attaches the default again (fq, or mq with fq per queue).
-tc qdisc del dev "$IFACE" root 2>/dev/null || true
-mkdir -p /etc/fatpipe
+# boot: replace a default root with fq (a multi-queue NIC's mq is dropped, and the kernel makes
+# it again with fq on every queue). A shaper someone installed (tbf, htb, ...) is theirs: it stays.
+case "$(tc qdisc show dev "$IFACE" root | awk 'NR == 1 {{print $2}}')" in
+    mq) tc qdisc del dev "$IFACE" root 2>/dev/null || true ;;
+    pfifo_fast|pfifo|fq_codel|noqueue|"") tc qdisc replace dev "$IFACE" root fq 2>/dev/null || true ;;
+esac
+# FATPIPE_ROOT: a sim node that shares its host's files keeps them below its own folder.
+R="${{FATPIPE_ROOT:-}}"
+mkdir -p "$R/etc/fatpipe"
 # NCCL_SOCKET_IFNAME=ens5 is a prefix (ens5, ens50, ...); a leading = makes it exact.
 # GLOO_SOCKET_IFNAME takes one exact name.
 printf 'FATPIPE_IFACE=%s\\nFATPIPE_PRIVATE_IP=%s\\nNCCL_SOCKET_IFNAME==%s\\nGLOO_SOCKET_IFNAME=%s\\n' \\
-    "$IFACE" "$ADDR" "$IFACE" "$IFACE" > {net_env}
+    "$IFACE" "$ADDR" "$IFACE" "$IFACE" > "$R{net_env}"
 # NCCL reads /etc/nccl.conf at init; the tier's socket settings are already in it.
-sed -i '/^NCCL_SOCKET_IFNAME=/d' {nccl_conf}
-echo "NCCL_SOCKET_IFNAME==$IFACE" >> {nccl_conf}
+sed -i '/^NCCL_SOCKET_IFNAME=/d' "$R{nccl_conf}"
+echo "NCCL_SOCKET_IFNAME==$IFACE" >> "$R{nccl_conf}"
 # pam_env applies /etc/environment to SSH sessions too, so `ssh node torchrun ...` sees these.
-sed -i '/^NCCL_SOCKET_IFNAME=/d; /^GLOO_SOCKET_IFNAME=/d' /etc/environment
-printf 'NCCL_SOCKET_IFNAME==%s\\nGLOO_SOCKET_IFNAME=%s\\n' "$IFACE" "$IFACE" >> /etc/environment
+touch "$R/etc/environment"
+sed -i '/^NCCL_SOCKET_IFNAME=/d; /^GLOO_SOCKET_IFNAME=/d' "$R/etc/environment"
+printf 'NCCL_SOCKET_IFNAME==%s\\nGLOO_SOCKET_IFNAME=%s\\n' "$IFACE" "$IFACE" >> "$R/etc/environment"
 """
 
 # The last step: read back what the kernel actually applied, so `fatpipe wait` can compare it
@@ -67,6 +77,7 @@ READY_SCRIPT_TEXT = """\
 \"\"\"fatpipe: write {ready} with the network settings as read back from this node.\"\"\"
 import json, os, pathlib, subprocess, time
 
+R = os.environ.get("FATPIPE_ROOT", "")  # a sim node that shares its host's files: its folder
 SYSCTLS = {names}
 PACKAGES = {packages}
 
@@ -91,7 +102,7 @@ def keyvalues(path):
     return dict(l.split("=", 1) for l in p.read_text().split() if "=" in l) if p.exists() else {{}}
 
 
-env = keyvalues("{net_env}")
+env = keyvalues(R + "{net_env}")
 iface = env.get("FATPIPE_IFACE")
 mtu_file = pathlib.Path(f"/sys/class/net/{{iface}}/mtu")
 doc = {{
@@ -105,10 +116,13 @@ doc = {{
     # apt may have failed at boot (no egress yet): `wait` refuses a node without these.
     "packages": {{name: installed(name) for name in PACKAGES}},
     "bbr_available": "bbr" in (read("net.ipv4.tcp_available_congestion_control") or "").split(),
-    "nccl": keyvalues("{nccl_conf}"),
+    "nccl": keyvalues(R + "{nccl_conf}"),
+    # Applied over SSH: which sysctls the kernel took, refused or does not have here.
+    "sysctl_apply": json.loads(pathlib.Path(R + "{applied}").read_text())
+    if pathlib.Path(R + "{applied}").exists() else None,
     "time": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
 }}
-out = pathlib.Path("{ready}")
+out = pathlib.Path(R + "{ready}")
 out.parent.mkdir(parents=True, exist_ok=True)
 tmp = out.with_suffix(".tmp")
 tmp.write_text(json.dumps(doc, indent=1) + "\\n")
@@ -141,38 +155,57 @@ def nccl_conf(nccl: dict[str, str]) -> str:
     return "".join(f"{key}={value}\n" for key, value in nccl.items())
 
 
-def net_script(cidr: str, mtu: int) -> str:
+def net_script(cidr: str, mtu: int | None) -> str:
     return NET_SCRIPT_TEXT.format(
-        cidr=shlex.quote(cidr), mtu=int(mtu), net_env=NET_ENV, nccl_conf=NCCL_CONF
+        cidr=shlex.quote(cidr), mtu="" if mtu is None else int(mtu), net_env=NET_ENV, nccl_conf=NCCL_CONF
     )
 
 
-def ready_script(profile: TierProfile) -> str:
+def ready_script(profile: TierProfile, packages: tuple[str, ...] = PACKAGES) -> str:
+    """The ready marker's writer; it checks that `packages` (those the profile installs) are there."""
     return READY_SCRIPT_TEXT.format(
         ready=READY_FILE, names=json.dumps(list(profile.sysctls)), net_env=NET_ENV,
-        nccl_conf=NCCL_CONF, tier=profile.name, packages=json.dumps(list(PACKAGES)),
+        nccl_conf=NCCL_CONF, tier=profile.name, packages=json.dumps(list(packages)),
+        applied=SYSCTL_APPLY_FILE,
     )
+
+
+def profile_files(cluster, mtu: int | None, nccl: dict[str, str],
+                  packages: tuple[str, ...] = PACKAGES) -> dict[str, tuple[str, str]]:
+    """{path: (content, mode)}: every file the node profile puts on a node, however it gets there."""
+    profile = tier_profile(cluster.tier)
+    return {
+        SYSCTL_FILE: (sysctl_conf(profile), "0644"),
+        MODULES_FILE: ("tcp_bbr\nsch_fq\n", "0644"),
+        NCCL_CONF: (nccl_conf(nccl), "0644"),
+        NET_SCRIPT: (net_script(cluster.private_cidr, mtu), "0755"),
+        UNIT_FILE: (UNIT_TEXT, "0644"),
+        READY_SCRIPT: (ready_script(profile, packages), "0755"),
+    }
+
+
+def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool = True) -> dict:
+    """The node profile for the SSH applier (`ops.node_agent`): the same files, sysctls and
+    packages cloud-init gets, and what to run. `private_ip` is filled in per host."""
+    installs = PACKAGES if packages else ()
+    files = profile_files(cluster, mtu, nccl, installs)
+    return {
+        "files": {path: {"content": content, "mode": mode} for path, (content, mode) in files.items()},
+        "sysctls": tier_profile(cluster.tier).sysctls,
+        "packages": list(installs),
+        "unit": UNIT, "net_script": NET_SCRIPT, "ready_script": READY_SCRIPT,
+    }
 
 
 def cloud_config(cluster, mtu: int, nccl: dict[str, str]) -> dict:
     """The cloud-config document (a dict) for every node of `cluster`: its private NIC at `mtu`,
     NCCL's settings `nccl`."""
-    profile = tier_profile(cluster.tier)
-
-    def file(path, content, mode="0644"):
-        return {"path": path, "content": content, "permissions": mode, "owner": "root:root"}
-
+    files = profile_files(cluster, mtu, nccl)
     return {
         "package_update": True,
         "packages": list(PACKAGES),
-        "write_files": [
-            file(SYSCTL_FILE, sysctl_conf(profile)),
-            file(MODULES_FILE, "tcp_bbr\nsch_fq\n"),
-            file(NCCL_CONF, nccl_conf(nccl)),
-            file(NET_SCRIPT, net_script(cluster.private_cidr, mtu), "0755"),
-            file(UNIT_FILE, UNIT_TEXT),
-            file(READY_SCRIPT, ready_script(profile), "0755"),
-        ],
+        "write_files": [{"path": path, "content": content, "permissions": mode, "owner": "root:root"}
+                        for path, (content, mode) in files.items()],
         # runcmd runs after packages are installed; the ready marker is written last.
         "runcmd": [
             ["modprobe", "tcp_bbr"],

@@ -29,6 +29,7 @@ from .simlinks import (
     shape_link,
     tbf_burst_bytes,
 )
+from .simowner import OWNER_FILE, describe_owner, mark_owner, owns
 
 SIM_MTU = 1500  # a veth on a bridge, like the plain Ethernet of most VPS networks
 
@@ -46,6 +47,10 @@ class SimNode:
     netns: str = ""
     bridge: str = ""
     host_if: str = ""
+    project_id: str | None = None  # whose node this is: the project folder's .fatpipe/project-id
+    # False: a bare machine (the sim reached over ssh): the node profile tunes it over SSH, and
+    # records the kernel's defaults first, so `down` restores them.
+    tune: bool = True
 
     @property
     def name(self) -> str:
@@ -91,19 +96,24 @@ def netns_usable() -> bool:
 
 
 def node_up(node: SimNode, log=print) -> dict:
-    """Create the node and write its ready file last; on failure remove what was made."""
+    """Create the node and write its ready file last; on failure remove what was made.
+
+    A namespace of the same name is taken over only when it is this project's (a leftover);
+    another project's (a same-named cluster deployed from another folder) is refused.
+    """
     if node.isolation == "loopback":
         return _loopback_up(node)
     if netns_exists(node.netns):
-        if not node.node_dir.exists():
+        if not owns(node.netns, node.node_dir, node.project_id):
             raise FatpipeError(
                 f"network namespace {node.netns} exists but is not this project's node "
-                f"(another cluster named {node.cluster} on this machine?); remove it with "
-                f"`ip netns del {node.netns}` if it is stale"
+                f"({describe_owner(node.netns)}): `fatpipe down {node.cluster}` in the folder that "
+                f"deployed it, or give this cluster another name; `ip netns del {node.netns}` if it is stale"
             )
         log(f"{node.name}: removing a leftover namespace {node.netns}")
         node_down(node, log)
-    node.node_dir.mkdir(parents=True, exist_ok=True)
+    # The owner record comes first: a node-up killed half way leaves a namespace still known as ours.
+    write_json_atomic(node.node_dir / OWNER_FILE, {"project_id": node.project_id, "node": node.name})
     try:
         return _netns_up(node)
     except BaseException:
@@ -112,13 +122,19 @@ def node_up(node: SimNode, log=print) -> dict:
 
 
 def node_down(node: SimNode, log=print) -> None:
-    """Remove the node; safe to repeat, and removes the bridge with the cluster's last node."""
+    """Remove the node; safe to repeat, and removes the bridge with the cluster's last node.
+
+    Another project's namespace of the same name is left alone (only our own folder goes).
+    """
     if node.isolation == "netns":
-        if netns_exists(node.netns):
-            kill_netns_processes(node.netns, log)
-            run(["ip", "netns", "del", node.netns], check=False)
-        # Deleting the namespace destroys the pair; this catches a host end left by a failed up.
-        run(["ip", "link", "del", node.host_if], check=False)
+        if netns_exists(node.netns) and not owns(node.netns, node.node_dir, node.project_id):
+            log(f"{node.name}: leaving {node.netns} alone: {describe_owner(node.netns)}")
+        else:
+            if netns_exists(node.netns):
+                kill_netns_processes(node.netns, log)
+                run(["ip", "netns", "del", node.netns], check=False)
+            # Deleting the namespace destroys the pair; this catches a host end left by a failed up.
+            run(["ip", "link", "del", node.host_if], check=False)
         with bridge_lock(node.bridge):
             if link_exists(node.bridge) and not bridge_ports(node.bridge):
                 run(["ip", "link", "del", node.bridge], check=False)
@@ -142,6 +158,7 @@ def _netns_up(node: SimNode) -> dict:
     mtu = SIM_MTU
     ns = ["ip", "-n", node.netns]
     run(["ip", "netns", "add", node.netns])
+    mark_owner(node.netns, node.project_id)
     run(ns + ["link", "set", "lo", "up"])  # gloo and torchrun bind to loopback too
     run(["ip", "link", "add", node.host_if, "mtu", str(mtu), "type", "veth",
           "peer", "name", NODE_IFACE, "mtu", str(mtu), "netns", node.netns])
@@ -151,7 +168,7 @@ def _netns_up(node: SimNode) -> dict:
     run(ns + ["addr", "add", node.address, "dev", NODE_IFACE])
     run(ns + ["link", "set", NODE_IFACE, "up"])
     shape_link(node.netns, node.host_if, node.rate_gbit)
-    sysctls = apply_sysctls(node.netns, profile.sysctls)
+    sysctls = apply_sysctls(node.netns, profile.sysctls if node.tune else {})
     ready = {
         "node": node.name,
         "isolation": "netns",
@@ -162,6 +179,7 @@ def _netns_up(node: SimNode) -> dict:
         "rate_gbit": node.rate_gbit,
         "qdisc": {"kind": "tbf", "burst_bytes": tbf_burst_bytes(node.rate_gbit)},
         "tier": node.tier,
+        "project_id": node.project_id,
         **sysctls,
     }
     write_json_atomic(node.ready_file, ready)
@@ -185,6 +203,7 @@ def _loopback_up(node: SimNode) -> dict:
         "mtu": link_mtu("lo"),
         "rate_gbit": None,  # unshaped
         "tier": node.tier,
+        "project_id": node.project_id,
         "sysctls": sysctls,
         "namespaced": [],
         "not_namespaced": [],
@@ -199,24 +218,35 @@ def _loopback_up(node: SimNode) -> dict:
 
 
 def leftover_netns(cluster: str) -> list[str]:
-    """Namespaces named like this cluster's nodes that still exist."""
+    """Namespaces named like this cluster's nodes that still exist (whoever's they are)."""
     pattern = re.compile(rf"^fp-{re.escape(cluster)}-\d+$")
     return [name for name in netns_list() if pattern.match(name)]
 
 
-def sweep_cluster(cluster: str, nodes_dir: Path, log=print) -> list[str]:
-    """Remove every namespace and the bridge left by `cluster` (after a destroy that missed some)."""
+def sweep_cluster(cluster: str, nodes_dir: Path, log=print, project_id: str | None = None) -> list[str]:
+    """Remove this project's namespaces and the bridge left by `cluster` (after a destroy that
+    missed some); another project's namespaces of the same names stay. Returns what was removed.
+
+    `project_id` defaults to the id of the project in the working folder (where terraform runs
+    node-up, and where a test's project lives).
+    """
+    if project_id is None:
+        from fatpipe.infra.project import project_id_at
+
+        project_id = project_id_at(Path.cwd(), create=False)
     removed = []
     for ns in leftover_netns(cluster):
         index = int(ns.rsplit("-", 1)[1])
-        names = link_names(cluster, index)
-        node_dir = nodes_dir / f"{cluster}-{index}"
-        node_down(SimNode(cluster, index, "netns", "", "", 0, node_dir, **names), log)
+        node = SimNode(cluster, index, "netns", "", "", 0, nodes_dir / f"{cluster}-{index}",
+                       **link_names(cluster, index), project_id=project_id)
+        if not owns(node.netns, node.node_dir, node.project_id):
+            log(f"{cluster}: left {ns} alone: {describe_owner(ns)}")
+            continue
+        node_down(node, log)
         removed.append(ns)
     bridge = link_names(cluster, 0)["bridge"]
-    if link_exists(bridge) and not bridge_ports(bridge):
-        run(["ip", "link", "del", bridge], check=False)
-        removed.append(bridge)
+    with bridge_lock(bridge):
+        if link_exists(bridge) and not bridge_ports(bridge):
+            run(["ip", "link", "del", bridge], check=False)
+            removed.append(bridge)
     return removed
-
-

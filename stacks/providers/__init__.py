@@ -12,8 +12,9 @@ from .aws import AWS
 from .base import Provider
 from .digitalocean import DIGITALOCEAN
 from .sim import SIM
+from .ssh import SSH
 
-PROVIDERS: dict[str, Provider] = {p.name: p for p in (SIM, AWS, DIGITALOCEAN)}
+PROVIDERS: dict[str, Provider] = {p.name: p for p in (SIM, AWS, DIGITALOCEAN, SSH)}
 
 
 def provider_for(name: str) -> Provider:

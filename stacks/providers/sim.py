@@ -31,15 +31,40 @@ class Sim(Provider):
         return Estimate("local", float(cluster.tier_gbps), 0.0, "sim: this machine")
 
     def sweep(self, project, cluster_name: str, log) -> list[str]:
-        """Remove namespaces whose destroy provisioner never ran (a tainted or failed node)."""
+        """Remove this project's namespaces whose destroy provisioner never ran (a tainted or
+        failed node, a node-up cut short); another project's of the same names stay."""
         from fatpipe.stacks.simnet import sweep_cluster
 
         nodes_dir = project.state_dir(cluster_name) / "nodes"
-        swept = sweep_cluster(cluster_name, nodes_dir, log) if os.geteuid() == 0 else []
+        swept = sweep_cluster(cluster_name, nodes_dir, log, project.project_id) if os.geteuid() == 0 else []
         for leftover in swept:
             log(f"{cluster_name}: removed leftover {leftover}")
         shutil.rmtree(nodes_dir, ignore_errors=True)
         return swept
+
+
+def foreign_nodes(cluster_name: str) -> list[str]:
+    """Namespaces named like the cluster's nodes that are still there after its sweep: another
+    project's (a same-named cluster deployed from another folder)."""
+    from fatpipe.stacks.simnet import leftover_netns
+
+    return leftover_netns(cluster_name)
+
+
+def vanished_nodes(outputs) -> list[str]:
+    """Nodes of deployed sim `outputs` that are gone from this machine although terraform's state
+    still holds them (a reboot clears namespaces; someone ran `ip netns del` or removed .fatpipe/)."""
+    from fatpipe.stacks.simlinks import netns_exists
+
+    if outputs.provider != "sim":
+        return []
+    gone = []
+    for node in outputs.nodes:
+        # A loopback node is its folder (which holds the ready file); a netns node, its namespace.
+        missing_ns = node.transport == "netns" and not netns_exists(node.netns or "")
+        if missing_ns or (node.ready_file and not Path(node.ready_file).parent.is_dir()):
+            gone.append(node.name)
+    return gone
 
 
 SIM = Sim()

@@ -8,6 +8,7 @@ import sys
 from cdktf import LocalExecProvisioner, TerraformResource
 
 from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.node import READY_FILE
 from fatpipe.infra.spec import FIRST_HOST_OFFSET
 from fatpipe.stacks.simnet import link_names, loopback_ip, netns_usable
 
@@ -20,17 +21,18 @@ ROOT_FROM_STACK_DIR = "../../.."
 
 # Each input key becomes the node-up/node-down option --<key with dashes>.
 NODE_KEYS = ("cluster", "index", "isolation", "address", "tier", "rate_gbit", "node_dir",
-             "netns", "bridge", "host_if")
+             "netns", "bridge", "host_if", "transport")
 
 
-def resolve_isolation(isolation: str) -> str:
+def resolve_isolation(isolation: str, transport: str = "netns") -> str:
     """`auto` becomes netns when this process can create namespaces, else loopback."""
     if isolation == "loopback":
         return "loopback"
     if netns_usable():
         return "netns"
-    if isolation == "netns":
-        raise ConfigError("isolation = \"netns\" needs root and `ip netns`; use \"loopback\" or \"auto\"")
+    if isolation == "netns" or transport == "ssh":
+        what = 'transport = "ssh"' if transport == "ssh" else 'isolation = "netns"'
+        raise ConfigError(f'{what} needs root and `ip netns`; use isolation = "loopback" or "auto"')
     return "loopback"
 
 
@@ -47,6 +49,7 @@ def node_input(cluster, index: int, isolation: str) -> dict:
         "netns": "",
         "bridge": "",
         "host_if": "",
+        "transport": cluster.transport if isolation == "netns" else "local",
     }
     if isolation == "netns":
         prefix = cluster.private_cidr.split("/")[1]
@@ -75,6 +78,13 @@ def node_output(cluster, project, node: dict) -> dict:
     }
     if node["isolation"] == "netns":
         out["netns"] = node["netns"]
+    if node["transport"] == "ssh":
+        # Reached as a rented machine is: sshd on its private IP, the cluster's key, and the
+        # node's files below its own folder (it shares this machine's filesystem).
+        root = project.root / node["node_dir"] / "root"
+        out.update(transport="ssh", ssh_host=ip, ssh_port=22, ssh_user="root",
+                   ssh_key_file=str(project.root / ".fatpipe" / cluster.name / "ssh" / "id_ed25519"),
+                   remote_dir=str(root / "home" / "fatpipe"), ready_file=f"{root}{READY_FILE}")
     return out
 
 
@@ -83,7 +93,7 @@ class SimClusterConstruct(ClusterConstruct):
 
     def __init__(self, scope, id: str, *, cluster, project):
         super().__init__(scope, id)
-        isolation = resolve_isolation(cluster.isolation)
+        isolation = resolve_isolation(cluster.isolation, cluster.transport)
         self.nodes, outputs = [], []
         for index in range(cluster.nodes):
             node = node_input(cluster, index, isolation)

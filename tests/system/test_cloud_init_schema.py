@@ -9,7 +9,8 @@ import subprocess
 import pytest
 from conftest import skip_or_fail
 
-from fatpipe.infra.spec import TIER_GBPS, AwsCluster, DigitalOceanCluster, SimCluster
+from fatpipe.infra.clusters import AwsCluster, DigitalOceanCluster, SimCluster
+from fatpipe.infra.spec import TIER_GBPS
 from fatpipe.stacks.providers import PROVIDERS
 
 

@@ -62,7 +62,7 @@ def test_builds_the_torchrun_command_from_the_file_and_flags(run_cli, project_di
 
 
 def test_out_flag_and_missing_data(run_cli, project_dir, fake_torchrun):
-    result = run_cli("train", "--out", "elsewhere", "--preset", "tiny")
+    result = run_cli("train", "--run-dir", "elsewhere", "--preset", "tiny")
     assert result.exit_code == 0 and fake_torchrun.calls[0][-2:] == ["--out", "elsewhere"]
     result = run_cli("train", "--data", "no-such-corpus.txt")
     assert result.exit_code == 2 and "no-such-corpus.txt" in result.output

@@ -129,7 +129,7 @@ def test_p2p_tools_are_the_trainers():
 
 @pytest.mark.parametrize("provider", ["sim", "aws", "digitalocean"])
 def test_every_provider_is_registered_with_its_cluster_model(provider):
-    from fatpipe.infra.spec import CLUSTER_MODELS
+    from fatpipe.infra.clusters import CLUSTER_MODELS
     from fatpipe.stacks.providers import PROVIDERS, Provider
 
     assert set(PROVIDERS) == set(CLUSTER_MODELS)

@@ -7,8 +7,8 @@ import json
 import pytest
 
 from fatpipe.infra import catalog
+from fatpipe.infra.clusters import AwsCluster, DigitalOceanCluster
 from fatpipe.infra.errors import ConfigError, FatpipeError
-from fatpipe.infra.spec import AwsCluster, DigitalOceanCluster
 from fatpipe.stacks.providers import aws_api
 
 

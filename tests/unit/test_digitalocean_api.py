@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 import pytest
 
 from fatpipe.infra.catalog import load_catalog
+from fatpipe.infra.clusters import DigitalOceanCluster
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.project import load_project
-from fatpipe.infra.spec import DigitalOceanCluster
 from fatpipe.stacks.providers import DIGITALOCEAN
 from fatpipe.stacks.providers.digitalocean_api import md5_fingerprint, preflight
 

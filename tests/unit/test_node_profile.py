@@ -10,8 +10,8 @@ import sys
 import pytest
 
 from fatpipe.infra import node
+from fatpipe.infra.clusters import AwsCluster, DigitalOceanCluster, SimCluster
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.spec import AwsCluster, DigitalOceanCluster, SimCluster
 from fatpipe.infra.tiers import tier_profile
 from fatpipe.stacks.node_profile import render_cloud_init
 from fatpipe.stacks.providers import PROVIDERS
@@ -118,7 +118,8 @@ def test_net_script_makes_nccl_exact_and_rebuilds_the_qdisc(aws_cluster):
     script = files(parsed(user_data("aws", aws_cluster, "1g")))["/usr/local/sbin/fatpipe-net"]["content"]
     assert 'echo "NCCL_SOCKET_IFNAME==$IFACE"' in script  # =ens5: exactly ens5, not ens50
     assert "GLOO_SOCKET_IFNAME=%s" in script  # gloo takes one exact name, no =
-    assert 'tc qdisc del dev "$IFACE" root' in script
+    assert 'mq) tc qdisc del dev "$IFACE" root' in script
+    assert 'noqueue|"") tc qdisc replace dev "$IFACE" root fq' in script  # a shaper (tbf) stays
     assert script.index("qdisc del") > script.index('mtu "$MTU"')
 
 

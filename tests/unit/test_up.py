@@ -67,11 +67,11 @@ def test_wait_command_times_out_with_per_node_reasons(run_cli, project_dir):
                           "ready_file": str(project_dir / f"ready-{i}.json")} for i in range(2)]}
     (project_dir / "outputs.json").write_text(json.dumps(outputs))
     (project_dir / "ready-0.json").write_text(json.dumps({"iface": "lo", "mtu": 65536, "namespaced": []}))
-    result = run_cli("wait", "--outputs", "outputs.json", "--timeout", "2")
+    result = run_cli("wait", "--outputs", "outputs.json", "--wait-timeout", "2")
     assert result.exit_code == 1
     assert "1 node(s) not ready after 2 s" in result.output and "demo-1: booting: no ready marker" in result.output
     (project_dir / "ready-1.json").write_text(json.dumps({"iface": "lo", "mtu": 65536, "namespaced": []}))
-    result = run_cli("wait", "--outputs", "outputs.json", "--timeout", "5")
+    result = run_cli("wait", "--outputs", "outputs.json", "--wait-timeout", "5")
     assert result.exit_code == 0 and "2/2 ready" in result.output
 
 

@@ -1,0 +1,83 @@
+"""`fatpipe runs [CLUSTER]` lists a cluster's runs; `fatpipe runs prune [CLUSTER] --keep N` removes older ones."""
+
+from __future__ import annotations
+
+import json
+
+import click
+
+from .options import cluster_argument, console, pass_project
+from .steps import changing
+
+
+class DefaultToList(click.Group):
+    """`fatpipe runs [CLUSTER]` means `fatpipe runs list [CLUSTER]`: a name that is no subcommand is a cluster."""
+
+    def parse_args(self, ctx, args):
+        if not args or (args[0] not in self.commands and args[0] not in ("-h", "--help")):
+            args = ["list", *args]
+        return super().parse_args(ctx, args)
+
+
+@click.group(cls=DefaultToList)
+def runs():
+    """List a cluster's runs (`fatpipe runs [CLUSTER]`), or prune old ones (`fatpipe runs prune`)."""
+
+
+@runs.command("list")
+@cluster_argument
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+@pass_project
+def list_runs(project, cluster: str | None, as_json: bool):
+    """Every run, oldest first: outcome, steps, final loss, size on disk; * marks the latest."""
+    from fatpipe.infra.runinfo import human_size, list_runs
+
+    name = project.cluster(cluster).name
+    found = list_runs(project, name)
+    if as_json:
+        click.echo(json.dumps([{"id": r.id, "latest": r.latest, "outcome": r.outcome, "steps": r.last_step,
+                                "final_loss": r.final_loss, "size_bytes": r.size_bytes, "path": str(r.path)}
+                               for r in found], indent=2))
+        return
+    out = console()
+    if not found:
+        out.print(f"{name} has no runs yet (fatpipe up {name})")
+        return
+    from rich import box
+    from rich.table import Table
+
+    table = Table(title=f"runs of {name} (.fatpipe/{name}/runs/)", title_justify="left", box=box.SIMPLE_HEAD)
+    for column, justify in [("run", "left"), ("outcome", "left"), ("steps", "right"),
+                            ("final loss", "right"), ("size", "right")]:
+        table.add_column(column, justify=justify, no_wrap=True)
+    for r in found:
+        loss = f"{r.final_loss:.4f}" if isinstance(r.final_loss, (int, float)) else "-"
+        style = "green" if r.outcome == "ok" else "red" if r.outcome.startswith("failed") else None
+        table.add_row(r.id + (" *" if r.latest else ""), r.outcome, "-" if r.last_step is None else str(r.last_step),
+                      loss, human_size(r.size_bytes), style=style)
+    out.print(table)
+    total = sum(r.size_bytes for r in found)
+    out.print(f"[dim]* the latest (what status, logs and stop mean); {len(found)} run(s), {human_size(total)}; "
+              f"`fatpipe runs prune {name} --keep N` removes older ones[/]")
+
+
+@runs.command("prune")
+@cluster_argument
+@click.option("--keep", type=click.IntRange(0), required=True, help="How many of the newest runs to keep.")
+@click.option("--checkpoints", "checkpoints_only", is_flag=True,
+              help="Remove only the older runs' checkpoints/ (the bulk), keeping their logs and metrics.")
+@pass_project
+def prune(project, cluster: str | None, keep: int, checkpoints_only: bool):
+    """Remove all but the newest N runs; never the latest, nor one still running."""
+    from fatpipe.infra.runinfo import human_size, prune_runs
+    from fatpipe.ops.launch import running_nodes
+
+    name = project.cluster(cluster).name
+    with changing(project, name, "runs prune"):  # not under an `up` whose run is not the latest yet
+        busy = running_nodes(project, name)
+        freed = prune_runs(project, name, keep, checkpoints_only, spare={busy[0]} if busy else set())
+    what = "checkpoints of " if checkpoints_only else ""
+    out = console()
+    for run_id, size in freed:
+        out.print(f"  removed {what}{run_id} ({human_size(size)})")
+    out.print(f"{name}: removed {what}{len(freed)} run(s), {human_size(sum(s for _, s in freed))} freed")

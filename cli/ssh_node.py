@@ -1,0 +1,67 @@
+"""Hidden `fatpipe ssh-node apply/revert`: what an ssh cluster's terraform provisioners run."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+from pathlib import Path
+
+import click
+
+
+def host_options(func):
+    """The host as recorded in its terraform_data input; apply and revert take the same set."""
+    options = [
+        click.option("--name", required=True),
+        click.option("--address", required=True),
+        click.option("--port", type=int, default=22),
+        click.option("--user", default="root"),
+        click.option("--key-file", default=""),
+        click.option("--known-hosts", type=click.Path(path_type=Path), required=True),
+        click.option("--private-ip", required=True),
+    ]
+    for option in reversed(options):
+        func = option(func)
+
+    @functools.wraps(func)
+    def wrapper(name, address, port, user, key_file, known_hosts, **rest):
+        from fatpipe.ops.profile import SshHost
+
+        return func(SshHost(name, address, port, user, key_file or None), known_hosts, **rest)
+
+    return wrapper
+
+
+@click.group(hidden=True, name="ssh-node")
+def ssh_node():
+    """Tune and untune one machine of an ssh cluster (run by terraform's local-exec provisioners)."""
+
+
+@ssh_node.command("apply")
+@host_options
+def apply(host, known_hosts, private_ip):
+    """Apply the node profile in $FATPIPE_NODE_PROFILE to the host."""
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.ops.profile import apply_profile
+
+    text = os.environ.get("FATPIPE_NODE_PROFILE")
+    if not text:
+        raise FatpipeError("FATPIPE_NODE_PROFILE is not set (this command is run by the ssh stack)")
+    profile = {**json.loads(text), "private_ip": private_ip}
+    done = apply_profile(host, profile, known_hosts)
+    skipped = done.get("not_applied") or []
+    note = f"; the kernel did not take {', '.join(skipped)} here" if skipped else ""
+    click.echo(f"{host.where()}: tuned, {done.get('applied', 0)} sysctl(s) applied{note}")
+
+
+@ssh_node.command("revert")
+@host_options
+@click.option("--remote-dir", default="", help="The project folder fatpipe made there; removed too.")
+@click.option("--unit", required=True)
+def revert(host, known_hosts, private_ip, remote_dir, unit):
+    """Undo the node profile on the host and remove fatpipe's files there."""
+    from fatpipe.ops.profile import revert_profile
+
+    done = revert_profile(host, unit, [remote_dir] if remote_dir else [], known_hosts)
+    click.echo(f"{host.where()}: " + ("handed back as it was" if done.get("reverted") else "nothing to revert"))

@@ -1,0 +1,216 @@
+"""The cluster file, fatpipe.toml: one model per provider, and the whole file (ProjectSpec)."""
+
+from __future__ import annotations
+
+import ipaddress
+import re
+from typing import Annotated, ClassVar, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from .spec import (
+    DIGITALOCEAN_REGIONS,
+    NAME_PATTERN,
+    RESERVED_NAMES,
+    CloudCluster,
+    ClusterBase,
+    aws_regions,
+)
+from .trainspec import Strict, TrainSpec
+
+
+class SimCluster(ClusterBase):
+    """Nodes on this machine: network namespaces shaped with tc, or loopback addresses."""
+
+    provider: Literal["sim"]
+    isolation: Literal["auto", "netns", "loopback"] = "auto"
+    # ssh: every namespace runs sshd on its private IP, and fatpipe reaches and tunes the node
+    # over SSH exactly as it does a rented machine (netns isolation only).
+    transport: Literal["netns", "ssh"] = "netns"
+    ssh_user: str = ""
+
+    @model_validator(mode="after")
+    def _ssh_needs_namespaces(self):
+        if self.transport == "ssh" and self.isolation == "loopback":
+            raise ValueError("transport = \"ssh\" needs isolation = \"netns\" (or \"auto\" as root)")
+        return self
+
+    @property
+    def region(self) -> str:
+        return "local"
+
+
+class AwsCluster(CloudCluster):
+    provider: Literal["aws"]
+    machine_field: ClassVar[str] = "instance_type"  # the key that names a machine type
+    prefix_range: ClassVar[tuple[int, int]] = (16, 28)  # what EC2 accepts for a VPC and subnet
+    instance_type: str | None = None
+    availability_zone: str | None = None
+
+    @field_validator("region")
+    @classmethod
+    def _known_region(cls, value: str) -> str:
+        if value not in aws_regions():
+            raise ValueError(f"{value!r} is not an AWS region (for example us-east-1, eu-west-1)")
+        return value
+
+
+class DigitalOceanCluster(CloudCluster):
+    provider: Literal["digitalocean"]
+    machine_field: ClassVar[str] = "size"
+    prefix_range: ClassVar[tuple[int, int]] = (16, 24)  # what DigitalOcean accepts for a VPC
+    size: str | None = None
+    image: str = "ubuntu-24-04-x64"
+    ssh_user: str = "root"
+    # DigitalOcean refuses to add a public key the account already holds: name that key instead.
+    ssh_key_fingerprint: str | None = None
+
+    @field_validator("ssh_key_fingerprint")
+    @classmethod
+    def _md5_fingerprint(cls, value: str | None) -> str | None:
+        if value is not None and not re.fullmatch(r"([0-9a-f]{2}:){15}[0-9a-f]{2}", value):
+            raise ValueError(f"{value!r} is not an MD5 key fingerprint such as 3b:16:...:9f (see `doctl compute ssh-key list`)")
+        return value
+
+    @field_validator("region")
+    @classmethod
+    def _known_region(cls, value: str) -> str:
+        if value not in DIGITALOCEAN_REGIONS:
+            raise ValueError(f"{value!r} is not a DigitalOcean region; allowed: {', '.join(DIGITALOCEAN_REGIONS)}")
+        return value
+
+
+class SshHost(Strict):
+    """One machine of an `ssh` cluster: how to reach it, and its address on the fast network."""
+
+    address: str = Field(min_length=1)  # a host name or IP that SSH reaches (~/.ssh/config applies)
+    private_ip: str
+    port: int = Field(22, ge=1, le=65535)
+    user: str | None = None  # default: the cluster's ssh_user
+    name: str | None = None  # default: <cluster>-<index>
+    remote_dir: str | None = None  # the project folder there (default: ~/fatpipe/<cluster>)
+
+    @field_validator("private_ip")
+    @classmethod
+    def _ipv4(cls, value: str) -> str:
+        try:
+            return str(ipaddress.IPv4Address(value))
+        except ValueError:
+            raise ValueError(f"{value!r} is not an IPv4 address (the host's address on the private network)") from None
+
+
+class SshCluster(ClusterBase):
+    """Machines that already exist (rented anywhere), reached over SSH; fatpipe tunes and untunes them."""
+
+    provider: Literal["ssh"]
+    hosts: list[SshHost] = Field(min_length=1)
+    ssh_user: str = "root"
+    ssh_key_file: str | None = None  # a private key; default: what ssh itself would use
+    install_packages: bool = True  # apt-get the node tools (iperf3, rsync, ...) where apt exists
+    mtu: int | None = Field(None, ge=576, le=9216)  # the private NIC's MTU; default: left as it is
+    private_cidr: str | None = None  # default: the smallest network holding every private_ip
+
+    @model_validator(mode="before")
+    @classmethod
+    def _derive_nodes_and_network(cls, data):
+        if isinstance(data, dict) and isinstance(data.get("hosts"), list):
+            hosts = [h for h in data["hosts"] if isinstance(h, dict)]
+            if "nodes" in data and data["nodes"] != len(data["hosts"]):
+                raise ValueError(f"nodes is {data['nodes']} but {len(data['hosts'])} hosts are listed; leave nodes out")
+            data = {**data, "nodes": len(data["hosts"])}
+            ips = [h.get("private_ip") for h in hosts]
+            if data.get("private_cidr") is None and ips:
+                data["private_cidr"] = covering_network(ips)
+        return data
+
+    @model_validator(mode="after")
+    def _cidr_holds_nodes(self):
+        # Overrides ClusterBase's: hosts name their own private IPs (no .10+i numbering).
+        return self
+
+    @model_validator(mode="after")
+    def _hosts_distinct_and_inside(self):
+        net = ipaddress.IPv4Network(self.private_cidr or "0.0.0.0/0")
+        seen: dict[str, int] = {}
+        for i, host in enumerate(self.hosts):
+            for key in (f"{host.address}:{host.port}", host.private_ip, host.name or ""):
+                if key and key in seen:
+                    raise ValueError(f"hosts[{i}] repeats {key} of hosts[{seen[key]}]")
+                seen[key] = i
+            if ipaddress.IPv4Address(host.private_ip) not in net:
+                raise ValueError(f"hosts[{i}].private_ip {host.private_ip} is outside private_cidr {net}")
+        return self
+
+    @property
+    def region(self) -> str:
+        return "ssh"
+
+    def node_name(self, index: int) -> str:
+        return self.hosts[index].name or f"{self.name}-{index}"
+
+    def private_ip(self, index: int) -> str:
+        return self.hosts[index].private_ip
+
+
+def covering_network(ips: list) -> str | None:
+    """The smallest IPv4 network holding every address (at most a /30 around a single one);
+    None while an address is bad (the host's own validator names it)."""
+    try:
+        addresses = [ipaddress.IPv4Address(ip) for ip in ips]
+    except ValueError:
+        return None
+    prefix = 30
+    while prefix > 0:
+        net = ipaddress.IPv4Network(f"{addresses[0]}/{prefix}", strict=False)
+        if all(a in net for a in addresses):
+            return str(net)
+        prefix -= 1
+    return "0.0.0.0/0"
+
+
+# The cluster file's models, one per provider, by the `provider` key that selects them.
+CLUSTER_MODELS: dict[str, type[ClusterBase]] = {
+    "sim": SimCluster, "aws": AwsCluster, "digitalocean": DigitalOceanCluster, "ssh": SshCluster,
+}
+PROVIDERS = tuple(CLUSTER_MODELS)
+Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster | SshCluster, Field(discriminator="provider")]
+
+
+class ProjectSpec(Strict):
+    clusters: dict[str, Cluster] = Field(min_length=1)
+    train: TrainSpec = Field(default_factory=TrainSpec)
+
+    @field_validator("clusters", mode="before")
+    @classmethod
+    def _names_from_keys(cls, value):
+        if isinstance(value, dict):
+            for key, table in value.items():
+                if key in RESERVED_NAMES:
+                    raise ValueError(f"cluster name {key!r} is reserved (.fatpipe/{key}/ is not a cluster's folder)")
+                if not NAME_PATTERN.match(key):
+                    raise ValueError(
+                        f"cluster name {key!r} must be lowercase letters, digits and '-', "
+                        "starting with a letter, at most 24 characters"
+                    )
+                if isinstance(table, dict):
+                    if "name" in table and table["name"] != key:
+                        raise ValueError(f"clusters.{key}.name must equal its table key or be left out")
+                    table["name"] = key
+        return value
+
+    @model_validator(mode="after")
+    def _sim_addresses_distinct(self):
+        # Two sim clusters on one machine must not share addresses: not their networks, nor the
+        # loopback ranges derived from them (127.<low 24 bits of the network>).
+        sims = [c for c in self.clusters.values() if c.provider == "sim"]
+        for i, a in enumerate(sims):
+            net_a = ipaddress.IPv4Network(a.private_cidr)
+            for b in sims[i + 1:]:
+                net_b = ipaddress.IPv4Network(b.private_cidr)
+                low_a, low_b = (int(n.network_address) & 0xFFFFFF for n in (net_a, net_b))
+                if net_a.overlaps(net_b) or low_a == low_b:
+                    raise ValueError(
+                        f"sim clusters {a.name} and {b.name} would share addresses ({a.private_cidr}, "
+                        f"{b.private_cidr}); give one another private_cidr, e.g. 10.43.0.0/24"
+                    )
+        return self
