@@ -132,7 +132,7 @@ class Up:
 
     def say(self, text: str) -> None:
         try:
-            self.out.print(text, highlight=False)
+            self.out.print(text, highlight=False, soft_wrap=True)  # one line, whole, for copying
         except BrokenPipeError:
             silence_output()
 

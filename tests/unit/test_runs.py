@@ -15,6 +15,17 @@ from fatpipe.infra.runs import find_run, latest_run_id, mark_latest, new_run
 from fatpipe.ops.rendezvous import make_rendezvous
 
 
+@pytest.fixture(autouse=True)
+def ids_in_order(monkeypatch):
+    """Run ids sort by the second they were made in; these tests make several in one second."""
+    import itertools
+
+    from fatpipe.infra import runs
+
+    counter = itertools.count()
+    monkeypatch.setattr(runs, "new_run_id", lambda: f"20250101-000000-{next(counter):04x}")
+
+
 def outputs(transport: str = "local"):
     nodes = []
     for i in range(2):
