@@ -6,10 +6,13 @@ STAMP := $(VENV)/.fatpipe-installed
 # The CPU build, installed before the project so pip does not pull a multi-GB CUDA build.
 TORCH ?= torch==2.13.0
 CDKTF_CLI := .tools/node_modules/.bin/cdktf
+# A folder of its own: `npm install --no-save` into .tools would prune cdktf-cli as extraneous.
+CDKTN_CLI := .tools/cdktn/node_modules/.bin/cdktn
+CDKTN_STAMP := $(VENV)/.fatpipe-cdktn-installed
 CHECKOV := .tools/checkov/bin/checkov
 CHECKOV_VERSION ?= 3.3.30
 
-.PHONY: install cdktf-cli checkov demo test test-unit test-system lint clean
+.PHONY: install install-cdktn cdktf-cli cdktn-cli checkov demo test test-unit test-system lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -27,6 +30,25 @@ $(CDKTF_CLI):
 	else echo "npm not found: tests that run the cdktf CLI will be skipped"; fi
 
 cdktf-cli: $(CDKTF_CLI)
+
+# CDK Terrain, the maintained fork (README, "Choosing the toolkit"): the `cdktn` extra (its core
+# and AWS bindings) and its CLI, so the tests synthesize every stack with both toolkits.
+# --no-compile: byte-compiling all of the AWS bindings takes a minute; the few modules a stack
+# imports compile on first use instead (about 10 s for the extra, 30 s for the CLI and its Node).
+$(CDKTN_STAMP): $(STAMP)
+	$(BIN)/python -m pip install -q --no-compile -e '.[dev,cdktn]'
+	touch $@
+
+install-cdktn: $(CDKTN_STAMP)
+
+# cdktn-cli 0.24 needs Node >= 22.19: node@22 from npm puts one beside it in .bin, which the tests
+# put first on PATH (README: `PATH=.tools/cdktn/node_modules/.bin:$PATH cdktn synth`).
+$(CDKTN_CLI):
+	@if command -v npm >/dev/null; then \
+		npm install --silent --no-save --no-audit --no-fund --prefix .tools/cdktn cdktn-cli@0.24.0 node@22; \
+	else echo "npm not found: tests that run the cdktn CLI will be skipped"; fi
+
+cdktn-cli: $(CDKTN_CLI)
 
 # checkov (scans the synthesized stacks) in its own venv: its pins stay out of the project's.
 $(CHECKOV):
@@ -48,13 +70,13 @@ lint: install
 
 # Everything: lint, the unit tests (seconds, no real processes) and the system tests (real
 # terraform, namespaces, sshd, torchrun; minutes).
-test: install cdktf-cli checkov lint
+test: install install-cdktn cdktf-cli cdktn-cli checkov lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/unit tests/system
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
 
-test-system: install cdktf-cli checkov
+test-system: install install-cdktn cdktf-cli cdktn-cli checkov
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/system
 
 clean:

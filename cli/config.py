@@ -17,7 +17,9 @@ def config(project, cluster: str | None, as_json: bool):
     """Show the resolved cluster and train settings (all clusters when none is named), and what
     looks valid but surely is not meant."""
     from fatpipe.infra.project import train_warnings
+    from fatpipe.stacks.toolkit import report
 
+    toolkit = report()  # from package metadata: nothing is imported
     clusters = [project.cluster(cluster)] if cluster else list(project.clusters.values())
     warnings = train_warnings(project.train)
     if as_json:
@@ -26,11 +28,13 @@ def config(project, cluster: str | None, as_json: bool):
             "clusters": {c.name: c.model_dump(mode="json") for c in clusters},
             "train": project.train.model_dump(mode="json"),
             "warnings": warnings,
+            "toolkit": toolkit,
         }
         click.echo(json.dumps(doc, indent=2))
         return
     out = console()
     out.print(f"[bold]config[/]: {project.label}")
+    out.print(f"[bold]toolkit[/]: {toolkit['summary']}", highlight=False)
     for c in clusters:
         out.print(_table(f"cluster {c.name}", c.model_dump(mode="json")))
     out.print(_table("train", project.train.model_dump(mode="json")))

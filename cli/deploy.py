@@ -28,7 +28,12 @@ def deploy(project, cluster: str | None, engine: str, yes: bool, verbose: bool):
     out = console()
     name = project.cluster(cluster).name
     with changing(project, name, "deploy"):
-        outputs = deploy_outputs(project, name, engine, yes, verbose)
+        try:
+            outputs = deploy_outputs(project, name, engine, yes, verbose)
+        except KeyboardInterrupt:
+            out.print(f"[yellow]interrupted[/]: the engine stopped and saved its state; `fatpipe deploy {name}` "
+                      f"finishes the deployment, `fatpipe down {name}` removes what it made", soft_wrap=True)
+            raise
     for node in outputs.nodes:
         where = node.netns or node.public_ip or node.transport
         out.print(f"  {node.name:<20} {node.private_ip:<15} {where}")

@@ -59,6 +59,11 @@ class LazyGroup(click.Group):
             error = click.ClickException(str(e))
             error.exit_code = e.exit_code
             raise error from None
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM where a command takes it so: no traceback
+            from .steps import TERMINATED
+
+            click.echo("terminated" if TERMINATED.is_set() else "interrupted", err=True)
+            ctx.exit(143 if TERMINATED.is_set() else 130)
         except BrokenPipeError:  # `fatpipe ... | head`: the reader has what it wanted
             from .options import silence_output
 

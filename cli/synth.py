@@ -26,11 +26,13 @@ def synth(project, cluster: str | None, as_json: bool):
         spec = project.cluster(name)
         estimates[name] = provider_for(spec.provider).estimate(spec, project.root)
     from fatpipe.stacks.app import synth as synth_stacks
+    from fatpipe.stacks.toolkit import report
 
     folders = synth_stacks(project, names)
     rows = [_row(project.cluster(name), estimates[name], folders[name] / "cdk.tf.json") for name in names]
+    toolkit = report()
     if as_json:
-        click.echo(json.dumps({"clusters": rows}, indent=2))
+        click.echo(json.dumps({"clusters": rows, "toolkit": toolkit}, indent=2))
         return
     out = console()
     out.print(_table(rows))
@@ -39,6 +41,7 @@ def synth(project, cluster: str | None, as_json: bool):
         out.print(f"{r['cluster']}: {r['json']}", soft_wrap=True)
     out.print("[dim]Gbit/s: each node's baseline (sustained, not burst) private bandwidth; (limit): "
               "a documented ceiling, not a measured baseline: netcheck tells what you get[/]")
+    out.print(f"[dim]synthesized with {toolkit['summary']}[/]", highlight=False)
     for prices in sorted({e.prices for e in estimates.values() if e.hourly}):
         out.print(f"[dim]$/hour: all nodes, estimated from the offline {prices}[/]")
     for extras in sorted({e.extras for e in estimates.values() if e.extras}):

@@ -71,7 +71,8 @@ class UpFlags:
 @cluster_argument
 @engine_option
 @yes_option
-@click.option("--down-after", is_flag=True, help="Destroy the cluster at the end, also after a failure.")
+@click.option("--down-after", is_flag=True,
+              help="Destroy the cluster at the end, however up ends: success, failure, Ctrl-C, SIGTERM.")
 @click.option("--netcheck", "netcheck_mode", type=click.Choice(["full", "quick", "off"]), default="full",
               show_default=True,
               help="The link check before training: the full sweep, a quick one (as `netcheck --quick`), or off.")
@@ -237,16 +238,30 @@ class Up:
 
         self.report["summary"] = phases.run("summary", "what the run achieved", summary, spinner=False)
         note(self.out)(f"logs: fatpipe logs {outputs.name} --run {rdzv.run_id}")
+        self.draw_report(run_dir)
         return result.exit_code
+
+    def draw_report(self, run_dir: Path) -> None:
+        """The run's page (`fatpipe report`); a run too short to draw only says so."""
+        from fatpipe.infra.errors import FatpipeError
+        from fatpipe.ops.report import write_report
+
+        try:
+            page = write_report(run_dir)
+        except FatpipeError as e:
+            note(self.out)(f"no report: {e}")
+            return
+        self.report["report"] = str(page)
+        note(self.out)(f"report: {page}")
 
     def down(self, code: int) -> int:
         """Destroy the cluster, Ctrl-C guarded; says what went. A failed or abandoned destroy is
         reported with the command that finishes it, and makes the exit status nonzero."""
-        from fatpipe.stacks.engine import destroy_cluster
-
         name = self.spec.name
         try:
             with guarded_teardown(self.out, f"the teardown of {name}"):
+                from fatpipe.stacks.engine import destroy_cluster
+
                 result = self.phases.run("down", f"destroy {name} (--down-after)", lambda: destroy_cluster(
                     self.project, name, engine=self.flags.engine, log=terraform_log(self.flags.verbose)),
                     spinner=False)
@@ -261,6 +276,7 @@ class Up:
             self.say(f"[red]destroy of {name} failed[/]: {e}\nresources may be left: run `fatpipe down {name}`")
             return code or 1
         self.phases.get("down").note = result.summary()
+        self.report["teardown"] = asdict(result)
         self.say(f"{name}: {result.summary()}")
         return code
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .defaults import NETCHECK_FILE, RENDEZVOUS_FILE, SUMMARY_FILE, UP_REPORT_FILE
-from .runs import latest_run_id, runs_dir
+from .runs import latest_run_id, read_json_checked, runs_dir
 
 CHECKPOINTS = "checkpoints"
 TAIL_BYTES = 64 * 1024  # enough of metrics.jsonl's end for its last record
@@ -52,11 +52,7 @@ class RunInfo:
 
 def read_json_object(path: Path) -> dict:
     """A JSON object from `path`, or {} when it is missing or unreadable (a run cut short)."""
-    try:
-        doc = json.loads(Path(path).read_text())
-    except (OSError, ValueError):
-        return {}
-    return doc if isinstance(doc, dict) else {}
+    return read_json_checked(path)[0]
 
 
 def recorded_exits(path: Path) -> dict[str, int | None]:

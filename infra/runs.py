@@ -126,30 +126,33 @@ def find_run(project, cluster_name: str, run_id: str | None = None) -> tuple[str
 
 def check_rendezvous(path: Path) -> None:
     """Raise (exit 2, naming the file and the fix) when a rendezvous.json cannot be what fatpipe wrote."""
-    why = json_problem(path)
-    if why is None:
-        doc = json.loads(path.read_text())
-        if not isinstance(doc, dict) or not isinstance(doc.get("nodes"), list) or "run_id" not in doc:
-            why = "not a fatpipe rendezvous"
+    doc, why = read_json_checked(path)
+    if why is None and (not isinstance(doc.get("nodes"), list) or "run_id" not in doc):
+        why = "not a fatpipe rendezvous"
     if why is not None:
         raise FatpipeError(f"{path}: unreadable ({why}); this run cannot be followed or stopped: "
                            f"start a new one (`fatpipe launch`), and remove the folder "
                            f"(`fatpipe runs prune`) when done with it", exit_code=CORRUPT)
 
 
-def json_problem(path: Path) -> str | None:
-    """Why `path` is not a readable JSON object (None: it is one)."""
+def read_json_checked(path: Path) -> tuple[dict, str | None]:
+    """(the JSON object in `path`, None), or ({}, why it is not one: missing, cut short, ...)."""
     try:
         doc = json.loads(Path(path).read_text())
     except FileNotFoundError:
-        return "missing"
+        return {}, "missing"
     except UnicodeDecodeError:
-        return "not text"
+        return {}, "not text"
     except json.JSONDecodeError as e:
-        return f"not JSON: {e.msg} at line {e.lineno}"
+        return {}, f"not JSON: {e.msg} at line {e.lineno}"
     except OSError as e:
-        return e.strerror or str(e)
-    return None if isinstance(doc, dict) else "not a JSON object"
+        return {}, e.strerror or str(e)
+    return (doc, None) if isinstance(doc, dict) else ({}, "not a JSON object")
+
+
+def json_problem(path: Path) -> str | None:
+    """Why `path` is not a readable JSON object (None: it is one)."""
+    return read_json_checked(path)[1]
 
 
 # --- one command at a time changes a cluster ----------------------------------------------------

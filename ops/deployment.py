@@ -57,7 +57,8 @@ def reusable_netcheck(project, name: str, outputs_mtime: float) -> Path | None:
             doc = json.loads(path.read_text())
         except (OSError, ValueError):
             continue
-        passed = doc.get("gate", {}).get("passed")
-        if passed and path.stat().st_mtime > outputs_mtime:
+        gate = doc.get("gate") if isinstance(doc, dict) else None
+        passed = gate.get("passed") if isinstance(gate, dict) else False  # a corrupt file: not reused
+        if passed is True and path.stat().st_mtime > outputs_mtime:
             return path
     return None

@@ -18,6 +18,29 @@ from .transport import Transport, fan_out, transport_for
 
 LOST = 255  # the status of a node whose process vanished without writing its exit status
 STOP_WAIT_S = 10  # from SIGTERM to SIGKILL: torchrun stops its workers in this time
+# Every process of one torchrun attempt carries AGENT_TAG_ENV=<prefix><wrapper pid>-<attempt>.
+AGENT_TAG_ENV = "FATPIPE_AGENT"
+AGENT_TAG_PREFIX = "fatpipe-"
+# torch 2.13: a torchrun that joins a running job (a new agent, in a later rendezvous round) waits
+# for the address of the store the workers share, which node 0's agent writes under the round's
+# key prefix only in its own first round; the new agent blocked until its read timeout. This copies
+# that address into the next rounds' prefixes (never over a value already there) before a
+# restarted torchrun starts. Arguments: rendezvous host, port, rendezvous id.
+REJOIN_ROUNDS = 64
+REJOIN_PY = f"""
+import datetime, sys
+import torch.distributed as dist
+host, port, rid = sys.argv[1], int(sys.argv[2]), sys.argv[3]
+store = dist.TCPStore(host, port, is_master=False, timeout=datetime.timedelta(seconds=10))
+key = lambda r, k: f"torch.rendezvous.{{rid}}.{{r}}/{{k}}"
+first = next((r for r in range({REJOIN_ROUNDS}) if store.check([key(r, "MASTER_ADDR")])), None)
+if first is not None:
+    for k in ("MASTER_ADDR", "MASTER_PORT"):
+        value = store.get(key(first, k))
+        for r in range(first + 1, first + {REJOIN_ROUNDS}):
+            store.compare_set(key(r, k), "", value)
+"""
+REJOIN_TIMEOUT_S = 60
 Sink = Callable[[str, str], None]  # (node name, log line)
 Log = Callable[[str], None]
 
@@ -62,8 +85,8 @@ class NodeRun:
     def __init__(self, rdzv: Rendezvous, plan: NodePlan, transport: Transport):
         self.rdzv, self.plan, self.transport = rdzv, plan, transport
         stem = f"{rdzv.run_rel}/node-{plan.rank}"
-        self.script, self.log, self.pid, self.exit = (
-            shlex.quote(f"{stem}.{ext}") for ext in ("sh", "log", "pid", "exit")
+        self.script, self.log, self.pid, self.exit, self.stop = (
+            shlex.quote(f"{stem}.{ext}") for ext in ("sh", "log", "pid", "exit", "stop")
         )
         self.name = plan.name
 
@@ -72,18 +95,47 @@ class NodeRun:
         return f"cd {shlex.quote(self.plan.workdir)} && {snippet}"
 
     def start_command(self) -> str:
-        # The wrapper traps TERM/INT so that, when the group is signalled, it outlives torchrun
-        # (which shuts its workers down) and records torchrun's status.
-        inner = (
-            f'echo $$ > {self.pid}; trap true TERM INT HUP; bash {self.script} > {self.log} 2>&1 < /dev/null; '
-            f"echo $? > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"
-        )
+        inner = self._wrapper()
         return self.sh(
-            f"rm -f {self.exit} {self.pid} && : > {self.log} && "
+            f"rm -f {self.exit} {self.pid} {self.stop} && : > {self.log} && "
             f"setsid -f bash -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 && "
             f"for i in $(seq 100); do [ -s {self.pid} ] && exit 0; sleep 0.1; done; "
             'echo "fatpipe: the node process did not start" >&2; exit 1'
         )
+
+    def _wrapper(self) -> str:
+        """The node's process: runs torchrun (node-<rank>.sh), restarts it when it was killed,
+        and records its last status.
+
+        It traps TERM/INT/HUP so that, when the group is signalled, it outlives torchrun (which
+        shuts its workers down) and records torchrun's status. A torchrun killed by a signal
+        that `fatpipe stop` did not send (stop leaves a marker first) is started again, up to
+        the run's max_restarts times: its peers' agents see the new node in the rendezvous and
+        restart the whole worker group, which resumes from the checkpoint. Node 0's is not: it
+        hosts the rendezvous store, which died with it. torchrun exits 1 after a TERM it
+        handled, so its own "got signal" line in this attempt's log tells that case apart.
+        Each attempt's workers carry a tag, since they outlive a killed torchrun (each runs in
+        a session of its own) and must go before the next attempt starts.
+        """
+        restarts = self.rdzv.max_restarts if self.plan.rank != 0 else 0
+        log = self.log
+        host, _, port = self.rdzv.rdzv_endpoint.rpartition(":")
+        rejoin = shlex.join([REJOIN_PY, host, port, self.rdzv.run_id])
+        python = f'"${{FATPIPE_PYTHON:-{self.plan.python}}}"'
+        return f"""echo $$ > {self.pid}; trap true TERM INT HUP; n=0
+while :; do
+  from=$(stat -c %s {log} 2>/dev/null || echo 0); tag={AGENT_TAG_PREFIX}$$-$n
+  {AGENT_TAG_ENV}=$tag bash {self.script} >> {log} 2>&1 < /dev/null; rc=$?
+  [ -e {self.stop} ] || [ $n -ge {restarts} ] && break
+  if [ $rc -gt 128 ] && [ $rc -lt 192 ]; then sig=$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))
+  elif [ $rc -ne 0 ] && sig=$(tail -c +$((from + 1)) {log} | grep -o 'SignalException: Process [0-9]* got signal: [0-9A-Za-z.]*' | tail -n 1 | sed 's/.*: //') && [ -n "$sig" ]; then :
+  else break; fi
+  left=$({_tagged_pids('$tag')}); [ -n "$left" ] && kill -KILL $left 2>/dev/null
+  n=$((n + 1))
+  echo "fatpipe: torchrun on {self.name} ended by signal $sig, not by fatpipe stop: starting it again (restart $n of {restarts})" >> {log}
+  timeout {REJOIN_TIMEOUT_S} {python} -c {rejoin} >> {log} 2>&1 || echo "fatpipe: could not prepare the rendezvous for the new torchrun" >> {log}
+done
+echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
 
     def follow_command(self, follow: bool = True) -> str:
         if not follow:
@@ -104,12 +156,16 @@ class NodeRun:
             "for (p in par) if (!(p in keep) && (par[p] in keep)) {keep[p]=1; ch=1}} while (ch); "
             "for (p in keep) print p}'"
         )
-        # TERM the group (the wrapper outlives it and records torchrun's status), give torchrun
+        # The marker first: the wrapper must not start torchrun again after this TERM. TERM the
+        # group (the wrapper outlives it and records torchrun's status), give torchrun
         # STOP_WAIT_S to stop its workers, then KILL whatever of the tree is left: workers run in
-        # sessions of their own, and torchrun stuck in its exit barrier ignores TERM.
+        # sessions of their own, those of a killed torchrun are nobody's children (found by
+        # their tag), and torchrun stuck in its exit barrier ignores TERM.
         return self.sh(
             f'pg=$(cat {self.pid} 2>/dev/null) || exit 0; [ -e {self.exit} ] && exit 0; '
-            f"pids=$({descendants}); kill -TERM -- -$pg 2>/dev/null; "
+            f": > {self.stop}; "
+            f"pids=\"$({descendants}) $({_tagged_pids(AGENT_TAG_PREFIX + '$pg-[0-9]*')})\"; "
+            "kill -TERM -- -$pg 2>/dev/null; "
             f"for i in $(seq {STOP_WAIT_S * 10}); do [ -e {self.exit} ] && break; sleep 0.1; done; "
             # Zombies count as gone: nothing reaps an orphan's child quickly in some containers.
             "live() { for p in \"$@\"; do s=$(ps -o stat= -p $p 2>/dev/null); "
@@ -126,6 +182,13 @@ class NodeRun:
     def exit_code(self) -> int | None:
         text = self.status()
         return int(text) if text.lstrip("-").isdigit() else None
+
+
+def _tagged_pids(tag_pattern: str) -> str:
+    """A shell command listing the pids whose environment holds AGENT_TAG_ENV=`tag_pattern`
+    (a grep pattern; may hold shell variables)."""
+    return (f'grep -lzx "{AGENT_TAG_ENV}={tag_pattern}" /proc/[0-9]*/environ 2>/dev/null '
+            "| cut -d/ -f3")
 
 
 def node_runs(rdzv: Rendezvous, state_dir: Path) -> list[NodeRun]:

@@ -1,4 +1,6 @@
-"""The CDKTF app entry (cdktf.json `app`): `cdktf synth` and `cdktf deploy` run this."""
+"""The CDK app entry (cdktf.json `app`): `cdktf synth`/`cdktn synth` and their `deploy` run this."""
+
+from __future__ import annotations
 
 import os
 import sys
@@ -12,7 +14,8 @@ from .app import build_app
 def main() -> int:
     try:
         project = load_project()
-        # cdktf passes its output folder in the environment; honour it so `cdktf synth -o` works.
+        # Both CLIs pass their output folder as CDKTF_OUTDIR (cdktn kept the name): honour it so
+        # `cdktf synth -o` works. The core is FATPIPE_TOOLKIT's, whichever CLI started this.
         outdir = os.environ.get("CDKTF_OUTDIR")
         build_app(project, outdir=outdir).synth()
     except FatpipeError as e:

@@ -1,4 +1,5 @@
-"""Build the CDKTF app: one ClusterStack per cluster of the project, synthesized in-process."""
+"""Build the CDK app: one ClusterStack per cluster of the project, synthesized in-process with the
+chosen toolkit (cdktf or cdktn: `stacks.toolkit`)."""
 
 from __future__ import annotations
 
@@ -25,11 +26,11 @@ def state_path_from_stack_dir(cluster_name: str) -> str:
 def cluster_stack_class():
     """TerraformStack, naming each element by its own id.
 
-    cdktf names a resource nested in a construct `<construct>_<id>_<hash>`; fatpipe's ids are
-    unique within a stack, and plain names (`aws_instance.nodes`) read well in plans and keep
-    state addresses stable whichever construct builds them.
+    cdktf (and cdktn alike) names a resource nested in a construct `<construct>_<id>_<hash>`;
+    fatpipe's ids are unique within a stack, and plain names (`aws_instance.nodes`) read well in
+    plans and keep state addresses stable whichever construct builds them.
     """
-    from cdktf import TerraformStack
+    from .toolkit import TerraformStack
 
     class ClusterStack(TerraformStack):
         def _allocate_logical_id(self, element) -> str:
@@ -40,7 +41,7 @@ def cluster_stack_class():
 
 def build_stack(app, cluster, project):
     """A stack for `cluster`: its backend, its provider's cluster construct, one `cluster` output."""
-    from cdktf import LocalBackend, S3Backend, TerraformOutput
+    from .toolkit import LocalBackend, S3Backend, TerraformOutput
 
     stack = cluster_stack_class()(app, cluster.name)
     backend = cluster.backend
@@ -53,7 +54,8 @@ def build_stack(app, cluster, project):
             encrypt=True,
         )
         if backend.use_lockfile:
-            # cdktf 0.21's S3Backend predates S3-native locking (terraform/tofu >= 1.10): set it raw.
+            # cdktf 0.21's S3Backend predates S3-native locking (terraform/tofu >= 1.10): set it
+            # raw, which gives the same JSON with cdktn (whose S3Backend has it).
             stack.add_override("terraform.backend.s3.use_lockfile", True)
     else:
         LocalBackend(stack, path=state_path_from_stack_dir(cluster.name))
@@ -69,7 +71,7 @@ def build_stack(app, cluster, project):
 
 def build_app(project, names: list[str] | None = None, outdir: Path | None = None):
     """An App holding the named clusters' stacks (all of them when `names` is None)."""
-    from cdktf import App
+    from .toolkit import App
 
     outdir = outdir or project.root / OUTDIR
     app = App(outdir=str(outdir), skip_validation=False)

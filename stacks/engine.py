@@ -125,7 +125,7 @@ def _vanished(project, cluster, engine: str, log: Log) -> list[str]:
         raise FatpipeError(f"{', '.join(gone)}: gone from this machine though deployed; cdktf cannot "
                            f"replace single nodes: `fatpipe down {cluster.name}`, then deploy again")
     if gone:
-        log(f"{', '.join(gone)}: gone from this machine though deployed; making them again")
+        log(f"fatpipe: {', '.join(gone)}: gone from this machine though deployed; making them again")
     return [f"terraform_data.node-{name.rsplit('-', 1)[1]}" for name in gone]
 
 

@@ -40,11 +40,15 @@ class _SessionSubprocess:
 def shield_cdk_runtime() -> None:
     """Make the CDK runtime (jsii's node process) start outside the terminal's process group.
 
-    Takes effect for a runtime not started yet (it starts at the first use of cdktf).
+    Takes effect for a runtime not started yet (it starts at the first use of cdktf). jsii offers
+    no setting for it, so its module's view of `subprocess` is swapped; a jsii laid out otherwise
+    is left as it is (synth still works, unshielded from the terminal).
     """
-    from jsii._kernel.providers import process
-
-    if not isinstance(process.subprocess, _SessionSubprocess):
+    try:
+        from jsii._kernel.providers import process
+    except ImportError:
+        return
+    if hasattr(process, "subprocess") and not isinstance(process.subprocess, _SessionSubprocess):
         process.subprocess = _SessionSubprocess()
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import logging
 import sys
+import traceback
 
 from .config import ConfigError, parse_config
 
@@ -21,13 +22,30 @@ def main(argv: list[str] | None = None) -> int:
     env = read_env()
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"[trainer r{env.rank}] %(message)s", stream=sys.stderr)
-    init_process_group(env, cfg.timeout_s)
+    env, store = init_process_group(env, cfg.timeout_s)
     try:
-        run_training(cfg, env)
+        run_training(cfg, env, store)
     finally:
         destroy_process_group()
     return 0
 
 
+def run_as_script() -> None:
+    """main(), then the process ends without interpreter finalization once torch has run
+    (distenv.exit_process: gloo's threads would abort it)."""
+    try:
+        code = main()
+    except SystemExit as e:  # argparse's usage errors
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - reported here, then the process ends
+        traceback.print_exc()
+        code = 1
+    if "torch.distributed" not in sys.modules:  # a bad flag: torch never loaded
+        sys.exit(code)
+    from .distenv import exit_process
+
+    exit_process(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_script()

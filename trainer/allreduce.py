@@ -16,6 +16,7 @@ import torch
 import torch.distributed as dist
 
 from .bandwidth import busbw_gbs
+from .faults import ISSUED
 
 
 def sync(device: torch.device) -> None:
@@ -25,6 +26,7 @@ def sync(device: torch.device) -> None:
 
 
 def barrier(device: torch.device) -> None:
+    ISSUED.add()
     if device.type == "cuda":  # NCCL: name the device, or it guesses (and warns)
         dist.barrier(device_ids=[device.index])
     else:
@@ -34,12 +36,14 @@ def barrier(device: torch.device) -> None:
 def slowest(seconds: float, device: torch.device) -> float:
     """The largest of every rank's `seconds`."""
     t = torch.tensor([seconds], dtype=torch.float64, device=device)
+    ISSUED.add()
     dist.all_reduce(t, op=dist.ReduceOp.MAX)
     return float(t.item())
 
 
 def timed_allreduce(tensor: torch.Tensor, warmup: int, iters: int, device: torch.device) -> float:
     """Mean seconds of one in-place all-reduce of `tensor` on the slowest rank."""
+    ISSUED.add(warmup + iters)
     for _ in range(warmup):
         dist.all_reduce(tensor)
     sync(device)

@@ -13,6 +13,8 @@ import pickle
 import torch
 import torch.distributed as dist
 
+from .faults import ISSUED
+
 
 def _encode(obj, device: torch.device) -> torch.Tensor:
     return torch.frombuffer(bytearray(pickle.dumps(obj)), dtype=torch.uint8).to(device)
@@ -28,6 +30,7 @@ def _decode(t: torch.Tensor):
 def _sizes(n: int, device: torch.device) -> list[int]:
     mine = torch.tensor([n], dtype=torch.long, device=device)
     every = [torch.zeros_like(mine) for _ in range(dist.get_world_size())]
+    ISSUED.add()
     dist.all_gather(every, mine)
     return [int(s.item()) for s in every]
 
@@ -45,9 +48,11 @@ def broadcast_object(obj, src: int, device: torch.device):
     """`obj` of rank `src`, on every rank."""
     payload = _encode(obj, device) if dist.get_rank() == src else None
     size = torch.tensor([payload.numel() if payload is not None else 0], device=device)
+    ISSUED.add()
     dist.broadcast(size, src)
     if payload is None:
         payload = torch.empty(int(size.item()), dtype=torch.uint8, device=device)
+    ISSUED.add()
     dist.broadcast(payload, src)
     return obj if dist.get_rank() == src else _decode(payload)
 
@@ -56,6 +61,7 @@ def all_gather_objects(obj, device: torch.device) -> list:
     """Every rank's `obj`, in rank order, on every rank."""
     padded, sizes = _padded(obj, device)
     every = [torch.empty_like(padded) for _ in sizes]
+    ISSUED.add()
     dist.all_gather(every, padded)
     return [_decode(t[:n]) for t, n in zip(every, sizes, strict=True)]
 
@@ -64,8 +70,10 @@ def gather_objects(obj, dst: int, device: torch.device) -> list | None:
     """Every rank's `obj`, in rank order, on rank `dst` (None elsewhere)."""
     padded, sizes = _padded(obj, device)
     if dist.get_rank() != dst:
+        ISSUED.add()
         dist.gather(padded, None, dst=dst)
         return None
     every = [torch.empty_like(padded) for _ in sizes]
+    ISSUED.add()
     dist.gather(padded, every, dst=dst)
     return [_decode(t[:n]) for t, n in zip(every, sizes, strict=True)]

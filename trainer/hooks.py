@@ -21,6 +21,7 @@ from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from .config import HOOK_NAMES
+from .faults import ISSUED
 
 
 def powersgd_available() -> bool:
@@ -109,6 +110,7 @@ class TimedCommHook:
         A bound method because DDP reads the hook's __name__; unannotated because DDP compares
         annotations with real types, and this module's annotations are strings.
         """
+        ISSUED.add()  # one gradient sync, whatever the hook puts on the wire
         if self.passthrough:
             return default_hooks.allreduce_hook(None, bucket)
         ready = self.clock.mark()

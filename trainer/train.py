@@ -14,9 +14,10 @@ import time
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .allreduce import sync
+from .allreduce import barrier, sync
 from .bandwidth import MiB, busbw_gbs
 from .checkpoint import load_agreed_checkpoint, save_checkpoint
 from .collectives import all_gather_objects, gather_objects
@@ -24,6 +25,7 @@ from .commsetup import decide_comm
 from .config import TrainConfig
 from .data import DataCursor, ShardedBatches, load_corpus
 from .distenv import DistEnv
+from .faults import FaultLedger, is_collective_failure
 from .files import write_text_atomic
 from .hooks import TimedCommHook, load_powersgd_state, make_powersgd_state, powersgd_state_dict
 from .metrics import MetricsLog, read_metrics, summarize
@@ -39,11 +41,12 @@ GRAD_CLIP = 1.0
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, env: DistEnv):
+    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store):
         self.cfg, self.env, self.device = cfg, env, env.device
         self.run_dir = cfg.out_dir
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * env.world_size
         self.metrics: MetricsLog | None = None
+        self.faults = FaultLedger(self.run_dir, store, env.attempt, env.is_main)
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -75,9 +78,10 @@ class Trainer:
                                    env.rank, env.world_size, cfg.seed, cursor)
         self.nic = NicMeter(traffic_interface())
         if env.is_main:
-            log.info("%s: %.2fM parameters, %d ranks (%s), comm %s, NIC %s, start at step %d",
-                     cfg.preset, self.model.num_params() / 1e6, env.world_size, env.backend,
-                     self.comm, self.nic.interface, self.start_step)
+            log.info("%s: %.2fM parameters, %d ranks (%s), comm %s, NIC %s, attempt %d, "
+                     "start at step %d", cfg.preset, self.model.num_params() / 1e6,
+                     env.world_size, env.backend, self.comm, self.nic.interface, env.attempt,
+                     self.start_step)
             self.metrics = MetricsLog(self.run_dir, cfg.steps, self.start_step)
         # Each rank's own RNG stream after the shared init (dropout, if ever turned on).
         if not ckpt:
@@ -137,6 +141,7 @@ class Trainer:
         cfg = self.cfg
         for step in range(self.start_step + 1, cfg.steps + 1):
             rec = self.train_step(step)
+            self.faults.push()
             if self.metrics:
                 self.metrics.log(rec)
             if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
@@ -198,6 +203,7 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "world_size": self.env.world_size,
         })
+        self.faults.save()
 
     def _rank_state(self, ckpt: dict | None) -> dict | None:
         if not ckpt:
@@ -217,14 +223,14 @@ class Trainer:
     # ---- the end -----------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """Collective: check the replicas agree, then rank 0 writes summary.json."""
+        """Collective: check the replicas agree, rank 0 writes summary.json, then every rank
+        waits for it, so that no rank leaves the group while a peer is still inside it."""
         digests = all_gather_objects(param_digest(self.model), self.device)
-        if self.meter.ran_powersgd and self.env.backend == "gloo":
-            # powerSGD_hook's future callbacks can still be unwinding on gloo's worker threads
-            # after backward returns; destroying the group under them aborts the process.
-            time.sleep(0.5)
-        if not self.env.is_main:
-            return
+        if self.env.is_main:
+            self._write_summary(digests)
+        barrier(self.device)  # the group's last collective
+
+    def _write_summary(self, digests: list[str]) -> None:
         if len(set(digests)) != 1:
             log.error("replicas diverged: parameter digests differ across ranks")
         records = read_metrics(self.metrics.path)
@@ -233,7 +239,8 @@ class Trainer:
             comm=self.comm, comm_decision=self.decision, restarts=self.env.restarts,
             world_size=self.env.world_size, preset=self.cfg.preset,
             params=self.model.num_params(), param_digests=digests,
-            replicas_in_sync=len(set(digests)) == 1)
+            replicas_in_sync=len(set(digests)) == 1, **self.faults.totals())
+        self.faults.save()
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         log.info("summary: loss %.4f, %.0f tokens/s, step p50 %.1f ms, sync p50 %.1f ms -> %s",
                  summary["final_loss"] or float("nan"), summary["tokens_per_s"],
@@ -245,12 +252,19 @@ class Trainer:
             self.metrics.close()
 
 
-def run_training(cfg: TrainConfig, env: DistEnv) -> Path:
-    """Build, train, and leave the results in cfg.out; returns the run directory."""
-    trainer = Trainer(cfg, env)
+def run_training(cfg: TrainConfig, env: DistEnv, store: dist.Store) -> Path:
+    """Build, train, and leave the results in cfg.out; returns the run directory.
+
+    `store` is the run-wide store (it outlives this attempt), where failed collectives are counted.
+    """
+    trainer = Trainer(cfg, env, store)
     try:
         trainer.setup()
         trainer.run()
+    except Exception as e:
+        if is_collective_failure(e):
+            trainer.faults.record_failure(e)
+        raise
     finally:
         trainer.close()
     return trainer.run_dir

@@ -1,42 +1,27 @@
 """The AWS cluster construct: a VPC and subnet, a members-only security group, a placement group,
-the nodes. Importing this module loads the AWS provider bindings (large): only `AwsProvider.construct`
-does, and only when an AWS stack is synthesized.
+the nodes. Importing this module loads the chosen toolkit's AWS provider bindings (large): only
+`AwsProvider.construct` does, and only when an AWS stack is synthesized.
 """
 
 from __future__ import annotations
 
 import ipaddress
 
-from cdktf import Fn, TerraformIterator, TerraformLocal, TerraformResourceLifecycle, Token
-from cdktf_cdktf_provider_aws.data_aws_ec2_instance_type_offerings import (
-    DataAwsEc2InstanceTypeOfferings,
-    DataAwsEc2InstanceTypeOfferingsFilter,
-)
-from cdktf_cdktf_provider_aws.data_aws_ssm_parameter import DataAwsSsmParameter
-from cdktf_cdktf_provider_aws.default_security_group import DefaultSecurityGroup
-from cdktf_cdktf_provider_aws.instance import (
-    Instance,
-    InstanceMetadataOptions,
-    InstanceRootBlockDevice,
-)
-from cdktf_cdktf_provider_aws.internet_gateway import InternetGateway
-from cdktf_cdktf_provider_aws.key_pair import KeyPair
-from cdktf_cdktf_provider_aws.placement_group import PlacementGroup
-from cdktf_cdktf_provider_aws.provider import AwsProvider, AwsProviderDefaultTags
-from cdktf_cdktf_provider_aws.route import Route
-from cdktf_cdktf_provider_aws.route_table import RouteTable
-from cdktf_cdktf_provider_aws.route_table_association import RouteTableAssociation
-from cdktf_cdktf_provider_aws.security_group import SecurityGroup
-from cdktf_cdktf_provider_aws.subnet import Subnet
-from cdktf_cdktf_provider_aws.vpc import Vpc
-from cdktf_cdktf_provider_aws.vpc_security_group_egress_rule import VpcSecurityGroupEgressRule
-from cdktf_cdktf_provider_aws.vpc_security_group_ingress_rule import VpcSecurityGroupIngressRule
-
 from fatpipe.infra.catalog import MachineType
 
 from ..literals import literal, literal_map
+from ..toolkit import (
+    Fn,
+    TerraformIterator,
+    TerraformLocal,
+    TerraformResourceLifecycle,
+    Token,
+    aws_bindings,
+)
 from .construct import ClusterConstruct
 
+# cdktf's or cdktn's prebuilt bindings (`stacks.toolkit`): the same classes, one submodule per type.
+aws = aws_bindings()
 PROVIDER_SOURCE = "registry.terraform.io/hashicorp/aws"
 
 # Canonical's and AWS's public SSM parameters always name the current AMI of the region.
@@ -54,16 +39,16 @@ class AwsClusterConstruct(ClusterConstruct):
         # Account-wide names carry the project id: two projects' `demo` clusters never collide.
         self.unique_name = f"fatpipe-{cluster.name}-{project_id}"
         # The provider belongs to the stack (one per stack), not to the cluster construct.
-        AwsProvider(
+        aws.provider.AwsProvider(
             scope, "aws", region=cluster.region,
-            default_tags=[AwsProviderDefaultTags(tags=literal_map({
+            default_tags=[aws.provider.AwsProviderDefaultTags(tags=literal_map({
                 "fatpipe:cluster": cluster.name, "fatpipe:project": project_id, "managed-by": "fatpipe"}))],
         )
         # A fully qualified source lets both terraform and tofu apply the JSON (opentofu#2402).
         scope.add_override("terraform.required_providers.aws.source", PROVIDER_SOURCE)
         self._network()
-        self.key = KeyPair(self, "key", key_name_prefix=literal(f"{self.unique_name}-"),
-                           public_key=literal(cluster.public_key))
+        self.key = aws.key_pair.KeyPair(self, "key", key_name_prefix=literal(f"{self.unique_name}-"),
+                                        public_key=literal(cluster.public_key))
         # One copy of the user data in the JSON, however many nodes share it.
         self.user_data = TerraformLocal(self, "user_data", literal(user_data))
         self.nodes = self._nodes()
@@ -76,36 +61,38 @@ class AwsClusterConstruct(ClusterConstruct):
     def _network(self) -> None:
         """VPC, one subnet in a zone that offers the type, an internet route, the security group."""
         cluster = self.cluster
-        self.vpc = Vpc(self, "vpc", cidr_block=cluster.private_cidr, enable_dns_support=True,
-                       enable_dns_hostnames=True, tags=literal_map({"Name": f"fatpipe-{cluster.name}"}))
+        self.vpc = aws.vpc.Vpc(self, "vpc", cidr_block=cluster.private_cidr, enable_dns_support=True,
+                               enable_dns_hostnames=True, tags=literal_map({"Name": f"fatpipe-{cluster.name}"}))
         # The VPC's default group would let any member of it talk to any other: empty it.
-        DefaultSecurityGroup(self, "default_sg", vpc_id=self.vpc.id)
+        aws.default_security_group.DefaultSecurityGroup(self, "default_sg", vpc_id=self.vpc.id)
         zone = cluster.availability_zone
         if zone is None:
             # Not every zone offers every type: take the first that offers this one.
-            offers = DataAwsEc2InstanceTypeOfferings(
+            offerings = aws.data_aws_ec2_instance_type_offerings
+            offers = offerings.DataAwsEc2InstanceTypeOfferings(
                 self, "zones", location_type="availability-zone",
-                filter=[DataAwsEc2InstanceTypeOfferingsFilter(name="instance-type", values=[self.machine.name])],
+                filter=[offerings.DataAwsEc2InstanceTypeOfferingsFilter(name="instance-type", values=[self.machine.name])],
             )
             zone = Fn.element(Fn.sort(offers.locations), 0)
-        self.subnet = Subnet(self, "subnet", vpc_id=self.vpc.id, cidr_block=cluster.private_cidr,
-                             availability_zone=zone, map_public_ip_on_launch=False,
-                             tags=literal_map({"Name": f"fatpipe-{cluster.name}"}))
-        igw = InternetGateway(self, "igw", vpc_id=self.vpc.id)
-        table = RouteTable(self, "routes", vpc_id=self.vpc.id)
-        self.internet_route = Route(self, "internet", route_table_id=table.id,
-                                    destination_cidr_block="0.0.0.0/0", gateway_id=igw.id)
-        association = RouteTableAssociation(self, "subnet_routes", subnet_id=self.subnet.id,
-                                            route_table_id=table.id)
+        self.subnet = aws.subnet.Subnet(self, "subnet", vpc_id=self.vpc.id, cidr_block=cluster.private_cidr,
+                                        availability_zone=zone, map_public_ip_on_launch=False,
+                                        tags=literal_map({"Name": f"fatpipe-{cluster.name}"}))
+        igw = aws.internet_gateway.InternetGateway(self, "igw", vpc_id=self.vpc.id)
+        table = aws.route_table.RouteTable(self, "routes", vpc_id=self.vpc.id)
+        self.internet_route = aws.route.Route(self, "internet", route_table_id=table.id,
+                                              destination_cidr_block="0.0.0.0/0", gateway_id=igw.id)
+        association = aws.route_table_association.RouteTableAssociation(
+            self, "subnet_routes", subnet_id=self.subnet.id, route_table_id=table.id)
         # A node that boots before its route, association or rules exist has no egress: apt fails.
         self.egress_ready = [self.internet_route, association]
         self.security_group = self._security_group()
 
-    def _security_group(self) -> SecurityGroup:
+    def _security_group(self):
         """SSH from `ssh_cidr` only, everything between members, and explicit egress for apt/pip."""
         cluster = self.cluster
-        group = SecurityGroup(self, "members", name=literal(self.unique_name), vpc_id=self.vpc.id,
-                              description=literal(f"fatpipe cluster {cluster.name}: SSH from ssh_cidr, all traffic between members"))
+        group = aws.security_group.SecurityGroup(
+            self, "members", name=literal(self.unique_name), vpc_id=self.vpc.id,
+            description=literal(f"fatpipe cluster {cluster.name}: SSH from ssh_cidr, all traffic between members"))
         ssh_net = ipaddress.ip_network(cluster.ssh_cidr)
         source = {"cidr_ipv6" if ssh_net.version == 6 else "cidr_ipv4": str(ssh_net)}
         ingress = {
@@ -125,10 +112,12 @@ class AwsClusterConstruct(ClusterConstruct):
             "http": dict(ip_protocol="tcp", from_port=80, to_port=80, cidr_ipv4="0.0.0.0/0",
                          description="HTTP: Ubuntu apt mirrors"),
         }
+        inbound = aws.vpc_security_group_ingress_rule.VpcSecurityGroupIngressRule
+        outbound = aws.vpc_security_group_egress_rule.VpcSecurityGroupEgressRule
         for name, rule in ingress.items():
-            self.egress_ready.append(VpcSecurityGroupIngressRule(self, f"in_{name}", security_group_id=group.id, **rule))
+            self.egress_ready.append(inbound(self, f"in_{name}", security_group_id=group.id, **rule))
         for name, rule in egress.items():
-            self.egress_ready.append(VpcSecurityGroupEgressRule(self, f"out_{name}", security_group_id=group.id, **rule))
+            self.egress_ready.append(outbound(self, f"out_{name}", security_group_id=group.id, **rule))
         return group
 
     def _ami(self) -> str:
@@ -138,9 +127,9 @@ class AwsClusterConstruct(ClusterConstruct):
         else:
             name = UBUNTU_AMI.format(arch="arm64" if machine.arch == "arm64" else "amd64")
         # insecure_value: an AMI id is no secret, and `value` would hide it in every plan.
-        return DataAwsSsmParameter(self, "ami", name=name).insecure_value
+        return aws.data_aws_ssm_parameter.DataAwsSsmParameter(self, "ami", name=name).insecure_value
 
-    def _nodes(self) -> Instance:
+    def _nodes(self):
         """One `aws_instance.nodes` with for_each over {node name: private IP}.
 
         The map puts every node's deterministic IP literally in the JSON, and a single resource
@@ -150,17 +139,17 @@ class AwsClusterConstruct(ClusterConstruct):
         placement = None
         if machine.cluster_placement:
             # One rack-local group: the lowest latency and the full per-flow bandwidth between nodes.
-            placement = PlacementGroup(self, "placement", name=literal(self.unique_name),
-                                       strategy="cluster").name
+            placement = aws.placement_group.PlacementGroup(self, "placement", name=literal(self.unique_name),
+                                                           strategy="cluster").name
         nodes = TerraformIterator.from_map({cluster.node_name(i): cluster.private_ip(i) for i in range(cluster.nodes)})
         # IMDSv2 only. Hop limit 1: nothing in a container or behind a forwarding hop on the node
         # reaches the metadata service (the trainer runs on the host and needs no instance
         # credentials; none are attached).
-        metadata = InstanceMetadataOptions(http_endpoint="enabled", http_tokens="required",
-                                           http_put_response_hop_limit=1)
-        root = InstanceRootBlockDevice(volume_type="gp3", encrypted=True, delete_on_termination=True,
-                                       volume_size=ROOT_GIB["gpu" if machine.gpus else "cpu"])
-        return Instance(
+        metadata = aws.instance.InstanceMetadataOptions(http_endpoint="enabled", http_tokens="required",
+                                                        http_put_response_hop_limit=1)
+        root = aws.instance.InstanceRootBlockDevice(volume_type="gp3", encrypted=True, delete_on_termination=True,
+                                                    volume_size=ROOT_GIB["gpu" if machine.gpus else "cpu"])
+        return aws.instance.Instance(
             self, "nodes",
             for_each=nodes,
             ami=self._ami(),

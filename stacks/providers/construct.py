@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from constructs import Construct
+from ..toolkit import Construct
 
 
 class ClusterConstruct(Construct):

@@ -5,14 +5,13 @@ from __future__ import annotations
 import shlex
 import sys
 
-from cdktf import LocalExecProvisioner, TerraformResource
-
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.node import READY_FILE
 from fatpipe.infra.spec import FIRST_HOST_OFFSET
 from fatpipe.stacks.simnet import link_names, loopback_ip, netns_usable
 
 from ..literals import literal, literal_map
+from ..toolkit import LocalExecProvisioner, TerraformResource
 from .construct import ClusterConstruct
 
 # Terraform runs in cdktf.out/stacks/<name>/ (terraform -chdir, cdktf deploy): the project root
@@ -61,7 +60,10 @@ def node_input(cluster, index: int, isolation: str) -> dict:
 
 def node_command(action: str) -> str:
     """`<python> -m fatpipe.cli sim node-<action>` with every option taken from self.input."""
-    options = " ".join(f"--{key.replace('_', '-')}=${{self.input.{key}}}" for key in NODE_KEYS)
+    # node-down needs no transport: leaving it out keeps nodes deployed before it existed
+    # (their state has no such input key) removable.
+    keys = NODE_KEYS if action == "up" else tuple(k for k in NODE_KEYS if k != "transport")
+    options = " ".join(f"--{key.replace('_', '-')}=${{self.input.{key}}}" for key in keys)
     # The interpreter's absolute path is baked in at synth time: fine for a stack that only
     # ever runs on the machine that synthesized it.
     return f"{literal(shlex.quote(sys.executable))} -m fatpipe.cli sim node-{action} {options}"

@@ -15,11 +15,10 @@ import shlex
 import sys
 from pathlib import Path
 
-from cdktf import LocalExecProvisioner, TerraformResource
-
 from fatpipe.infra.node import DEFAULT_REMOTE_DIR, UNIT
 
 from ..literals import literal, literal_map
+from ..toolkit import LocalExecProvisioner, TerraformResource
 from .construct import ClusterConstruct
 from .sim_stack import ROOT_FROM_STACK_DIR
 

@@ -112,8 +112,13 @@ def test_failed_apply_reports_what_exists_and_down_removes_it(needs_netns, sim_p
     assert "terraform_data.node-0" in exists, text
     assert not outputs_path(sim_project, "t-sim-f").exists()
     # A failed create leaves node 1 tainted, and terraform runs no destroy provisioner for a
-    # tainted resource: down sweeps what is named like the cluster's nodes.
-    assert run_cli("down", "t-sim-f").exit_code == 0
+    # tainted resource: down sweeps this project's nodes, and leaves (and names) the namespace
+    # that is not the project's, though it is named like one of its nodes.
+    down = run_cli("down", "t-sim-f")
+    assert down.exit_code == 0
+    assert "left alone (another project's): fp-t-sim-f-1" in " ".join(down.output.split()), down.output
+    assert simnet.leftover_netns("t-sim-f") == [FOREIGN_NS]
+    subprocess.run(["ip", "netns", "del", FOREIGN_NS], check=True)
     assert_nothing_left("t-sim-f", sim_project)
 
 

@@ -82,3 +82,20 @@ def test_steps_not_above_warmup_is_a_warning(run_cli, project_dir):
     assert json.loads(run_cli("config", "--json").output)["warnings"]
     (project_dir / "fatpipe.toml").write_text("[clusters.demo]\nprovider = 'sim'\n[train]\nsteps = 21\n")
     assert "warning" not in run_cli("config").output
+
+
+def test_down_refuses_a_cluster_it_does_not_know(run_cli, project_dir, monkeypatch):
+    from fatpipe.stacks import engine
+
+    called = []
+    monkeypatch.setattr(engine, "destroy_cluster", lambda project, name, **_: called.append(name)
+                        or engine.Teardown(name))
+    result = run_cli("down", "dmeo")
+    assert result.exit_code == 2 and "no cluster 'dmeo'; declared: demo" in result.output
+    assert "destroyed" not in result.output and called == []
+    # A cluster since removed from the file, whose state is still here, can still be brought down.
+    state = project_dir / ".fatpipe" / "old" / "terraform.tfstate"
+    state.parent.mkdir(parents=True)
+    state.write_text("{}")
+    result = run_cli("down", "old")
+    assert result.exit_code == 0 and called == ["old"] and "old: nothing was deployed" in result.output
