@@ -142,13 +142,13 @@ def measure(reps: int, sizes: list[int], toolkits: list[str]) -> dict:
 def summarize(runs: dict) -> dict:
     median = {t: {v: {m: statistics.median(s) for m, s in ms.items()} for v, ms in vs.items()}
               for t, vs in runs.items()}
-    to_bare = {t: {v: ms["wall"] / vs["bare"]["wall"] for v, ms in vs.items() if v != "bare"}
+    to_bare = {t: {v: {m: ms[m] / vs["bare"][m] for m in ("wall", "cpu")} for v, ms in vs.items() if v != "bare"}
                for t, vs in median.items()}
     across = {}
     if {"cdktf", "cdktn"} <= set(median):
         across = {v: {m: median["cdktn"][v][m] / median["cdktf"][v][m] for m in MEASURES}
                   for v in median["cdktf"]}
-    return {"median_s": median, "wall_ratio_to_bare": to_bare, "ratio_cdktn_to_cdktf": across}
+    return {"median_s": median, "ratio_to_bare": to_bare, "ratio_cdktn_to_cdktf": across}
 
 
 def print_table(summary: dict, versions: dict) -> None:
@@ -161,10 +161,11 @@ def print_table(summary: dict, versions: dict) -> None:
         for m in MEASURES:
             row = f"{variant:<12} {m:<7} " + " ".join(f"{median[t][variant][m]:>8.2f}" for t in kits)
             print(row + (f" {across[variant][m]:>11.2f}" if across else ""))
-    print(f"goal: fatpipe's wall time within {GOAL} x the bare app of the same toolkit")
-    for toolkit, ratios in summary["wall_ratio_to_bare"].items():
-        print(f"  {toolkit}: " + ", ".join(f"{v} {r:.2f} {'ok' if r <= GOAL else 'over goal'}"
-                                         for v, r in ratios.items()))
+    print(f"goal: fatpipe's wall time within {GOAL} x the bare app of the same toolkit (cpu beside it)")
+    for toolkit, ratios in summary["ratio_to_bare"].items():
+        print(f"  {toolkit}: " + ", ".join(
+            f"{v} {r['wall']:.2f} (cpu {r['cpu']:.2f}) {'ok' if r['wall'] <= GOAL else 'over goal'}"
+            for v, r in ratios.items()))
 
 
 def plot(summary: dict, path: Path) -> None:
@@ -221,7 +222,7 @@ def main() -> int:
     (args.out / "synth.json").write_text(json.dumps(result, indent=2) + "\n")
     plot(summary, args.out / "synth.png")
     print(f"wrote {args.out / 'synth.json'} and {args.out / 'synth.png'}")
-    ok = all(r <= GOAL for ratios in summary["wall_ratio_to_bare"].values() for r in ratios.values())
+    ok = all(r["wall"] <= GOAL for ratios in summary["ratio_to_bare"].values() for r in ratios.values())
     return 0 if ok else 1
 
 

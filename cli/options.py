@@ -31,8 +31,13 @@ yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask before c
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Show the deploy engine's full output.")
 
 
-def pass_project(func):
-    """Hand the command the loaded Project (fatpipe.toml or the embedded default) as `project`."""
+def pass_project(func=None, *, clusters_optional: bool = False):
+    """Hand the command the loaded Project (fatpipe.toml or the embedded default) as `project`.
+
+    `clusters_optional`: the command needs no cluster, so a file with only [train] will do.
+    """
+    if func is None:
+        return functools.partial(pass_project, clusters_optional=clusters_optional)
 
     @click.pass_context
     @functools.wraps(func)
@@ -40,7 +45,7 @@ def pass_project(func):
         from fatpipe.infra.project import load_project
 
         path = (ctx.find_root().obj or {}).get("config_path")
-        return ctx.invoke(func, *args, project=load_project(path), **kwargs)
+        return ctx.invoke(func, *args, project=load_project(path, clusters_optional), **kwargs)
 
     return wrapper
 

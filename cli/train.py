@@ -41,7 +41,7 @@ def torchrun_command(trainer_args: list[str], run_dir: Path, nproc: int,
               help="Run folder (default .fatpipe/_local/runs/<run-id>/ beside the cluster file).")
 @max_restarts_option
 @train_overrides
-@pass_project
+@pass_project(clusters_optional=True)
 def train(project, nproc_per_node, run_dir, max_restarts):
     """Train the built-in GPT here with [train] and the overrides given; exit with torchrun's status.
 

@@ -117,7 +117,9 @@ def config_path(explicit: str | os.PathLike | None = None) -> Path:
     return Path(explicit or os.environ.get("FATPIPE_CONFIG") or CONFIG_NAME)
 
 
-def load_project(explicit: str | os.PathLike | None = None) -> Project:
+def load_project(explicit: str | os.PathLike | None = None, clusters_optional: bool = False) -> Project:
+    """The project of the cluster file (or the embedded default). `clusters_optional`: a file with
+    only a [train] table will do (`fatpipe train` needs no cluster): the default's cluster fills in."""
     path = config_path(explicit)
     if not path.exists():
         if explicit or os.environ.get("FATPIPE_CONFIG"):
@@ -125,16 +127,21 @@ def load_project(explicit: str | os.PathLike | None = None) -> Project:
         return Project(parse_project(DEFAULT_TOML, "embedded default"), Path.cwd(), None)
     try:
         text = path.read_text()
+    except UnicodeDecodeError:
+        raise ConfigError(f"{path}: not a text file (it is not UTF-8)") from None
     except OSError as e:
         raise ConfigError(f"{path}: cannot read ({e.strerror})") from None
-    return Project(parse_project(text, str(path)), path.resolve().parent, path)
+    fallback = tomllib.loads(DEFAULT_TOML)["clusters"] if clusters_optional else None
+    return Project(parse_project(text, str(path), fallback), path.resolve().parent, path)
 
 
-def parse_project(text: str, label: str) -> ProjectSpec:
+def parse_project(text: str, label: str, default_clusters: dict | None = None) -> ProjectSpec:
     try:
         data = tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{label}: {_toml_message(e)}") from None
+    if default_clusters is not None and "clusters" not in data:
+        data["clusters"] = default_clusters
     try:
         return ProjectSpec.model_validate(data)
     except ValidationError as e:

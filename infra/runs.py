@@ -119,7 +119,7 @@ def find_run(project, cluster_name: str, run_id: str | None = None) -> tuple[str
     if not (path / RENDEZVOUS_FILE).exists():
         known = sorted(p.parent.name for p in base.glob(f"*/{RENDEZVOUS_FILE}")) if base.exists() else []
         hint = f"; recent runs: {', '.join(known[-5:])}" if known else ""
-        raise FatpipeError(f"no run {run_id} for cluster {cluster_name}{hint}")
+        raise FatpipeError(f"no run {run_id} for cluster {cluster_name}{hint}", exit_code=2)
     check_rendezvous(path / RENDEZVOUS_FILE)
     return run_id, path
 
