@@ -12,7 +12,7 @@ CDKTN_STAMP := $(VENV)/.fatpipe-cdktn-installed
 CHECKOV := .tools/checkov/bin/checkov
 CHECKOV_VERSION ?= 3.3.30
 
-.PHONY: install install-cdktn cdktf-cli cdktn-cli checkov demo test test-unit test-system lint clean
+.PHONY: install install-cdktn cdktf-cli cdktn-cli checkov demo test test-unit test-system test-loaded lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -78,6 +78,17 @@ test-unit: install
 
 test-system: install install-cdktn cdktf-cli cdktn-cli checkov
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/system
+
+# The suite (or PYTEST_ARGS) on a loaded machine, as on a busy CI runner: two CPU-bound processes
+# run beside it and are killed at the end whatever happens (failure, Ctrl-C, TERM); each process
+# has a time limit besides. E.g. make test-loaded PYTEST_ARGS="-q tests/system/test_trainer.py"
+PYTEST_ARGS ?= tests/unit tests/system
+LOADED_TIMEOUT_S ?= 7200
+test-loaded: install install-cdktn cdktf-cli cdktn-cli checkov
+	@timeout $(LOADED_TIMEOUT_S) $(PYTHON) -c 'while 1: pass' & a=$$!; \
+	timeout $(LOADED_TIMEOUT_S) $(PYTHON) -c 'while 1: pass' & b=$$!; \
+	trap 'kill $$a $$b 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \
+	PATH="$(CURDIR)/$(BIN):$$PATH" timeout --foreground $(LOADED_TIMEOUT_S) $(BIN)/pytest $(PYTEST_ARGS)
 
 clean:
 	rm -rf $(VENV) .tools cdktf.out build dist *.egg-info

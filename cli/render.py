@@ -143,6 +143,12 @@ def summary_table(doc: dict):
             return "-"
         return f"{value:.2f} Gbit/s ({100 * value / doc['tier_gbps']:.0f}% of the {doc['tier_gbps']:g} Gbit/s tier)"
 
+    def failures() -> str:  # a run from before the counts: "-"
+        if doc.get("sync_failure_rate") is None:
+            return "-"
+        return (f"{100 * doc['sync_failure_rate']:.2f}% ({doc['failed_collectives']} of "
+                f"{doc['collectives_attempted']:,} collectives failed)")
+
     table = Table(title="summary", title_justify="left", show_header=False)
     table.add_column("what", style="bold")
     table.add_column("value")
@@ -156,6 +162,7 @@ def summary_table(doc: dict):
         ("busbw in netcheck", bw(doc["netcheck_busbw_gbps"])),
         ("comm hook", str(doc["comm"] or "-")),
         ("world size / restarts", f"{doc['world_size'] or '-'} / {doc['restarts'] if doc['restarts'] is not None else '-'}"),
+        ("sync failure rate", failures()),
     ]
     for row in rows:
         table.add_row(*row)

@@ -35,4 +35,7 @@ def run_summary(run_dir: Path, tier_gbps: float) -> dict:
         "comm": train.get("comm"),
         "world_size": train.get("world_size"),
         "restarts": train.get("restarts"),
+        "failed_collectives": train.get("failed_collectives"),
+        "collectives_attempted": train.get("collectives_attempted"),
+        "sync_failure_rate": train.get("sync_failure_rate"),
     }

@@ -15,22 +15,18 @@ import importlib
 import os
 from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
-from typing import TYPE_CHECKING
 
 from fatpipe.infra.errors import ConfigError, FatpipeError
 
-if TYPE_CHECKING:  # editors see cdktf's names; at run time they come from the chosen toolkit
-    from constructs import Construct
-
 ENV = "FATPIPE_TOOLKIT"
 DEFAULT = "cdktf"
-# The core names the stacks use: the whole surface both toolkits must offer.
+# The core names the stacks use (and `Construct`, from the constructs library both share): the
+# whole surface both toolkits must offer, served by the module `__getattr__` below.
 CORE_NAMES = (
     "App", "Fn", "LocalBackend", "LocalExecProvisioner", "S3Backend", "TerraformIterator",
     "TerraformLocal", "TerraformOutput", "TerraformProvider", "TerraformProviderGeneratorMetadata",
     "TerraformResource", "TerraformResourceLifecycle", "TerraformStack", "Testing", "Token",
 )
-__all__ = [*CORE_NAMES, "Construct", "TOOLKITS", "Toolkit", "aws_bindings", "chosen", "core", "report"]
 
 
 @dataclass(frozen=True)
@@ -98,7 +94,6 @@ class _Bindings:
     """A package of prebuilt provider bindings; `aws.vpc` imports `<package>.vpc` when first used."""
 
     def __init__(self, kit: Toolkit):
-        self._kit = kit
         self._package = _load(kit, kit.aws, kit.aws_dist).__name__
 
     def __getattr__(self, name: str):

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import logging
 import sys
-import traceback
 
 from .config import ConfigError, parse_config
 
@@ -30,22 +29,7 @@ def main(argv: list[str] | None = None) -> int:
     return 0
 
 
-def run_as_script() -> None:
-    """main(), then the process ends without interpreter finalization once torch has run
-    (distenv.exit_process: gloo's threads would abort it)."""
-    try:
-        code = main()
-    except SystemExit as e:  # argparse's usage errors
-        code = e.code if isinstance(e.code, int) else 1
-    except BaseException:  # noqa: BLE001 - reported here, then the process ends
-        traceback.print_exc()
-        code = 1
-    if "torch.distributed" not in sys.modules:  # a bad flag: torch never loaded
-        sys.exit(code)
-    from .distenv import exit_process
-
-    exit_process(code)
-
-
 if __name__ == "__main__":
-    run_as_script()
+    from .exiting import run_and_exit
+
+    run_and_exit(main)

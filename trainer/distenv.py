@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import logging
 import os
-import sys
 from dataclasses import dataclass
 
 import torch
@@ -99,23 +97,3 @@ def init_process_group(env: DistEnv, timeout_s: float) -> tuple[DistEnv, dist.St
 def destroy_process_group() -> None:
     if dist.is_initialized():
         dist.destroy_process_group()
-
-
-def exit_process(code: int) -> None:
-    """End the process with `code` without Python's interpreter finalization.
-
-    gloo's worker threads outlive destroy_process_group (its backend has no shutdown; they are
-    joined only when the last reference to the group goes, and DDP holds one). Such a thread
-    may still be releasing the last collective's tensors, which takes the GIL. A thread that
-    asks for the GIL while the interpreter finalizes is ended with pthread_exit, whose unwinding
-    through a C++ destructor calls std::terminate: "terminate called without an active
-    exception", SIGABRT, exit -6 after a run that had finished. Everything the run wrote is
-    closed by now; streams are flushed here.
-    """
-    logging.shutdown()
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except (OSError, ValueError):  # a closed pipe: nothing more to say
-            pass
-    os._exit(code)

@@ -72,9 +72,8 @@ def project(tmp_path_factory) -> Project:
 
 @pytest.fixture(scope="module")
 def stacks(project) -> dict[str, dict]:
-    from cdktf import Testing
-
     from fatpipe.stacks.app import build_stack
+    from fatpipe.stacks.toolkit import Testing
 
     app = Testing.app()
     return {name: json.loads(Testing.synth(build_stack(app, cluster, project)))

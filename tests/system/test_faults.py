@@ -193,3 +193,26 @@ def test_a_killed_agent_is_restarted_and_the_run_finishes(needs_netns, cluster, 
     check_resumed(launch, killed_after, reference)
     # The killed agent's workers (nobody's children any more) did not outlive the run.
     assert not faults.workers(faults.netns_name(NAME, 2))
+
+
+def test_link_faults_take_a_node_down_and_reshape_it(needs_netns, cluster):
+    ns = faults.netns_name(NAME, 1)
+
+    def link() -> str:
+        return subprocess.run(["ip", "-n", ns, "-o", "link", "show", faults.NODE_IFACE],
+                              capture_output=True, text=True, timeout=10).stdout
+
+    def qdisc() -> str:
+        return subprocess.run(["tc", "-n", ns, "qdisc", "show", "dev", faults.NODE_IFACE],
+                              capture_output=True, text=True, timeout=10).stdout
+
+    cut = faults.link_down_later(ns, 1.0)
+    faults.wait_for("the link to go down", lambda: "state DOWN" in link(), 5, every_s=0.05)
+    cut.join(timeout=10)
+    assert not cut.is_alive() and ",UP" in link()
+    try:
+        faults.reshape(NAME, 1, 0.1)
+        assert "rate 100Mbit" in qdisc()
+    finally:
+        faults.reshape(NAME, 1, 1.0)
+    assert "rate 1Gbit" in qdisc()

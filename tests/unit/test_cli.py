@@ -13,7 +13,8 @@ from fatpipe.infra.project import load_project
 from fatpipe.infra.templates import TEMPLATES
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY_MODULES = ("torch", "cdktf", "imports.aws", "cdktf_cdktf_provider_aws", "pydantic", "boto3")
+HEAVY_MODULES = ("torch", "cdktf", "cdktn", "imports.aws", "cdktf_cdktf_provider_aws", "cdktn_provider_aws",
+                 "pydantic", "boto3")
 
 
 def test_help_imports_nothing_heavy():

@@ -25,7 +25,8 @@ def node(folder: Path, body: str, rank: int = 1, max_restarts: int = 2) -> NodeR
     run_rel = "runs/r1"
     (folder / run_rel).mkdir(parents=True, exist_ok=True)
     plan = NodePlan(rank=rank, name=f"n{rank}", transport="local", private_ip="127.0.0.10",
-                    public_ip=None, netns=None, workdir=str(folder), python="python3")
+                    public_ip=None, netns=None, workdir=str(folder),
+                    python="true")  # the rejoin step before a restart has nothing to reach here
     rdzv = Rendezvous(run_id="r1", cluster="c", provider="sim", nnodes=2, nproc_per_node=1,
                       rdzv_backend="c10d", rdzv_endpoint="127.0.0.10:1",
                       max_restarts=max_restarts, join_timeout_s=10, run_rel=run_rel, entry=[],

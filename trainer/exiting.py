@@ -1,0 +1,50 @@
+"""How a trainer process ends: its exit status, without Python's finalization once torch has run.
+
+gloo's worker threads outlive destroy_process_group: its backend has no shutdown, and the threads
+are joined only when the last reference to the group goes (DDP holds one). Such a thread may
+still be releasing the last collective's tensors, which takes the GIL. A thread that asks for the
+GIL while the interpreter finalizes is ended with pthread_exit, and that unwinding through a C++
+destructor (noexcept) calls std::terminate: "terminate called without an active exception",
+SIGABRT, exit -6 after a run that had finished (seen on a loaded machine, where the thread waits
+for a CPU while the main thread exits). So once torch.distributed is loaded the process flushes
+and ends with os._exit: there is no finalization to meet. Everything the run wrote is closed
+before (metrics, TensorBoard, checkpoints and summary are written atomically).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import traceback
+from collections.abc import Callable
+from typing import NoReturn
+
+
+def exit_process(code: int) -> NoReturn:
+    """Flush the logs and standard streams, then end the process with `code` at once."""
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: nothing more to say
+            pass
+    os._exit(code)
+
+
+def run_and_exit(main: Callable[[], int]) -> NoReturn:
+    """Run an entry point's main() and exit with its status; an exception prints and exits 1."""
+    try:
+        code = main()
+    except SystemExit as e:  # argparse's usage errors, sys.exit() inside main
+        if e.code is not None and not isinstance(e.code, int):
+            print(e.code, file=sys.stderr)
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except KeyboardInterrupt:
+        code = 130
+    except BaseException:  # noqa: BLE001 - reported here, since the process ends without finalization
+        traceback.print_exc()
+        code = 1
+    if "torch.distributed" not in sys.modules:  # a bad flag: torch never loaded, a normal exit
+        sys.exit(code)
+    exit_process(code)
