@@ -223,8 +223,8 @@ class Trainer:
     # ---- the end -----------------------------------------------------------------------------
 
     def finish(self) -> None:
-        """Collective: check the replicas agree, rank 0 writes summary.json, then every rank
-        waits for it, so that no rank leaves the group while a peer is still inside it."""
+        """Collective: check the replicas agree, rank 0 writes summary.json, and a barrier holds
+        every rank until it is written: no worker ends with success before the results exist."""
         digests = all_gather_objects(param_digest(self.model), self.device)
         if self.env.is_main:
             self._write_summary(digests)
