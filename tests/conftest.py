@@ -53,3 +53,27 @@ def run_cli(project_dir):
         return runner.invoke(cli, list(args), input=input, catch_exceptions=False)
 
     return run
+
+
+@pytest.fixture(scope="session", autouse=True)
+def stale_sim_nodes_removed():
+    """Before the tests: remove sim namespaces whose project folder is gone (an earlier run that
+    was killed left them), so a test's fixed cluster name is free. A live cluster of a folder that
+    still exists is left alone, as `fatpipe down` would leave it."""
+    if not netns_available():
+        yield
+        return
+    from pathlib import Path
+
+    from fatpipe.stacks.simlinks import bridge_ports, kill_netns_processes, netns_list, run
+    from fatpipe.stacks.simowner import netns_owner
+
+    for netns in netns_list():
+        folder = netns_owner(netns).partition(" ")[2]
+        if netns.startswith("fp-") and not (folder and Path(folder).is_dir()):
+            kill_netns_processes(netns, lambda _: None)
+            run(["ip", "netns", "del", netns], check=False)
+    for bridge in (p.name for p in Path("/sys/class/net").glob("fpbr-*")):
+        if not bridge_ports(bridge):
+            run(["ip", "link", "del", bridge], check=False)
+    yield
