@@ -37,6 +37,9 @@ def _size(ctx, param, value):
               help="Length of each p2p run.")
 @click.option("--p2p-tool", type=click.Choice(P2P_TOOLS), default="auto", show_default=True,
               help="auto: iperf3 where every node has it, else the built-in socket test.")
+@click.option("--pairs", is_flag=True,
+              help="Also every node pair, in rounds of pairs that share no node: throughput, latency "
+                   "and jitter as a matrix naming the worst link; each pair is gated too.")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder for netcheck.json (default: a new one under .fatpipe/<cluster>/runs/).")
 @outputs_option

@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from fatpipe.ops.netgate import fmt_size
+from fatpipe.ops.netgate import fmt_size, link_matrix
 
 PHASES = ("synth", "deploy", "wait", "netcheck", "rendezvous", "launch", "summary")
 
@@ -205,6 +205,8 @@ def netcheck_tables(doc: dict, console) -> None:
         if p2p.get("single_flow_gbps") is not None:
             console.print(f"slowest pair: {p2p['single_flow_gbps']:.3f} Gbit/s on one flow (what gloo gets per "
                           f"peer), {p2p['multi_flow_gbps']:.3f} on {max(counts)} (what NCCL can spread over)")
+    if doc.get("pairs"):
+        pairs_matrix(doc["pairs"], doc["tier_gbps"], console)
     console.print(f"small-message all-reduce latency: {doc['latency_s'] * 1e6:.1f} us "
                   f"({doc['latency_bytes']} B, slowest rank)")
     gate = doc["gate"]
@@ -216,6 +218,45 @@ def netcheck_tables(doc: dict, console) -> None:
         console.print(head + ":")
         for reason in gate["reasons"]:
             console.print(f"  - {reason}", markup=False)
+
+
+def pairs_matrix(pairs: dict, tier_gbps: float, console) -> None:
+    """`netcheck --pairs`: every pair's Gbit/s over its round-trip p50 and jitter, n x n; links
+    below the bar in red, the worst in bold, then the worst link and the slow ones by name."""
+    from rich import box
+    from rich.table import Table
+
+    def us(seconds) -> str:
+        return "-" if seconds is None else f"{seconds * 1e6:.0f}"
+
+    worst = pairs["worst"] or {}
+    table = Table(title=f"every pair: Gbit/s (best of {', '.join(map(str, pairs['streams']))} streams, "
+                        f"{pairs['tool']}), round trip p50 ± jitter in us", box=box.SIMPLE_HEAD)
+    table.add_column("")
+    for name in pairs["nodes"]:
+        table.add_column(name, justify="right")
+    for name, row in zip(pairs["nodes"], link_matrix(pairs["nodes"], pairs["links"]), strict=True):
+        cells = []
+        for link in row:
+            if link is None:
+                cells.append("[dim]-[/]")
+                continue
+            gbps = "failed" if link["error"] and not link["gbps_by_streams"] else f"{link['best_gbps']:.3f}"
+            text = f"{gbps}\n{us(link['rtt_p50_s'])} ± {us(link['jitter_s'])}"
+            is_worst = (link["a"], link["b"]) == (worst.get("a"), worst.get("b"))
+            style = ("bold " if is_worst else "") + ("red" if link["slow"] else "")
+            cells.append(f"[{style.strip()}]{text}[/]" if style else text)
+        table.add_row(name, *cells)
+    console.print(table)
+    if worst:
+        share = f"{100 * worst['best_gbps'] / tier_gbps:.0f}% of the {tier_gbps:g} Gbit/s tier"
+        console.print(f"worst link: {worst['a']} <-> {worst['b']}, "
+                      + (f"failed: {worst['error']}" if worst["error"] else
+                         f"{worst['best_gbps']:.3f} Gbit/s ({share})"), markup=False)
+    if pairs["slow"]:
+        names = ", ".join(f"{a} <-> {b}" for a, b in pairs["slow"])
+        touch = f" (all touch {pairs['slow_node']})" if pairs.get("slow_node") else ""
+        console.print(f"links below the bar: {names}{touch}", style="red", markup=False)
 
 
 def _gbps_cell(value) -> str:

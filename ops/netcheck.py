@@ -18,7 +18,15 @@ from fatpipe.infra.defaults import BENCH_MAX_RESTARTS, NETCHECK_FILE, NETCHECK_P
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
 
-from .netgate import DEFAULT_MIN_FRACTION, PairResult, evaluate_gate, fmt_size
+from .netgate import (
+    DEFAULT_MIN_FRACTION,
+    PairResult,
+    evaluate_gate,
+    fmt_size,
+    links_from_bench,
+    shared_node,
+    worst_link,
+)
 
 NETBENCH_MODULE = "fatpipe.trainer.netbench"
 RESULT_PREFIX = "NETBENCH_JSON "  # netbench's rank 0 prints its result on one such line
@@ -52,6 +60,7 @@ class NetcheckOptions:
     p2p_port: int | None = None  # default: the cluster's rdzv_port + 1
     p2p_tool: str = "auto"  # auto | iperf3 | socket
     timeout_s: float | None = None  # default: estimated from the sizes and the tier
+    pairs: bool = False  # also every node pair, in rounds of disjoint pairs (the link matrix)
 
     def __post_init__(self):
         if self.max_size is None:
@@ -79,7 +88,7 @@ class NetcheckOptions:
             "--p2p-tool", self.p2p_tool, "--p2p-seconds", f"{self.seconds_per_p2p:g}",
             "--streams", str(self.streams),
         ]
-        return args + (["--quick"] if self.quick else [])
+        return args + (["--quick"] if self.quick else []) + (["--pairs"] if self.pairs else [])
 
     def estimate_s(self, nnodes: int, tier_gbps: float) -> float:
         """A generous bound on the benchmark's run time: the sweep at half the tier, p2p, start-up."""
@@ -90,7 +99,9 @@ class NetcheckOptions:
         factor = 2 * (nnodes - 1) / nnodes
         sweep_s = sweep_bytes * factor * 8 / (0.5 * tier_gbps * 1e9)
         p2p_s = (nnodes - 1) * 2 * (self.seconds_per_p2p + 15)
-        return STARTUP_ALLOWANCE_S + sweep_s + p2p_s
+        rounds = nnodes - 1 if nnodes % 2 == 0 else nnodes  # the round-robin schedule's length
+        pairs_s = rounds * (2 * (self.seconds_per_p2p + 15) + 20) if self.pairs else 0.0
+        return STARTUP_ALLOWANCE_S + sweep_s + p2p_s + pairs_s
 
 
 def run_netcheck(project, outputs, *, run_dir: Path | None = None, options: NetcheckOptions | None = None,
@@ -194,8 +205,12 @@ def netcheck_doc(bench: dict, outputs, options: NetcheckOptions, run_id: str = "
     """netcheck.json: the sweep, the pairs, the latency and the gate, with the keys comm=auto reads."""
     names = {node.private_ip: node.name for node in outputs.nodes}
     pairs = pairs_from_bench(bench.get("p2p"), names)
+    bench_pairs = bench.get("pairs")
+    if bench_pairs:  # in the cluster's node order, whatever order the ranks reported them in
+        bench_pairs = {**bench_pairs, "links": sorted(bench_pairs["links"], key=lambda r: (r["a_node"], r["b_node"]))}
+    links = links_from_bench(bench_pairs, names)
     gate = evaluate_gate(outputs.tier_gbps, bench.get("busbw_gbps"), bench.get("busbw_size"), pairs,
-                         options.min_fraction, nnodes=bench["nnodes"])
+                         options.min_fraction, nnodes=bench["nnodes"], links=links)
     rows = bench["allreduce"]
     p2p = bench.get("p2p")
     return {
@@ -227,8 +242,35 @@ def netcheck_doc(bench: dict, outputs, options: NetcheckOptions, run_id: str = "
             "single_flow_gbps": worst_pair(pairs, min),
             "multi_flow_gbps": worst_pair(pairs, max),
         },
+        "pairs": pairs_doc(bench_pairs, links, names, gate.threshold_gbps),
         "gate": {**gate.to_json(), "enforced": options.enforce},
         "bench_elapsed_s": bench.get("elapsed_s"),
+    }
+
+
+def pairs_doc(bench_pairs: dict | None, links: list, names: dict[str, str], threshold: float) -> dict | None:
+    """netcheck.json's `pairs`: every node pair's throughput, latency and jitter, the slow ones
+    marked, the worst named, and the node every slow link touches (when there is one)."""
+    if not bench_pairs:
+        return None
+    slow = [link for link in links if link.slow(threshold)]
+    worst = worst_link(links)
+    return {
+        "tool": bench_pairs["tool"],
+        "seconds": bench_pairs["seconds"],
+        "streams": bench_pairs["streams"],
+        "nodes": list(names.values()),
+        "rounds": bench_pairs["rounds"],
+        "links": [{"a": link.a, "b": link.b, "best_gbps": link.best_gbps,
+                   "gbps_by_streams": {str(n): g for n, g in sorted(link.gbps_by_streams.items())},
+                   "rtt_p50_s": row.get("rtt_p50_s"), "rtt_p95_s": row.get("rtt_p95_s"),
+                   "jitter_s": row.get("jitter_s"), "rtt_count": row.get("rtt_count"),
+                   "round": row.get("round"), "error": link.error, "slow": link.slow(threshold)}
+                  for link, row in zip(links, bench_pairs["links"], strict=True)],
+        "worst": None if worst is None else {"a": worst.a, "b": worst.b, "best_gbps": worst.best_gbps,
+                                             "error": worst.error},
+        "slow": [[link.a, link.b] for link in slow],
+        "slow_node": shared_node(slow),
     }
 
 

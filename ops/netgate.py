@@ -1,7 +1,8 @@
 """The netcheck gate: do the links deliver the tier? Pure functions over netbench's numbers.
 
-Pass when all-reduce bus bandwidth at the largest size is at least `min_fraction` of the tier
-and every node reaches it point-to-point from node 0. A pair's throughput is the best of its
+Pass when all-reduce bus bandwidth at the largest size is at least `min_fraction` of the tier,
+every node reaches it point-to-point from node 0 and, when measured (`netcheck --pairs`), every
+node pair reaches it too. A pair's throughput is the best of its
 1-stream and N-stream runs: the link's capacity, whatever one flow's window allows.
 """
 
@@ -24,6 +25,64 @@ class PairResult:
     @property
     def best_gbps(self) -> float:
         return max(self.gbps_by_streams.values(), default=0.0)
+
+
+@dataclass(frozen=True)
+class LinkResult:
+    """One node pair of `netcheck --pairs`: throughput per stream count, round-trip latency, jitter."""
+
+    a: str
+    b: str
+    gbps_by_streams: dict[int, float] = field(default_factory=dict)
+    rtt_p50_s: float | None = None
+    jitter_s: float | None = None
+    error: str | None = None
+
+    @property
+    def best_gbps(self) -> float:
+        return max(self.gbps_by_streams.values(), default=0.0)
+
+    @property
+    def name(self) -> str:
+        return f"{self.a} <-> {self.b}"
+
+    def slow(self, threshold_gbps: float) -> bool:
+        return bool(self.error) or self.best_gbps < threshold_gbps
+
+
+def links_from_bench(pairs: dict | None, names: dict[str, str]) -> list[LinkResult]:
+    """netbench's `pairs` links as LinkResults, each node named from its private IP where known."""
+    if not pairs:
+        return []
+    return [LinkResult(a=names.get(r["a_ip"]) or r["a"], b=names.get(r["b_ip"]) or r["b"],
+                       gbps_by_streams={int(n): float(g) for n, g in r["gbps_by_streams"].items()},
+                       rtt_p50_s=r.get("rtt_p50_s"), jitter_s=r.get("jitter_s"), error=r.get("error"))
+            for r in pairs["links"]]
+
+
+def worst_link(links: list[LinkResult]) -> LinkResult | None:
+    """A failed link first, else the slowest; ties go to the higher latency."""
+    return min(links, key=lambda link: (not link.error, link.best_gbps, -(link.rtt_p50_s or 0.0)),
+               default=None)
+
+
+def shared_node(links: list[LinkResult]) -> str | None:
+    """The one node every link touches, when there are two or more links: the likely culprit."""
+    if len(links) < 2:
+        return None
+    common = set.intersection(*({link.a, link.b} for link in links))
+    return next(iter(common)) if len(common) == 1 else None
+
+
+def link_matrix(nodes: list[str], links: list[dict]) -> list[list[dict | None]]:
+    """links (each with `a` and `b`) as an n x n matrix in `nodes` order, symmetric, None on the
+    diagonal and where a pair was not measured."""
+    at = {name: i for i, name in enumerate(nodes)}
+    matrix: list[list[dict | None]] = [[None] * len(nodes) for _ in nodes]
+    for link in links:
+        i, j = at[link["a"]], at[link["b"]]
+        matrix[i][j] = matrix[j][i] = link
+    return matrix
 
 
 @dataclass(frozen=True)
@@ -54,6 +113,7 @@ def evaluate_gate(
     pairs: list[PairResult],
     min_fraction: float = DEFAULT_MIN_FRACTION,
     nnodes: int = 2,
+    links: list[LinkResult] = (),
 ) -> GateResult:
     """The verdict and, when it fails, one reason per slow node or pair, each with its numbers."""
     if not 0 < min_fraction <= 1.5:
@@ -69,11 +129,17 @@ def evaluate_gate(
                                for n, g in sorted(pair.gbps_by_streams.items()))
             reasons.append(f"node {pair.client}: p2p {fmt_gbps(pair.best_gbps)} Gbit/s to {pair.server} "
                            f"is below {bar} ({detail})")
+    for link in links:
+        if link.error:
+            reasons.append(f"link {link.name} failed: {link.error}")
+        elif link.best_gbps < threshold:
+            reasons.append(f"link {link.name}: {fmt_gbps(link.best_gbps)} Gbit/s is below {bar}")
     if nnodes > 1:  # one node: all-reduce crosses no network link, nothing to hold to the tier
         if busbw_gbps is None:
             reasons.append("no all-reduce result")
         elif busbw_gbps < threshold:
-            slow = sorted({p.client for p in pairs if p.error or p.best_gbps < threshold})
+            culprit = shared_node([link for link in links if link.slow(threshold)])
+            slow = sorted({p.client for p in pairs if p.error or p.best_gbps < threshold} | ({culprit} - {None}))
             hint = f"; slow: {', '.join(slow)}" if slow else ""
             reasons.append(f"all-reduce busbw {fmt_gbps(busbw_gbps)} Gbit/s at {fmt_size(busbw_size or 0)} "
                            f"is below {bar}{hint}")

@@ -2,7 +2,8 @@
 
 Loss against step, each step split into compute and exposed communication, the gradient-sync
 latency distribution, link use against the tier, the netcheck sweep against the tier and the TCP
-ceiling, the comm decision with its numbers, restarts and failures. Everything comes from files
+ceiling (and the link matrix of `netcheck --pairs`), the comm decision with its numbers, restarts
+and failures. Everything comes from files
 the run already wrote (metrics.jsonl, summary.json, netcheck.json, up.json); nothing is measured.
 """
 
@@ -119,6 +120,35 @@ def fmt(value) -> str:
     return "-" if value is None else str(value)
 
 
+def pairs_html(pairs: dict) -> str:
+    """netcheck --pairs: the n x n link matrix, Gbit/s over round-trip p50 ± jitter, slow links in red."""
+    from .netgate import link_matrix
+
+    def us(seconds) -> str:
+        return "-" if seconds is None else f"{seconds * 1e6:.0f}"
+
+    nodes = pairs["nodes"]
+    rows = []
+    for name, row in zip(nodes, link_matrix(nodes, pairs["links"]), strict=True):
+        cells = []
+        for link in row:
+            if link is None:
+                cells.append("<td>-</td>")
+                continue
+            gbps = "failed" if link["error"] and not link["gbps_by_streams"] else f"{link['best_gbps']:.3f}"
+            style = ' style="color:#c00"' if link["slow"] else ""
+            cells.append(f"<td{style}>{gbps}<br>{us(link['rtt_p50_s'])} ± {us(link['jitter_s'])} us</td>")
+        rows.append(f"<tr><th>{html.escape(name)}</th>{''.join(cells)}</tr>")
+    head = "".join(f"<th>{html.escape(n)}</th>" for n in nodes)
+    worst = pairs.get("worst")
+    note = "" if not worst else html.escape(
+        f"worst link: {worst['a']} <-> {worst['b']}, {worst['best_gbps']:.3f} Gbit/s"
+        + (f"; below the bar: {len(pairs['slow'])} link(s)" if pairs["slow"] else "")
+        + (f", all touching {pairs['slow_node']}" if pairs.get("slow_node") else ""))
+    return (f"<h2>every pair (Gbit/s, round trip p50 ± jitter)</h2><table><tr><th></th>{head}</tr>"
+            f"{''.join(rows)}</table><p>{note}</p>")
+
+
 PAGE = """<!doctype html>
 <html lang="en"><head><meta charset="utf-8"><title>fatpipe run {run}</title>
 <style>
@@ -172,5 +202,7 @@ def write_report(run_dir: Path) -> Path:
     if net:
         parts.append(table("netcheck", {"busbw_gbps": net.get("busbw_gbps"), "passed": net.get("gate", {}).get("passed"),
                                         "reasons": net.get("gate", {}).get("reasons")}))
+    if net.get("pairs"):
+        parts.append(pairs_html(net["pairs"]))
     page = PAGE.format(run=html.escape(run_dir.name), expected=len(figures), body="\n".join(parts))
     return write_atomic(run_dir / REPORT_FILE, page)

@@ -3,8 +3,8 @@
     torchrun ... -m fatpipe.trainer.netbench --out netbench.json [--max-size 256M] [--quick]
 
 Numbers follow nccl-tests' conventions (see `bandwidth`). Backend: NCCL when the node has a
-GPU, else gloo on float32 CPU tensors. The p2p part (`netp2p`) runs between processes of this
-same job, one per node. Rank 0 writes one JSON document to `--out` and prints it on a line that
+GPU, else gloo on float32 CPU tensors. The p2p part (`netp2p`: node -> node 0; with `--pairs`
+also `netpairs`: every node pair) runs between processes of this same job, one per node. Rank 0 writes one JSON document to `--out` and prints it on a line that
 starts with `NETBENCH_JSON ` (for launchers that collect stdout from a remote node 0).
 
 At module level this and the modules it loads import the standard library and the trainer's
@@ -40,13 +40,14 @@ from fatpipe.trainer.bandwidth import (
 from fatpipe.trainer.files import write_text_atomic
 from fatpipe.trainer.netnodes import describe_ranks, node_ip, node_leaders
 from fatpipe.trainer.netp2p import run_p2p
+from fatpipe.trainer.netpairs import run_pairs
 from fatpipe.trainer.netsweep import Bench
 
 # Names other code and tests import from here, though they now live in the modules above.
 __all__ = [
     "DTYPE_BYTES", "ITERS_FULL", "ITERS_QUICK", "LATENCY_BYTES", "MiB", "RESULT_PREFIX", "Bench",
     "algbw_gbs", "bus_factor", "busbw_gbs", "describe_ranks", "format_table", "iterations",
-    "main", "node_ip", "node_leaders", "parse_args", "parse_size", "run", "run_p2p", "sweep_row",
+    "main", "node_ip", "node_leaders", "parse_args", "parse_size", "run", "run_p2p", "run_pairs", "sweep_row",
     "sweep_sizes",
 ]
 
@@ -67,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--p2p-tool", choices=("auto", "iperf3", "socket"), default="auto")
     p.add_argument("--p2p-seconds", type=float, default=3.0)
     p.add_argument("--streams", type=int, default=4, help="parallel streams of the multi-stream test")
+    p.add_argument("--pairs", action="store_true",
+                   help="also every node pair: throughput, latency and jitter (netpairs; port --p2p-port + 1 too)")
     args = p.parse_args(argv)
     if args.max_size < args.min_size:
         p.error("--max-size is below --min-size")
@@ -96,6 +99,7 @@ def run(args: argparse.Namespace) -> dict:
     ranks = describe_ranks(bench)
     bench.check_sum()
     p2p_result = run_p2p(bench, ranks, args) if args.p2p else None
+    pairs_result = run_pairs(bench, ranks, args) if args.pairs else None
     latency = bench.latency(iters=50 if args.quick else 200)
     if log:
         log(f"# {bench.world_size} ranks on {len(node_leaders(ranks))} nodes, "
@@ -114,6 +118,7 @@ def run(args: argparse.Namespace) -> dict:
         "latency_s": latency,
         "latency_bytes": LATENCY_BYTES,
         "p2p": p2p_result,
+        "pairs": pairs_result,
         "elapsed_s": time.perf_counter() - start,
     }
 
