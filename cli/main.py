@@ -25,6 +25,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --he
     "train": ("fatpipe.cli.train:train", "Train the built-in GPT on this machine with torchrun."),
     "status": ("fatpipe.cli.status:status", "Show the cluster's nodes and the latest run."),
     "logs": ("fatpipe.cli.logs:logs", "Print or follow a run's per-node logs."),
+    "top": ("fatpipe.cli.top:top", "Watch a running job per node: links, sync time, the straggler."),
     "report": ("fatpipe.cli.report:report", "Draw a run as one HTML page: loss, step split, sync, links."),
     "runs": ("fatpipe.cli.runs:runs", "List a cluster's runs and what each achieved; prune old ones."),
     "stop": ("fatpipe.cli.stop:stop", "Stop a run on every node."),

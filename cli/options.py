@@ -87,9 +87,14 @@ def script_args() -> list[str]:
     return list(click.get_current_context().meta.get("script", []))
 
 
+# An override's parameter is named train_<key>: a command's own option of the same name (launch's
+# --timeout is timeout_s) would otherwise share click's slot and overwrite the [train] value.
+_OVERRIDE_PREFIX = "train_"
+
+
 def _store_override(ctx, param, value):
     if value is not None:
-        ctx.meta.setdefault("train", {})[param.name] = value
+        ctx.meta.setdefault("train", {})[param.name.removeprefix(_OVERRIDE_PREFIX)] = value
     return value
 
 
@@ -103,15 +108,15 @@ def train_overrides(func):
 
 
 def _override_option(name: str, annotation):
-    flag = "--" + name.replace("_", "-")
+    flag, dest = "--" + name.replace("_", "-"), _OVERRIDE_PREFIX + name
     options = dict(default=None, expose_value=False, callback=_store_override,
                    help=f"Override [train] {name}.")
     if annotation is bool:
-        return click.option(f"{flag}/--no-{name.replace('_', '-')}", name, **options)
+        return click.option(f"{flag}/--no-{name.replace('_', '-')}", dest, **options)
     if get_origin(annotation) is Literal:
-        return click.option(flag, name, type=click.Choice(get_args(annotation)), **options)
+        return click.option(flag, dest, type=click.Choice(get_args(annotation)), **options)
     kind = annotation if annotation in (int, float) else str
-    return click.option(flag, name, type=kind, **options)
+    return click.option(flag, dest, type=kind, **options)
 
 
 def overrides() -> dict:

@@ -210,6 +210,8 @@ def check_netchecks(project, name: str, since: float) -> None:
 
 def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False):
     """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult."""
+    from rich.markup import escape
+
     from fatpipe.infra.runs import latest_run_id, mark_latest
     from fatpipe.ops.launch import launch as launch_run
 
@@ -230,6 +232,8 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
         out.print(f"run {rdzv.run_id} started; follow it with: fatpipe logs {outputs.name} -f")
         return result
     out.print(exit_table(result))
+    if result.failure:
+        out.print(f"[red]error[/]: {escape(result.failure)}", soft_wrap=True)  # one line, unwrapped
     if result.interrupted:
         out.print("[yellow]interrupted[/]: the run was stopped on every node")
     elif result.timed_out:

@@ -28,12 +28,26 @@ class SimCluster(ClusterBase):
     # over SSH exactly as it does a rented machine (netns isolation only).
     transport: Literal["netns", "ssh"] = "netns"
     ssh_user: str = ""
+    # Shape the links to this rate instead of the tier's (a time-scaled rehearsal: the link a
+    # GPU node would see, slowed as much as this machine's compute is); the tier stays declared.
+    link_gbps: float | None = Field(None, ge=0.001, le=100)
 
     @model_validator(mode="after")
     def _ssh_needs_namespaces(self):
         if self.transport == "ssh" and self.isolation == "loopback":
             raise ValueError("transport = \"ssh\" needs isolation = \"netns\" (or \"auto\" as root)")
         return self
+
+    @model_validator(mode="after")
+    def _link_rate_needs_namespaces(self):
+        if self.link_gbps is not None and self.isolation == "loopback":
+            raise ValueError("link_gbps shapes netns links; loopback nodes are not shaped")
+        return self
+
+    @property
+    def link_rate_gbps(self) -> float:
+        """The rate the links are shaped to."""
+        return self.link_gbps if self.link_gbps is not None else float(self.tier_gbps)
 
     @property
     def region(self) -> str:

@@ -23,5 +23,6 @@ WAIT_TIMEOUT_S = 600  # `fatpipe wait`: every node ready within this
 RENDEZVOUS_FILE = "rendezvous.json"
 SUMMARY_FILE = "summary.json"
 NETCHECK_FILE = "netcheck.json"
+FAULTS_FILE = "faults.json"  # the trainer's fault counts and failures (a copy of trainer.faults')
 NETCHECK_PLOT = "netcheck.png"
 UP_REPORT_FILE = "up.json"

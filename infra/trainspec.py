@@ -18,18 +18,22 @@ class TrainSpec(Strict):
 
     preset: Literal["tiny", "small", "124m"] = "small"
     steps: int = Field(200, ge=1)
-    comm: Literal["auto", "none", "bf16", "fp16", "powersgd"] = "auto"
+    comm: Literal["auto", "none", "bf16", "fp16", "powersgd", "diloco", "localsgd"] = "auto"
     batch_size: int = Field(8, ge=1)
     seq_len: int = Field(256, ge=8, le=8192)
     grad_accum: int = Field(1, ge=1)
     lr: float = Field(6e-4, gt=0, le=1)
     warmup_steps: int = Field(20, ge=0)
     checkpoint_every: int = Field(50, ge=1)
+    node_metrics_every: int = Field(10, ge=0)  # steps per node-metrics window; 0: off
+    timeout_s: float = Field(300.0, gt=0)  # collective timeout: a lost peer fails the attempt
     bucket_cap_mb: float = Field(25.0, gt=0)
     seed: int = 1337
     data: str | None = None
     compile: bool = False
     powersgd_rank: int = Field(4, ge=1)
+    sync_every: int = Field(16, ge=1)  # diloco/localsgd: optimizer steps between syncs
+    redecide: bool = True  # comm=auto: re-probe and maybe switch hooks when steps drift off
 
     def trainer_args(self) -> list[str]:
         """The trainer's command-line flags for these settings."""

@@ -12,6 +12,7 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 
+from .failure import describe_failure
 from .nodefiles import write_rendezvous
 from .noderun import (
     STOP_WAIT_S,
@@ -105,7 +106,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
     state_dir = project.state_dir(rdzv.cluster)
     nodes = node_runs(rdzv, state_dir)
     result = LaunchResult(rdzv.run_id, Path(run_dir))
-    started = time.monotonic()
+    started, since = time.monotonic(), time.time()
     try:
         fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
         try:
@@ -130,6 +131,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
             stop_nodes(nodes)
             result.exit_codes = {n.name: n.exit_code() for n in nodes}
         fan_out(lambda n: fetch_run(n, Path(run_dir)), nodes)
+        result.failure = describe_failure(result, rdzv, since)
     finally:
         result.elapsed_s = time.monotonic() - started
     return result

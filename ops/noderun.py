@@ -56,6 +56,7 @@ class LaunchResult:
     interrupted: bool = False
     timed_out: bool = False
     elapsed_s: float = 0.0
+    failure: str | None = None  # why it failed, in one line naming the node and the phase
 
     @property
     def exit_code(self) -> int:

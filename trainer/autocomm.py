@@ -1,15 +1,21 @@
-"""comm = "auto": pick the least lossy comm hook whose predicted exposed communication fits.
+"""comm = "auto": pick the least lossy comm hook whose predicted overhead fits.
 
 Inputs are measured: the link's all-reduce bus bandwidth and latency (from the run's
-netcheck.json, else a short probe now) and the compute time of one step without any
-communication. The model of a step is deliberately simple and logged with its numbers:
+netcheck.json, else a short probe now), the compute time of one step without any
+communication, and each hook's own cost on this node (`hookcost`: the hook run against a
+one-rank group, so no network). The model of a step is deliberately simple and logged with
+its numbers, one dict per candidate:
 
-    comm_s    = all-reduce rounds x latency + wire_bytes x 2(n-1)/n / busbw
+    comm_s    = all-reduce rounds x latency + wire_bytes x 2(n-1)/n / (busbw x dtype rate)
     exposed_s = max(comm_s - overlap x backward_s, comm_s / buckets)
+    step_s    = compute_s + hook_s + exposed_s
 
 DDP can hide communication behind the backward pass of the last micro-batch (about two
 thirds of forward + backward), except for the last bucket, which is ready only when backward
-ends. A hook qualifies when exposed_s <= 20% of the predicted step (compute_s + exposed_s).
+ends. The hook's own work (casts, PowerSGD's matrix products and orthogonalisation) is not
+hidden: on a CPU it competes with backward for the same cores. A hook qualifies when
+hook_s + exposed_s <= 20% of step_s. When none does, the fastest over the steps left wins
+(`run_step_s`: PowerSGD sends plain gradients until its start step, at the plain step's cost).
 """
 
 from __future__ import annotations
@@ -22,9 +28,10 @@ from pathlib import Path
 
 import torch
 
-from .allreduce import measure_allreduce
+from .allreduce import measure_allreduce, timed_allreduce
 from .bandwidth import bus_factor
 from .config import HOOK_NAMES
+from .periodic import predict_periodic
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +40,7 @@ BACKWARD_SHARE = 2 / 3  # backward's share of forward + backward compute
 
 _PROBE_LATENCY_BYTES = 4 << 10
 _PROBE_BANDWIDTH_BYTES = 16 << 20
+_PROBE_HALF_BYTES = 1 << 20
 
 
 @dataclass(frozen=True)
@@ -40,6 +48,9 @@ class LinkEstimate:
     busbw_gbps: float
     latency_s: float
     source: str  # "netcheck.json" or "probe"
+    # bf16/fp16 all-reduce byte rate over float32's, measured (gloo sums half precision on the
+    # CPU element by element: on a busy node it can be slower than float32); missing: 1.0
+    half_rate: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -51,7 +62,11 @@ class CommDecision:
     grad_bytes: int = 0
     buckets: int = 1
     world_size: int = 1
-    predicted: dict = field(default_factory=dict)  # hook -> wire_bytes, comm_s, exposed_s, share
+    # hook -> compute_s, hook_s, wire_bytes, comm_s, exposed_s, step_s, run_step_s, share
+    predicted: dict = field(default_factory=dict)
+    since_step: int = 0  # the step after which this hook took over (0: from the start)
+    switches: list = field(default_factory=list)  # mid-run switches so far, oldest first
+    reprobes: int = 0  # mid-run link probes so far
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -59,15 +74,18 @@ class CommDecision:
     def describe(self) -> str:
         lines = [f"comm=auto chose {self.comm}: {self.reason}"]
         if self.link:
-            lines.append(f"  link {self.link.busbw_gbps:.2f} Gbit/s busbw, "
+            half = "".join(f", {k} x{v:.2f}" for k, v in (self.link.half_rate or {}).items())
+            lines.append(f"  link {self.link.busbw_gbps:.3f} Gbit/s busbw{half}, "
                          f"{self.link.latency_s * 1e3:.2f} ms latency ({self.link.source}); "
                          f"compute {self.compute_s * 1e3:.1f} ms/step; "
                          f"grad {self.grad_bytes / 1e6:.1f} MB in {self.buckets} bucket(s); "
                          f"{self.world_size} ranks")
         for name, p in self.predicted.items():
-            lines.append(f"  {name:8s} wire {p['wire_bytes'] / 1e6:8.2f} MB  comm "
-                         f"{p['comm_s'] * 1e3:8.1f} ms  exposed {p['exposed_s'] * 1e3:8.1f} ms "
-                         f"({p['share']:.0%} of step)")
+            lines.append(f"  {name:8s} wire {p['wire_bytes'] / 1e6:7.2f} MB  compute "
+                         f"{p['compute_s'] * 1e3:6.1f} + hook {p['hook_s'] * 1e3:6.1f} + exposed "
+                         f"{p['exposed_s'] * 1e3:7.1f} (comm {p['comm_s'] * 1e3:7.1f}) = step "
+                         f"{p['step_s'] * 1e3:7.1f} ms ({p['share']:.0%} overhead); "
+                         f"{p['run_step_s'] * 1e3:.1f} ms/step over the steps left")
         return "\n".join(lines)
 
 
@@ -89,8 +107,21 @@ def probe_link(device: torch.device, grad_bytes: int) -> LinkEstimate:
     """A short all-reduce probe: a small message for latency, a large one for bandwidth."""
     small = measure_allreduce(_PROBE_LATENCY_BYTES, iters=10, warmup=2, device=device)
     size = max(_PROBE_LATENCY_BYTES, min(_PROBE_BANDWIDTH_BYTES, grad_bytes))
-    large = measure_allreduce(size, iters=5, warmup=1, device=device)
-    return LinkEstimate(large.busbw_gbps, small.time_s, "probe")
+    large = measure_allreduce(size, iters=3, warmup=1, device=device)
+    return LinkEstimate(large.busbw_gbps, small.time_s, "probe",
+                        probe_half_rates(device, grad_bytes))
+
+
+def probe_half_rates(device: torch.device, grad_bytes: int) -> dict[str, float]:
+    """Collective: how fast all-reduce moves bf16 and fp16 bytes against float32, same bytes."""
+    count = max(_PROBE_LATENCY_BYTES, min(_PROBE_HALF_BYTES, grad_bytes)) // 4
+    base = timed_allreduce(torch.ones(count, device=device), 1, 2, device)
+    rates = {}
+    for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):
+        t = timed_allreduce(torch.ones(2 * count, dtype=dtype, device=device), 1, 2, device)
+        # Fewer elements per byte cannot make the wire faster; above 1 is noise (a slow base).
+        rates[name] = min(1.0, base / t) if t > 0 else 1.0
+    return rates
 
 
 def powersgd_wire_elements(shapes: list[torch.Size], rank: int, min_rate: float = 2.0) -> int:
@@ -115,12 +146,43 @@ class GradTraffic:
     powersgd_buckets: int | None = None  # PowerSGD's own bucket count (one bucket on gloo)
 
 
+@dataclass(frozen=True)
+class HookCost:
+    """What each hook costs beyond its bytes: its own seconds per step on this node (measured),
+    and the steps it will send plain gradients before compressing, out of the steps left."""
+
+    hook_s: dict = field(default_factory=dict)  # hook -> seconds per step; missing: 0
+    plain_steps: dict = field(default_factory=dict)  # hook -> plain steps first; missing: 0
+    steps_left: int = 0
+
+
+def predict(compute_s: float, comm_s: float, hideable: float, n_buckets: int,
+            hook_s: float) -> dict:
+    """One candidate's step: compute, the hook's own work, and what communication leaves exposed."""
+    exposed = max(comm_s - hideable, comm_s / n_buckets)
+    step = compute_s + hook_s + exposed
+    return {"compute_s": compute_s, "hook_s": hook_s, "comm_s": comm_s, "exposed_s": exposed,
+            "step_s": step, "share": (hook_s + exposed) / step if step else 0.0}
+
+
+def run_step(predicted: dict, name: str, cost: HookCost) -> float:
+    """Mean step over the steps left, counting plain-gradient steps at the plain hook's cost."""
+    plain = min(cost.plain_steps.get(name, 0), cost.steps_left)
+    if not plain or "none" not in predicted:
+        return predicted[name]["step_s"]
+    left = max(cost.steps_left, 1)
+    return (plain * predicted["none"]["step_s"]
+            + (left - plain) * predicted[name]["step_s"]) / left
+
+
 def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, traffic: GradTraffic,
-                world_size: int, hooks: tuple[str, ...] = HOOK_NAMES) -> CommDecision:
+                world_size: int, hooks: tuple[str, ...] = HOOK_NAMES,
+                cost: HookCost | None = None) -> CommDecision:
     """Apply the model above to each of `hooks` and pick the least lossy one within budget.
 
     Needs world_size > 1: a single process has nothing to send (the trainer decides that itself).
     """
+    cost = cost or HookCost()
     grad_bytes, buckets = traffic.grad_bytes, traffic.buckets
     powersgd_bytes, powersgd_buckets = traffic.powersgd_bytes, traffic.powersgd_buckets
     common = dict(link=link, compute_s=compute_s, grad_bytes=grad_bytes, buckets=buckets,
@@ -135,17 +197,27 @@ def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, traffic: 
     predicted = {}
     for name in candidates:
         n_buckets = (powersgd_buckets or buckets) if name == "powersgd" else buckets
+        rate = bytes_per_s * (link.half_rate or {}).get(name, 1.0)
         comm_s = (rounds[name] * n_buckets * link.latency_s
-                  + wire[name] * bus_factor(world_size) / bytes_per_s)
-        exposed = max(comm_s - hideable, comm_s / n_buckets)
-        predicted[name] = {"wire_bytes": wire[name], "comm_s": comm_s, "exposed_s": exposed,
-                           "share": exposed / (compute_s + exposed) if compute_s + exposed else 0}
+                  + wire[name] * bus_factor(world_size) / rate)
+        predicted[name] = {"wire_bytes": wire[name], **predict(
+            compute_s, comm_s, hideable, n_buckets, cost.hook_s.get(name, 0.0))}
+    for name in candidates:
+        predicted[name]["run_step_s"] = run_step(predicted, name, cost)
+    # Then the methods that sync every H steps (trainer/periodic.py): logged, and candidates
+    # when the steps left hold two of the intervals they need.
+    periodic = {name: p for name, p in predict_periodic(
+        link, compute_s, grad_bytes, world_size, EXPOSED_BUDGET, cost.steps_left).items()
+        if name in hooks}
+    predicted.update(periodic)
+    candidates += [name for name, p in periodic.items() if p["usable"]]
     for name in candidates:
         if predicted[name]["share"] <= EXPOSED_BUDGET:
-            reason = (f"least lossy hook with predicted exposed comm "
+            reason = (f"least lossy hook with predicted hook + exposed comm "
                       f"{predicted[name]['share']:.0%} <= {EXPOSED_BUDGET:.0%} of the step")
             return CommDecision(name, reason, predicted=predicted, **common)
-    best = min(candidates, key=lambda n: predicted[n]["exposed_s"])
-    reason = (f"no hook keeps exposed comm within {EXPOSED_BUDGET:.0%}; "
-              f"{best} exposes the least ({predicted[best]['share']:.0%})")
+    best = min(candidates, key=lambda n: predicted[n]["run_step_s"])
+    reason = (f"no hook keeps hook + exposed comm within {EXPOSED_BUDGET:.0%}; "
+              f"{best} is fastest over the steps left "
+              f"({predicted[best]['run_step_s'] * 1e3:.0f} ms/step)")
     return CommDecision(best, reason, predicted=predicted, **common)

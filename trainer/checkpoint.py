@@ -11,6 +11,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import time
 from pathlib import Path
 
 import torch
@@ -21,6 +22,9 @@ from .collectives import all_gather_objects, broadcast_object
 log = logging.getLogger(__name__)
 
 KEEP = 2
+# For fault tests only: seconds to wait with the temporary file written and not yet renamed, so
+# a test can kill the writer inside that window.
+PAUSE_ENV = "FATPIPE_TEST_CHECKPOINT_PAUSE_S"
 _NAME = re.compile(r"^step-(\d{8})\.pt$")
 
 
@@ -45,6 +49,8 @@ def save_checkpoint(folder: Path, step: int, payload: dict, keep: int = KEEP) ->
         torch.save(payload, f)
         f.flush()
         os.fsync(f.fileno())
+    if os.environ.get(PAUSE_ENV):
+        time.sleep(float(os.environ[PAUSE_ENV]))
     os.replace(tmp, final)
     _fsync_dir(folder)
     for _, old in list_checkpoints(folder)[:-keep]:

@@ -1,7 +1,8 @@
 """The trainer's comm hook choice at setup: --comm as given, the checkpoint's, or comm=auto's.
 
-comm=auto measures one step's compute here and takes the link from netcheck.json (else a short
-probe); `autocomm` holds the model that turns those numbers into a hook.
+comm=auto measures one step's compute and each hook's own cost here, and takes the link from
+netcheck.json (else a short probe); `autocomm` holds the model that turns those numbers into a
+hook. `redecide_comm` runs the same model again mid-run with a fresh link probe (`redecide`).
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 import logging
 import math
 import time
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -16,15 +18,19 @@ from .allreduce import slowest, sync
 from .autocomm import (
     CommDecision,
     GradTraffic,
+    HookCost,
+    LinkEstimate,
     choose_comm,
     powersgd_wire_elements,
+    probe_half_rates,
     probe_link,
     read_netcheck,
 )
 from .bandwidth import MiB
 from .collectives import broadcast_object
-from .config import HOOK_NAMES, TrainConfig
+from .config import HOOK_NAMES, PERIODIC_NAMES, TrainConfig
 from .distenv import DistEnv
+from .hookcost import measure_hook_costs
 from .hooks import powersgd_available
 from .torchstate import autocast, fork_rng
 
@@ -40,26 +46,74 @@ def decide_comm(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, grad_byt
     if cfg.comm != "auto":
         return CommDecision(cfg.comm, "set by --comm", world_size=env.world_size).to_dict()
     if ckpt and ckpt.get("comm_decision"):
-        # A resumed run keeps its hook: switching would change the numbers mid-run.
+        # A resumed run keeps its checkpoint's hook, switched or not: what it would have done.
         log.info("comm=auto: keeping %s from the checkpoint", ckpt["comm_decision"]["comm"])
         return ckpt["comm_decision"]
     if env.world_size == 1:
         return CommDecision("none", "single process, nothing to send").to_dict()
     compute_s = measure_compute(model, cfg, env.device)
+    hook_s = measure_hook_costs(model, candidate_hooks(), cfg.powersgd_rank, env.device)
     # netcheck.json may exist on rank 0's disk only.
     link = broadcast_object(read_netcheck(cfg.out_dir) if env.is_main else None, 0,
-                            env.device) or probe_link(env.device, grad_bytes)
+                            env.device)
+    if link:
+        link = replace(link, half_rate=probe_half_rates(env.device, grad_bytes))
+    else:
+        link = probe_link(env.device, grad_bytes)
+    return _decide(cfg, env, model, Measured(link, compute_s, hook_s), step=0)
+
+
+@dataclass(frozen=True)
+class Measured:
+    link: LinkEstimate
+    compute_s: float
+    hook_s: dict
+
+
+def candidate_hooks() -> tuple[str, ...]:
+    return tuple(h for h in HOOK_NAMES if h != "powersgd" or powersgd_available())
+
+
+def plain_steps(cfg: TrainConfig, step: int, current: dict | None) -> int:
+    """Steps PowerSGD would still send plain gradients for, counted from `step`.
+
+    Its state compresses after max(2, warmup_steps - since_step) steps of its own (no compression
+    during LR warmup; torch needs 2 with error feedback), `since_step` being when it took over.
+    """
+    if current and current["comm"] == "powersgd":
+        since = current.get("since_step", 0)
+        return max(0, max(2, cfg.warmup_steps - since) - (step - since))
+    return max(2, cfg.warmup_steps - step)
+
+
+def _decide(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, m: Measured, step: int,
+            current: dict | None = None, hooks: tuple[str, ...] | None = None) -> dict:
+    """The model applied to measured numbers at `step`; the same dict on every rank."""
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     shapes = [p.shape for p in model.parameters()]
     traffic = GradTraffic(
         grad_bytes, buckets=max(1, math.ceil(grad_bytes / (cfg.bucket_cap_mb * MiB))),
         powersgd_bytes=powersgd_wire_elements(shapes, cfg.powersgd_rank) * 4,
         powersgd_buckets=1 if env.backend == "gloo" else None)
-    decision = choose_comm(
-        link, compute_s, cfg.grad_accum, traffic, world_size=env.world_size,
-        hooks=tuple(h for h in HOOK_NAMES if h != "powersgd" or powersgd_available()))
+    cost = HookCost(m.hook_s, {"powersgd": plain_steps(cfg, step, current)}, cfg.steps - step)
+    decision = choose_comm(m.link, m.compute_s, cfg.grad_accum, traffic,
+                           world_size=env.world_size, cost=cost,
+                           # periodic.py: torch only
+                           hooks=hooks or candidate_hooks() + PERIODIC_NAMES)
     if env.is_main:
         log.info("%s", decision.describe())
     return broadcast_object(decision.to_dict(), 0, env.device)  # one hook on every rank
+
+
+def redecide_comm(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, current: dict,
+                  step: int) -> dict:
+    """Collective: probe the link again and apply the model at `step`, keeping the compute and
+    hook costs measured at setup (neither depends on the network). DDP hooks only: a periodic
+    method's state is built at setup, not mid-run."""
+    link = probe_link(env.device, current["grad_bytes"])
+    hook_s = {name: p.get("hook_s", 0.0) for name, p in current["predicted"].items()}
+    return _decide(cfg, env, model, Measured(link, current["compute_s"], hook_s), step, current,
+                   hooks=candidate_hooks())
 
 
 def measure_compute(model: torch.nn.Module, cfg: TrainConfig, device: torch.device) -> float:

@@ -19,7 +19,11 @@ PRESETS = ("tiny", "small", "124m")
 # gradient can lose precision but never overflow to inf or flush to zero, while fp16's failure
 # is silent. PowerSGD is a low-rank approximation.
 HOOK_NAMES = ("none", "bf16", "fp16", "powersgd")
-COMMS = ("auto", *HOOK_NAMES)
+# Methods that skip the per-step gradient sync and synchronise every `sync_every` steps instead
+# (trainer/periodic.py). DiLoCo first: at the same interval its outer Nesterov step reaches a
+# lower loss than plain parameter averaging (DiLoCo, Douillard et al. 2023).
+PERIODIC_NAMES = ("diloco", "localsgd")
+COMMS = ("auto", *HOOK_NAMES, *PERIODIC_NAMES)
 
 
 class ConfigError(ValueError):
@@ -44,6 +48,9 @@ class TrainConfig:
     data: str | None = None  # text file or folder; default: text that ships with Python
     compile: bool = False  # torch.compile the model (CUDA only)
     powersgd_rank: int = 4  # PowerSGD matrix approximation rank
+    sync_every: int = 16  # comm=diloco/localsgd: steps between syncs (auto picks its own)
+    node_metrics_every: int = 10  # steps per node-metrics window (nodes.jsonl, events.jsonl); 0: off
+    redecide: bool = True  # comm=auto: re-probe and maybe switch hooks when steps drift off
     out: str = "run"  # run directory: metrics, summary, checkpoints, tb/
     deterministic: bool = False  # deterministic kernels, for bitwise-reproducible runs
     timeout_s: float = 300.0  # process-group timeout: a lost peer fails the run instead of hanging
@@ -53,10 +60,11 @@ class TrainConfig:
             raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, not {self.preset!r}")
         if self.comm not in COMMS:
             raise ConfigError(f"--comm must be one of {', '.join(COMMS)}, not {self.comm!r}")
-        for name in ("steps", "batch_size", "seq_len", "grad_accum", "powersgd_rank"):
+        for name in ("steps", "batch_size", "seq_len", "grad_accum", "powersgd_rank",
+                     "sync_every"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
-        for name in ("warmup_steps", "checkpoint_every"):
+        for name in ("warmup_steps", "checkpoint_every", "node_metrics_every"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"--{_flag(name)} must be >= 0, got {getattr(self, name)}")
         for name in ("lr", "bucket_cap_mb", "timeout_s"):
@@ -105,6 +113,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", metavar="PATH", default=None, help="text file or folder")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
     p.add_argument("--powersgd-rank", type=int, default=d.powersgd_rank)
+    p.add_argument("--sync-every", type=int, default=d.sync_every)
+    p.add_argument("--node-metrics-every", type=int, default=d.node_metrics_every)
+    p.add_argument("--redecide", action=argparse.BooleanOptionalAction, default=d.redecide)
     p.add_argument("--out", metavar="RUN_DIR", default=d.out)
     p.add_argument("--deterministic", action="store_true", default=d.deterministic)
     p.add_argument("--timeout-s", type=float, default=d.timeout_s)

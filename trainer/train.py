@@ -22,7 +22,7 @@ from .bandwidth import MiB, busbw_gbs
 from .checkpoint import load_agreed_checkpoint, save_checkpoint
 from .collectives import all_gather_objects, gather_objects
 from .commsetup import decide_comm
-from .config import TrainConfig
+from .config import HOOK_NAMES, TrainConfig
 from .data import DataCursor, ShardedBatches, load_corpus
 from .distenv import DistEnv
 from .faults import FaultLedger, is_collective_failure
@@ -31,7 +31,10 @@ from .hooks import TimedCommHook, load_powersgd_state, make_powersgd_state, powe
 from .metrics import MetricsLog, read_metrics, summarize
 from .model import GPT, preset_config
 from .nic import NicMeter, traffic_interface
+from .nodemetrics import NodeMetrics
 from .optim import build_optimizer, build_scheduler
+from .periodic import make_periodic
+from .redecide import AutoComm
 from .replicas import param_digest
 from .torchstate import autocast, configure_determinism, fork_rng, rng_state, set_rng_state
 
@@ -47,6 +50,7 @@ class Trainer:
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * env.world_size
         self.metrics: MetricsLog | None = None
         self.faults = FaultLedger(self.run_dir, store, env.attempt, env.is_main)
+        self.nodes = NodeMetrics(cfg, env, store)  # per-node windows: nodes.jsonl, events.jsonl
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -63,6 +67,7 @@ class Trainer:
             self.model.load_state_dict(ckpt["model"])
         self.decision = decide_comm(cfg, env, self.model, self.grad_bytes, ckpt)
         self.comm = self.decision["comm"]
+        self.auto = AutoComm(self)  # comm=auto: prediction check, mid-run re-decision
         self._wrap_ddp()
         self._layout_warmup()
         self._install_hook(ckpt)
@@ -74,6 +79,7 @@ class Trainer:
             self.scheduler.load_state_dict(ckpt["scheduler"])
             cursor = DataCursor(**ckpt["data_cursor"])
             self._restore_rng(ckpt)
+        self.periodic = make_periodic(self, ckpt, self._rank_state(ckpt))  # localsgd, diloco
         self.data = ShardedBatches(load_corpus(cfg.data), cfg.seq_len, cfg.batch_size,
                                    env.rank, env.world_size, cfg.seed, cursor)
         self.nic = NicMeter(traffic_interface())
@@ -128,23 +134,26 @@ class Trainer:
     def _install_hook(self, ckpt: dict | None) -> None:
         state = None
         if self.comm == "powersgd":
-            state = make_powersgd_state(self.cfg.powersgd_rank, self.cfg.warmup_steps,
-                                        self.cfg.seed)
+            # Counted from when PowerSGD took over, so a switch and its resume agree.
+            state = make_powersgd_state(self.cfg.powersgd_rank, self.cfg.warmup_steps
+                                        - self.decision.get("since_step", 0), self.cfg.seed)
             mine = self._rank_state(ckpt)
             if mine and mine.get("powersgd"):
                 load_powersgd_state(state, mine["powersgd"], self.device)
-        self.meter.use(self.comm, state)
+        self.meter.use(self.comm if self.comm in HOOK_NAMES else "none", state)
 
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
         cfg = self.cfg
         for step in range(self.start_step + 1, cfg.steps + 1):
-            rec = self.train_step(step)
+            rec = self.auto.observe(self.train_step(step))
             self.faults.push()
             if self.metrics:
                 self.metrics.log(rec)
+            self.nodes.record(rec)
             if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
+                self.auto.at_checkpoint(self, step)  # may switch hooks, before the save
                 self.save(step)
         self.finish()
 
@@ -157,7 +166,8 @@ class Trainer:
         for micro in range(cfg.grad_accum):
             x, y = (t.to(self.device, non_blocking=True) for t in self.data.next_batch())
             # Only the last micro-batch synchronises gradients; the others accumulate locally.
-            last = micro == cfg.grad_accum - 1
+            # Under a periodic method none does: it syncs parameters every H steps instead.
+            last = micro == cfg.grad_accum - 1 and not self.periodic
             with contextlib.nullcontext() if last else self.ddp.no_sync():
                 with autocast(self.device):
                     _, loss = self.forward(x, y)
@@ -165,12 +175,14 @@ class Trainer:
             loss_sum += loss.detach()
         torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
         self.optimizer.step()
+        if self.periodic:
+            self.periodic.after_step(step)
         self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
         loss_value = loss_sum.item() / cfg.grad_accum
         sync(self.device)  # all streams, so the step time and the hook's CUDA events are final
         step_s = time.perf_counter() - start
-        comm = self.meter.end_step()
+        comm = self.periodic.end_step() if self.periodic else self.meter.end_step()
         tx, rx = self.nic.rates()
         return {
             "step": step, "loss": loss_value, "lr": lr, "step_s": step_s,
@@ -189,6 +201,8 @@ class Trainer:
         mine = {"rng": rng_state(self.device)}
         if self.meter.state is not None:  # error feedback differs per rank
             mine["powersgd"] = powersgd_state_dict(self.meter.state)
+        if self.periodic:  # between syncs each replica's parameters and moments are its own
+            mine["periodic"] = self.periodic.rank_state()
         every = gather_objects(mine, 0, self.device)
         if not self.env.is_main:
             return
@@ -200,6 +214,7 @@ class Trainer:
             "data_cursor": self.data.cursor.to_dict(),
             "rank_states": every,
             "comm_decision": self.decision,
+            "periodic": self.periodic.shared_state() if self.periodic else None,
             "config": self.cfg.to_dict(),
             "world_size": self.env.world_size,
         })
@@ -239,7 +254,8 @@ class Trainer:
             comm=self.comm, comm_decision=self.decision, restarts=self.env.restarts,
             world_size=self.env.world_size, preset=self.cfg.preset,
             params=self.model.num_params(), param_digests=digests,
-            replicas_in_sync=len(set(digests)) == 1, **self.faults.totals())
+            replicas_in_sync=len(set(digests)) == 1, **self.faults.totals(),
+            **self.auto.summary(records))
         self.faults.save()
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
         log.info("summary: loss %.4f, %.0f tokens/s, step p50 %.1f ms, sync p50 %.1f ms -> %s",
@@ -248,6 +264,7 @@ class Trainer:
                  self.run_dir / "summary.json")
 
     def close(self) -> None:
+        self.nodes.close()
         if self.metrics:
             self.metrics.close()
 

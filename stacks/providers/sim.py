@@ -23,6 +23,13 @@ class Sim(Provider):
 
         return SimClusterConstruct(scope, "cluster_resources", cluster=cluster, project=project)
 
+    def warnings(self, cluster) -> list[str]:
+        if cluster.link_gbps is not None and cluster.link_gbps != cluster.tier_gbps:
+            return [f"{cluster.name}: links shaped to {cluster.link_gbps:g} Gbit/s (link_gbps), not "
+                    f"tier {cluster.tier}'s {cluster.tier_gbps} Gbit/s: netcheck's gate still "
+                    "judges them against the tier"]
+        return []
+
     def machine(self, cluster, root: Path | None = None) -> MachineType:
         return MachineType("local", float(cluster.tier_gbps), float(cluster.tier_gbps),
                            vcpus=os.cpu_count() or 1, memory_gib=0.0, price_hourly=0.0)

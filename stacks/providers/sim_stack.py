@@ -43,7 +43,7 @@ def node_input(cluster, index: int, isolation: str) -> dict:
         "index": index,
         "isolation": isolation,
         "tier": cluster.tier,
-        "rate_gbit": cluster.tier_gbps,
+        "rate_gbit": cluster.link_rate_gbps,
         "node_dir": f".fatpipe/{cluster.name}/nodes/{name}",
         "netns": "",
         "bridge": "",

@@ -9,20 +9,11 @@ parameters of an uninterrupted run of the same world size (3 processes under tor
 
 from __future__ import annotations
 
-import json
-import os
 import re
-import shutil
-import signal
 import subprocess
-import sys
-from pathlib import Path
 
 import faults
 import pytest
-from conftest import netns_available, skip_or_fail
-
-from fatpipe.stacks import simnet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
 
@@ -33,137 +24,38 @@ TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--seq-
 RUN_TIMEOUT_S = 200
 
 
-def fatpipe(folder: Path, *args: str, timeout: float = 240, **popen) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=_env(),
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=timeout, **popen)
-
-
-def _env() -> dict[str, str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1",
-           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-    env.pop("FATPIPE_CONFIG", None)
-    return env
-
-
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A deployed 3-node 1g netns sim cluster; its project folder. Destroyed after the module."""
-    if not netns_available():
-        skip_or_fail("needs root and `ip netns`")
-    if not shutil.which("terraform"):
-        skip_or_fail("needs terraform on PATH")
-    folder = tmp_path_factory.mktemp("faults")
-    (folder / "fatpipe.toml").write_text(
-        f'[clusters.{NAME}]\nprovider = "sim"\nnodes = 3\ntier = "1g"\nisolation = "netns"\n'
-        f'private_cidr = "10.{OCTET}.0.0/24"\nrdzv_port = {29500 + OCTET}\n')
-    try:
-        done = fatpipe(folder, "deploy", NAME, "--yes")
-        assert done.returncode == 0, done.stdout[-4000:]
-        yield folder
-    finally:
-        fatpipe(folder, "down", NAME, timeout=180)
-        simnet.sweep_cluster(NAME, folder / ".fatpipe" / NAME / "nodes")
+    yield from faults.deployed_sim_cluster(tmp_path_factory, NAME, OCTET)
 
 
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory) -> dict:
     """summary.json of an uninterrupted run: 3 processes on this machine, same flags."""
-    out = tmp_path_factory.mktemp("reference") / "run"
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "3",
-           "-m", "fatpipe.trainer", *TRAIN, "--out", str(out)]
-    done = subprocess.run(cmd, env={**_env(), "OMP_NUM_THREADS": "1", "GLOO_SOCKET_IFNAME": "lo"},
-                          text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                          timeout=RUN_TIMEOUT_S)
-    assert done.returncode == 0, done.stdout[-4000:]
-    return json.loads((out / "summary.json").read_text())
+    return faults.reference_run(tmp_path_factory.mktemp("reference") / "run", TRAIN, 3, RUN_TIMEOUT_S)
 
 
-class Launch:
-    """`fatpipe launch` of the built-in trainer on the cluster, running in the background."""
+class Launch(faults.Launch):
+    """The built-in trainer on the cluster, a checkpoint every EVERY steps, 2 restarts allowed."""
 
-    def __init__(self, folder: Path):
-        self.log = folder / "launch.out"
-        runs = folder / ".fatpipe" / NAME / "runs"
-        before = set(runs.iterdir()) if runs.is_dir() else set()
-        with open(self.log, "w") as out:
-            # A session of its own: stop() signals it as Ctrl-C would, and fatpipe stops the nodes.
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "fatpipe.cli", "launch", NAME, *TRAIN, "--max-restarts",
-                 "2", "--timeout", str(RUN_TIMEOUT_S)],
-                cwd=folder, env=_env(), stdout=out, stderr=subprocess.STDOUT,
-                start_new_session=True)
-        try:
-            self.run_dir = faults.wait_for("the run folder", lambda: self._run(runs, before), 60)
-        except BaseException:
-            self.stop()
-            raise
-
-    def _run(self, runs: Path, before: set[Path]) -> Path | None:
-        """This launch's run folder: the new one, once its rendezvous is written."""
-        if self.proc.poll() is not None:
-            raise AssertionError(f"launch ended early:\n{self.output()}")
-        new = [p for p in runs.glob("2*") if p not in before and (p / "rendezvous.json").exists()]
-        return new[0] if len(new) == 1 else None
-
-    def output(self) -> str:
-        return self.log.read_text(errors="replace")[-6000:]
-
-    def steps_logged(self) -> int:
-        metrics = self.run_dir / "metrics.jsonl"
-        return len(metrics.read_text().splitlines()) if metrics.exists() else 0
-
-    def past_first_checkpoint(self, timeout_s: float = 150) -> int:
-        """Wait until a checkpoint exists and the run is a few steps past it; the step logged."""
-        def ready() -> int:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"launch ended before the fault:\n{self.output()}")
-            ckpts = list((self.run_dir / "checkpoints").glob("step-*.pt"))
-            steps = self.steps_logged()
-            return steps if ckpts and steps >= EVERY + 2 else 0
-
-        return faults.wait_for("the first checkpoint", ready, timeout_s, every_s=0.05)
-
-    def finish(self) -> int:
-        """Wait for the launch to end (its own --timeout stops the nodes); its exit status."""
-        try:
-            return self.proc.wait(timeout=RUN_TIMEOUT_S + 60)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise
-
-    def stop(self) -> None:
-        """Ctrl-C: fatpipe stops every node; then whatever is left of the launch is killed."""
-        if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGINT)
-            try:
-                self.proc.wait(timeout=60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait(timeout=10)
+    def __init__(self, folder):
+        super().__init__(folder, NAME, [*TRAIN, "--max-restarts", "2"], RUN_TIMEOUT_S)
 
     def inject(self, fault) -> int:
-        """Run `fault()` once the first checkpoint is behind the run, then wait for the end;
-        returns the step logged when the fault came. Stops the launch if anything fails."""
-        try:
-            killed_after = self.past_first_checkpoint()
-            fault()
-            code = self.finish()
-        except BaseException:
-            self.stop()
-            raise
+        """Run `fault()` once the first checkpoint is behind the run and a few steps more, then
+        wait for the end; returns the step logged when the fault came."""
+        killed_after = []
+        code = super().inject(lambda: killed_after.append(self.steps_logged()) or fault(),
+                              EVERY + 2, checkpoint=True)
         assert code == 0, self.output()
-        return killed_after
-
-    def node_log(self, rank: int) -> str:
-        return (self.run_dir / f"node-{rank}.log").read_text(errors="replace")
+        return killed_after[0]
 
 
 def check_resumed(launch: Launch, killed_after: int, reference: dict) -> dict:
     """The run ended at STEPS, redid at most one checkpoint interval, matches the reference."""
-    summary = json.loads((launch.run_dir / "summary.json").read_text())
-    steps = [json.loads(line)["step"] for line in
-             (launch.run_dir / "metrics.jsonl").read_text().splitlines()]
+    summary = launch.summary()
+    steps = [r["step"] for r in launch.metrics()]
     assert steps == list(range(1, STEPS + 1)), steps
     assert summary["steps"] == STEPS and summary["replicas_in_sync"]
     starts = [int(s) for s in re.findall(r"start at step (\d+)", launch.node_log(0))]

@@ -1,0 +1,120 @@
+"""`fatpipe top [CLUSTER]`: a live view of the running job per node, from what rank 0 writes."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import click
+
+from .options import cluster_argument, console, pass_project
+
+BAR_WIDTH = 10
+
+
+@click.command()
+@cluster_argument
+@click.option("--run", "run_id", default=None, help="Which run (default: the latest).")
+@click.option("--once", is_flag=True, help="Print one view and exit.")
+@click.option("--json", "as_json", is_flag=True, help="Print the view as JSON (one view: implies --once).")
+@click.option("--interval", type=click.FloatRange(min=0.5, max=60), default=1.5, show_default=True,
+              help="Seconds between refreshes.")
+@pass_project
+def top(project, cluster: str | None, run_id, once: bool, as_json: bool, interval: float):
+    """Per node: link use against the tier, tx/rx, step and sync time p50/p95 over the last
+    window, and a mark on the straggler with the reason; the run's newest events below.
+
+    It reads the files the trainer's rank 0 writes every node_metrics_every steps
+    (nodes.jsonl, events.jsonl), on node 0 over the cluster's transport for ssh and cloud
+    clusters: it never slows training. Ctrl-C leaves; the run goes on.
+    """
+    from fatpipe.ops.top import snapshot
+
+    name = project.cluster(cluster).name
+    if as_json:
+        click.echo(json.dumps(snapshot(project, name, run_id), indent=2))
+        return
+    out = console()
+    if once:
+        out.print(render(snapshot(project, name, run_id)))
+        return
+    from rich.live import Live
+
+    view, problem = _fetch(project, name, run_id)
+    try:
+        with Live(_screen(view, problem), console=out, auto_refresh=False) as live:
+            while not (view and view["finished"]):
+                time.sleep(interval)
+                new, problem = _fetch(project, name, view["run"] if view else run_id)
+                view = new or view
+                live.update(_screen(view, problem), refresh=True)
+    except KeyboardInterrupt:
+        return
+    out.print(f"run {view['run']} has finished")
+
+
+def _fetch(project, name: str, run_id: str | None) -> tuple[dict | None, str | None]:
+    """(the newest view, None), or (None, why not yet): before the first window, or while a
+    node does not answer, the screen says so and keeps trying. A bad --run is an error."""
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.ops.top import snapshot
+
+    try:
+        return snapshot(project, name, run_id), None
+    except FatpipeError as e:
+        if e.exit_code != 1:
+            raise
+        return None, str(e)
+
+
+def _screen(view: dict | None, problem: str | None):
+    from rich.console import Group
+    from rich.text import Text
+
+    note = Text(f"{problem} (trying again)", style="yellow") if problem else Text("")
+    return Group(render(view), note) if view else note
+
+
+def _bar(share: float | None) -> str:
+    if share is None:
+        return "-"
+    filled = round(min(max(share, 0.0), 1.0) * BAR_WIDTH)
+    color = "green" if share >= 0.7 else "yellow" if share >= 0.3 else "red"
+    return f"[{color}]{'█' * filled}[/][dim]{'·' * (BAR_WIDTH - filled)}[/] {share:4.0%}"
+
+
+def _ms(value) -> str:
+    return f"{value * 1e3:.0f}" if isinstance(value, (int, float)) else "-"
+
+
+def render(view: dict):
+    """The view as a rich table: one row per node, the straggler marked, events as the caption."""
+    from rich.table import Table
+
+    w, tier = view["window"], view.get("tier_gbps")
+    state = "finished" if view["finished"] else "running"
+    title = (f"run {view['run']} on {view['cluster']} ({state}), steps {w.get('first_step')}-"
+             f"{w.get('last_step')}, attempt {w.get('attempt')}" + (f", tier {tier:g}" if tier else "")
+             + ": rates in Gbit/s, times in ms")
+    table = Table(title=title, title_justify="left", caption=_caption(view), caption_justify="left")
+    for column in ("node", "tx/rx vs tier", "tx", "rx", "link", "step p50/95", "sync p50/95", "compute", ""):
+        table.add_column(column, justify="left" if column in ("node", "tx/rx vs tier", "") else "right",
+                         no_wrap=True)
+    straggler = view.get("straggler") or {}
+    for n in view["nodes"]:
+        mark = f"[red]◀ {straggler['kind']}[/]" if n["node"] == straggler.get("node") else ""
+        link = f"{n['link_gbps']:.2f}" if n.get("link_gbps") else "-"
+        table.add_row(n["node"], _bar(n.get("util")), f"{n['tx_gbps']:.2f}", f"{n['rx_gbps']:.2f}", link,
+                      f"{_ms(n.get('step_s_p50'))}/{_ms(n.get('step_s_p95'))}",
+                      f"{_ms(n.get('sync_s_p50'))}/{_ms(n.get('sync_s_p95'))}", _ms(n.get("compute_s_p50")),
+                      mark)
+    return table
+
+
+def _caption(view: dict) -> str:
+    straggler = view.get("straggler")
+    lines = [f"[red]straggler: {straggler['reason']}[/]" if straggler else "no straggler"]
+    for e in view.get("events", [])[-5:]:
+        when = time.strftime("%H:%M:%S", time.localtime(e["time"])) if e.get("time") else "?"
+        lines.append(f"{when} step {e.get('last_step')}: {e.get('event')}: {e.get('reason')}")
+    return "\n".join(lines)

@@ -1,0 +1,94 @@
+"""Why a run failed, in one line that names the node and the phase, from what its nodes left in
+the run folder.
+
+In order: the trainer's faults.json (each failed attempt with its phase, step and the nodes whose
+ranks never reported the failure: cut off or dead), torchrun's rendezvous errors in the node
+logs, and last the nodes that failed on their own with their exit status.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from pathlib import Path
+
+from fatpipe.infra.defaults import FAULTS_FILE
+
+from .noderun import LaunchResult
+from .rendezvous import Rendezvous
+from .summary import read_json
+
+# What torchrun's agent raises when the nodes never all meet (or the rendezvous was closed).
+RENDEZVOUS_ERRORS = ("RendezvousTimeoutError", "RendezvousClosedError")
+_ERROR_LINE = re.compile(r"^(?:\S+ \| )?([\w.]*(?:Error|Exception)): (\S.*)$")
+
+
+def describe_failure(result: LaunchResult, rdzv: Rendezvous, since: float) -> str | None:
+    """The one line to show for a run that failed on its own (not stopped, not timed out);
+    `since` is when the launch started (epoch seconds): older failures in the folder are not it."""
+    if result.ok or result.interrupted or result.timed_out:
+        return None
+    failure = last_failure(Path(result.run_dir), since)
+    if failure:
+        return _trainer_failure(failure, rdzv)
+    names = [n.name for n in rdzv.nodes]
+    logs = {name: _log(result.run_dir, rank) for rank, name in enumerate(names)}
+    waited = [n for n in names if any(e in logs[n] for e in RENDEZVOUS_ERRORS)]
+    if waited:
+        return (f"the run failed at the rendezvous: torchrun on {', '.join(waited)} gave up waiting "
+                f"for all {len(names)} nodes to join (join timeout {rdzv.join_timeout_s} s)")
+    own = {n: c for n, c in result.exit_codes.items() if c and n not in result.stopped}
+    failed = own or {n: c for n, c in result.exit_codes.items() if c}
+    if not failed:
+        return None
+    name, code = next(iter(failed.items()))
+    cause = _last_error(logs.get(name, ""))
+    return f"{name} failed first: {_status(code)}" + (f" ({cause})" if cause else "")
+
+
+def last_failure(run_dir: Path, since: float = 0.0) -> dict | None:
+    """The latest failure the trainer described in faults.json, if it happened after `since`."""
+    failures = read_json(run_dir / FAULTS_FILE).get("failures")
+    if not isinstance(failures, list) or not failures or not isinstance(failures[-1], dict):
+        return None
+    last = failures[-1]
+    return last if float(last.get("time") or 0) >= since else None
+
+
+def _trainer_failure(failure: dict, rdzv: Rendezvous) -> str:
+    phase, step = failure.get("phase", "unknown"), failure.get("step")
+    where = f"{phase} at step {step}" if step is not None else phase
+    attempt, allowed = int(failure.get("attempt") or 1), rdzv.max_restarts + 1
+    tries = f"attempt {attempt} of {allowed}" + (", no restarts left" if attempt >= allowed else "")
+    silent = failure.get("silent_nodes") or []
+    who = (f"{', '.join(silent)} stopped answering (its link or its process went down)" if silent
+           else "every node saw it fail")
+    error = failure.get("error")
+    return f"the run failed in {where} ({tries}): {who}" + (f"; the error: {error}" if error else "")
+
+
+def _log(run_dir: Path, rank: int) -> str:
+    try:
+        return (Path(run_dir) / f"node-{rank}.log").read_text(errors="replace")
+    except OSError:
+        return ""
+
+
+def _last_error(log: str) -> str:
+    """The last `SomeError: message` line of a node's log, the message cut to one short line."""
+    for line in reversed(log.splitlines()):
+        m = _ERROR_LINE.match(line.strip())
+        if m:
+            return f"{m.group(1).rpartition('.')[2]}: {m.group(2)[:200]}"
+    return ""
+
+
+def _status(code: int | None) -> str:
+    if code is None:
+        return "its process was lost"
+    if code > 128:
+        try:
+            return f"killed by {signal.Signals(code - 128).name}"
+        except ValueError:
+            pass
+    return f"exit status {code}"

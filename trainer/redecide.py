@@ -1,0 +1,166 @@
+"""comm=auto after setup: check the prediction against the run, and re-decide when the world changes.
+
+Every step, `AutoComm.observe` adds the chosen hook's predicted step (`predicted_step_s`) to the
+metrics record and, once a warm-up window of steady steps is in (past PowerSGD's plain start),
+the measured p50 over the last WINDOW steps against it (`prediction_error`). When that p50 stays
+off its reference by more than THRESHOLD, the next checkpoint boundary re-probes the link
+(collective; every rank acts on rank 0's verdict) and applies the model again. If another hook
+then wins by MARGIN over the steps left, every rank switches there, before the checkpoint is
+written, so the checkpoint carries the new decision and a restart from it continues exactly as
+the uninterrupted run does (`commsetup.decide_comm` keeps a checkpoint's decision).
+
+Switching rebuilds DDP as a resume would (bucket layout, layout warm-up, the hook with a fresh
+PowerSGD state): PowerSGD on gloo needs one bucket, the other hooks DDP's own layout. Leaving
+PowerSGD drops its error feedback (the residual of compressions already applied; plain
+gradients from then on carry no compression bias). No flapping: after a re-probe that keeps the
+hook, a re-probe needs the p50 off both the new prediction and the p50 it was taken at, a new
+hook must win by MARGIN, and a run re-probes at most MAX_REPROBES and switches at most
+MAX_SWITCHES times.
+"""
+
+from __future__ import annotations
+
+import gc
+import logging
+import time
+from collections import deque
+
+from .collectives import broadcast_object
+from .commsetup import plain_steps, redecide_comm
+from .config import HOOK_NAMES
+from .metrics import percentile
+
+log = logging.getLogger(__name__)
+
+WINDOW = 5  # steps whose p50 is compared with the reference
+WARM_STEPS = 2  # steps after a (re)start or switch before measuring: allocation, first-touch
+THRESHOLD = 0.30  # relative error of the window's p50 that triggers a re-probe
+MARGIN = 0.15  # a new hook must be this much faster over the steps left to replace the current
+MAX_SWITCHES = 2
+MAX_REPROBES = 4
+EXPOSED_BUDGET = 0.20  # as autocomm's: a less lossy hook within it may replace a faster one
+
+
+class AutoComm:
+    """The prediction check and the mid-run re-decision of one trainer (rank 0 judges)."""
+
+    def __init__(self, trainer):
+        cfg, env = trainer.cfg, trainer.env
+        self.enabled = cfg.comm == "auto" and env.world_size > 1 and cfg.redecide
+        self.checking = cfg.comm == "auto" and env.world_size > 1
+        self.cfg, self.env = cfg, env
+        self._reset(trainer.decision, trainer.start_step)
+
+    def _reset(self, decision: dict, step: int) -> None:
+        """Start a new measuring window for `decision`, taken at `step`."""
+        self.decision = decision
+        self.window: deque[float] = deque(maxlen=WINDOW)
+        since = decision.get("since_step", 0)
+        plain = plain_steps(self.cfg, since, None) if decision["comm"] == "powersgd" else 0
+        self.steady_from = since + plain + WARM_STEPS + 1  # for the summary: every attempt
+        self.measure_from = max(step + WARM_STEPS + 1, self.steady_from)
+        pred = decision.get("predicted", {}).get(decision["comm"])
+        self.predicted = pred["step_s"] if pred else None
+        self.reference = self.predicted
+
+    def observe(self, rec: dict) -> dict:
+        """Add the prediction and its measured error to a step's metrics record."""
+        if not self.checking or self.predicted is None:
+            return rec
+        rec["predicted_step_s"] = self.predicted
+        rec["prediction_error"] = None
+        if rec["step"] >= self.measure_from:
+            self.window.append(rec["step_s"])
+            if len(self.window) == WINDOW:
+                rec["prediction_error"] = self.p50() / self.predicted - 1
+        return rec
+
+    def p50(self) -> float:
+        return percentile(list(self.window), 50)
+
+    def off(self) -> bool:
+        """Whether the window's p50 is off both the prediction and the step last re-probed at
+        (a transient slowdown that passes triggers nothing the second time)."""
+        if len(self.window) < WINDOW or self.predicted is None:
+            return False
+        p50 = self.p50()
+        return (all(abs(p50 / ref - 1) > THRESHOLD for ref in (self.predicted, self.reference))
+                and len(self.decision.get("switches", [])) < MAX_SWITCHES
+                and self.decision.get("reprobes", 0) < MAX_REPROBES)
+
+    def at_checkpoint(self, trainer, step: int) -> None:
+        """Collective at a checkpoint boundary before the last: re-probe if rank 0 saw the step
+        stay off, and switch every rank's hook if another now wins."""
+        if not self.enabled or step >= self.cfg.steps or self.decision["comm"] not in HOOK_NAMES:
+            return  # a periodic method (local SGD, DiLoCo) keeps the state it was set up with
+        device = self.env.device
+        if not broadcast_object(self.off() if self.env.is_main else None, 0, device):
+            return
+        measured, started = self.p50(), time.perf_counter()
+        current = self.decision
+        new = redecide_comm(self.cfg, self.env, trainer.model, current, step)
+        name, cur = new["comm"], current["comm"]
+        before, after = (new["predicted"][cur]["run_step_s"], new["predicted"][name]["run_step_s"])
+        # Only DDP hooks are switched to: a periodic method's state is built at setup.
+        wins = name != cur and name in HOOK_NAMES and (after <= (1 - MARGIN) * before or (
+            HOOK_NAMES.index(name) < HOOK_NAMES.index(cur)
+            and new["predicted"][name]["share"] <= EXPOSED_BUDGET))
+        new["reprobes"] = current.get("reprobes", 0) + 1
+        new["switches"] = list(current.get("switches", []))
+        if not wins:
+            # Keep the hook; the world as measured now is the reference for the next change.
+            new["comm"], new["reason"] = cur, current["reason"]
+            new["since_step"] = current.get("since_step", 0)
+            trainer.decision = new
+            self._reset(new, step)
+            self.reference = measured
+            log.info("comm=auto at step %d: step p50 %.0f ms against %.0f ms predicted; "
+                     "re-probed, keeping %s", step, measured * 1e3,
+                     current["predicted"][cur]["step_s"] * 1e3, cur)
+            return
+        new["since_step"] = step
+        new["switches"].append({
+            "step": step, "from": cur, "to": name, "measured_step_s_p50": measured,
+            "predicted_step_s_before": current["predicted"][cur]["step_s"],
+            "repredicted_run_step_s": before, "predicted_run_step_s": after,
+            "busbw_gbps": new["link"]["busbw_gbps"], "latency_s": new["link"]["latency_s"]})
+        self._switch(trainer, new, step)
+        # The re-probe and the rebuild: time the run spent outside any step's step_s.
+        new["switches"][-1]["pause_s"] = time.perf_counter() - started
+
+    def _switch(self, trainer, new: dict, step: int) -> None:
+        old = trainer.comm
+        if trainer.meter.state is not None:
+            norm = sum(float(e.norm()) ** 2 for e in trainer.meter.state.error_dict.values())
+            log.info("leaving powersgd: its error feedback (norm %.3g) is dropped", norm ** 0.5)
+        trainer.decision, trainer.comm = new, new["comm"]
+        # Rebuild DDP exactly as setup does on a resume from this checkpoint.
+        trainer.ddp = trainer.forward = trainer.meter = None
+        gc.collect()  # the old reducer unregisters its autograd hooks when it is freed
+        trainer._wrap_ddp()
+        trainer._layout_warmup()
+        trainer._install_hook(None)
+        self._reset(new, step)
+        if self.env.is_main:
+            s = new["switches"][-1]
+            log.warning("comm=auto switched %s -> %s at step %d: step p50 %.0f ms (predicted "
+                        "%.0f); link now %.3f Gbit/s busbw; predicted %.0f -> %.0f ms/step over "
+                        "the steps left", old, new["comm"], step, s["measured_step_s_p50"] * 1e3,
+                        s["predicted_step_s_before"] * 1e3, s["busbw_gbps"],
+                        s["repredicted_run_step_s"] * 1e3, s["predicted_run_step_s"] * 1e3)
+
+    def summary(self, records: list[dict]) -> dict:
+        """summary.json's comm=auto fields: the prediction for the hook the run ended on against
+        its measured p50 (steady steps after its warm-up), and the switches."""
+        if not self.checking or self.predicted is None:
+            return {}
+        steady = [r["step_s"] for r in records if r["step"] >= self.steady_from]
+        measured = percentile(steady, 50) if steady else None
+        return {
+            "comm_prediction": {
+                "comm": self.decision["comm"], "predicted_step_s": self.predicted,
+                "measured_step_s_p50": measured, "steps_measured": len(steady),
+                "error": measured / self.predicted - 1 if measured else None},
+            "comm_switches": len(self.decision.get("switches", [])),
+            "comm_reprobes": self.decision.get("reprobes", 0),
+        }
