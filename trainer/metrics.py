@@ -146,24 +146,34 @@ class _RichLine:
 
 
 def summarize(records: list[dict], tokens_per_step: int, **extra) -> dict:
-    """summary.json: percentiles and totals over every step of the run (all attempts)."""
+    """summary.json: percentiles and totals over every step of the run (all attempts).
 
-    def pct(key: str, q: float) -> float:
-        return percentile([r[key] for r in records], q)
+    Sync figures are over the steps that synchronised: under a periodic method (local SGD,
+    DiLoCo) most steps send nothing, and a median over them would say syncs take no time.
+    """
+    synced = [r for r in records if r["wire_bytes"] > 0] or records
+
+    def pct(key: str, q: float, rows: list[dict] = records) -> float:
+        return percentile([r[key] for r in rows], q)
 
     last = records[-1] if records else {}
     step_p50 = pct("step_s", 50)
+    # Throughput at the median step: robust to the compile / first-step outliers. A periodic
+    # method's median step sends nothing, so there the mean over the run counts its syncs.
+    periodic = len(synced) < len(records)
+    total_s = sum(r["step_s"] for r in records)
+    per_step_s = total_s / len(records) if periodic else step_p50
     return {
         "steps": len(records),
         "final_loss": last.get("loss"),
-        # Throughput at the median step: robust to the compile / first-step outliers.
-        "tokens_per_s": tokens_per_step / step_p50 if step_p50 else 0.0,
+        "tokens_per_s": tokens_per_step / per_step_s if per_step_s else 0.0,
         "step_s_p50": step_p50,
         "step_s_p95": pct("step_s", 95),
-        "sync_s_p50": pct("sync_s", 50),
-        "sync_s_p95": pct("sync_s", 95),
+        "sync_s_p50": pct("sync_s", 50, synced),
+        "sync_s_p95": pct("sync_s", 95, synced),
+        "syncs": sum(1 for r in records if r["wire_bytes"] > 0),
         "exposed_comm_s_p50": pct("exposed_comm_s", 50),
-        "busbw_gbps": pct("busbw_gbps", 50),
+        "busbw_gbps": pct("busbw_gbps", 50, synced),
         "nic_tx_gbps": pct("nic_tx_gbps", 50),
         "grad_bytes_total": sum(r["grad_bytes"] for r in records),
         "wire_bytes_total": sum(r["wire_bytes"] for r in records),
