@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -125,7 +126,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.mode == "server":
         tool = resolve_tool(args.tool)
         if tool == "iperf3":
-            return subprocess.run(iperf3_server_command(args.bind, args.port)).returncode
+            # Become iperf3, so that stopping this server stops it (a child would outlive us).
+            cmd = iperf3_server_command(args.bind, args.port)
+            os.execvp(cmd[0], cmd)
         serve(args.bind, args.port, sessions=args.sessions, idle_timeout=args.idle_timeout)
         return 0
     result = run_client(resolve_tool(args.tool), args.connect, args.port, args.streams,
