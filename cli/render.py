@@ -8,7 +8,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from fatpipe.ops.netgate import fmt_size, link_matrix
+from fatpipe.ops.netgate import fmt_size, link_cell, link_matrix
 
 PHASES = ("synth", "deploy", "wait", "netcheck", "rendezvous", "launch", "summary")
 
@@ -226,9 +226,6 @@ def pairs_matrix(pairs: dict, tier_gbps: float, console) -> None:
     from rich import box
     from rich.table import Table
 
-    def us(seconds) -> str:
-        return "-" if seconds is None else f"{seconds * 1e6:.0f}"
-
     worst = pairs["worst"] or {}
     table = Table(title=f"every pair: Gbit/s (best of {', '.join(map(str, pairs['streams']))} streams, "
                         f"{pairs['tool']}), round trip p50 ± jitter in us", box=box.SIMPLE_HEAD)
@@ -241,8 +238,7 @@ def pairs_matrix(pairs: dict, tier_gbps: float, console) -> None:
             if link is None:
                 cells.append("[dim]-[/]")
                 continue
-            gbps = "failed" if link["error"] and not link["gbps_by_streams"] else f"{link['best_gbps']:.3f}"
-            text = f"{gbps}\n{us(link['rtt_p50_s'])} ± {us(link['jitter_s'])}"
+            text = "\n".join(link_cell(link))
             is_worst = (link["a"], link["b"]) == (worst.get("a"), worst.get("b"))
             style = ("bold " if is_worst else "") + ("red" if link["slow"] else "")
             cells.append(f"[{style.strip()}]{text}[/]" if style else text)

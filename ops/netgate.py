@@ -85,6 +85,17 @@ def link_matrix(nodes: list[str], links: list[dict]) -> list[list[dict | None]]:
     return matrix
 
 
+def link_cell(link: dict) -> tuple[str, str]:
+    """A matrix cell's two lines: Gbit/s ("failed" when nothing was measured) and the round-trip
+    p50 ± jitter in microseconds."""
+
+    def us(seconds) -> str:
+        return "-" if seconds is None else f"{seconds * 1e6:.0f}"
+
+    gbps = "failed" if link["error"] and not link["gbps_by_streams"] else f"{link['best_gbps']:.3f}"
+    return gbps, f"{us(link['rtt_p50_s'])} ± {us(link['jitter_s'])}"
+
+
 @dataclass(frozen=True)
 class GateResult:
     passed: bool

@@ -122,10 +122,7 @@ def fmt(value) -> str:
 
 def pairs_html(pairs: dict) -> str:
     """netcheck --pairs: the n x n link matrix, Gbit/s over round-trip p50 ± jitter, slow links in red."""
-    from .netgate import link_matrix
-
-    def us(seconds) -> str:
-        return "-" if seconds is None else f"{seconds * 1e6:.0f}"
+    from .netgate import link_cell, link_matrix
 
     nodes = pairs["nodes"]
     rows = []
@@ -135,9 +132,9 @@ def pairs_html(pairs: dict) -> str:
             if link is None:
                 cells.append("<td>-</td>")
                 continue
-            gbps = "failed" if link["error"] and not link["gbps_by_streams"] else f"{link['best_gbps']:.3f}"
+            gbps, latency = link_cell(link)
             style = ' style="color:#c00"' if link["slow"] else ""
-            cells.append(f"<td{style}>{gbps}<br>{us(link['rtt_p50_s'])} ± {us(link['jitter_s'])} us</td>")
+            cells.append(f"<td{style}>{gbps}<br>{latency} us</td>")
         rows.append(f"<tr><th>{html.escape(name)}</th>{''.join(cells)}</tr>")
     head = "".join(f"<th>{html.escape(n)}</th>" for n in nodes)
     worst = pairs.get("worst")
