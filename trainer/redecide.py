@@ -25,6 +25,7 @@ import logging
 import time
 from collections import deque
 
+from .autocomm import EXPOSED_BUDGET  # a less lossy hook within it may replace a faster one
 from .collectives import broadcast_object
 from .commsetup import plain_steps, redecide_comm
 from .config import HOOK_NAMES
@@ -38,7 +39,6 @@ THRESHOLD = 0.30  # relative error of the window's p50 that triggers a re-probe
 MARGIN = 0.15  # a new hook must be this much faster over the steps left to replace the current
 MAX_SWITCHES = 2
 MAX_REPROBES = 4
-EXPOSED_BUDGET = 0.20  # as autocomm's: a less lossy hook within it may replace a faster one
 
 
 class AutoComm:
