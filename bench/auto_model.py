@@ -120,7 +120,8 @@ def cut_run(folder: Path, args) -> None:
         print(f"  auto switched {sw['from']} -> {sw['to']} at step {sw['step']} "
               f"(measured p50 {sw['measured_step_s_p50'] * 1e3:.0f} ms, predicted "
               f"{sw['predicted_step_s_before'] * 1e3:.0f}; after: "
-              f"{sw['predicted_run_step_s'] * 1e3:.0f} ms/step)")
+              f"{sw['predicted_run_step_s'] * 1e3:.0f} ms/step; paused {sw['pause_s']:.1f} s, "
+              f"of which re-probe {sw['probe_s']:.1f} s)")
     for label, s in (("auto (re-decides)", auto), (f"auto held on {held['comm']}", held)):
         print(f"  {label:>24}: switches {s.get('comm_switches', 0)}, train time "
               f"{s['train_s']:.1f} s, wall {s['wall_s']:.1f} s, p50 {s['step_s_p50'] * 1e3:.0f} ms")

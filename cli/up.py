@@ -227,7 +227,7 @@ class Up:
         if not result.ok:
             launch.state = "failed"
             launch.note = "interrupted" if result.interrupted else "timed out" if result.timed_out else (
-                f"worst exit {result.exit_code}")
+                result.failure or f"worst exit {result.exit_code}")
         else:
             launch.note = f"all {len(result.exit_codes)} node(s) exit 0"
 

@@ -39,8 +39,13 @@ EXPOSED_BUDGET = 0.20  # largest share of a step that communication may leave ex
 BACKWARD_SHARE = 2 / 3  # backward's share of forward + backward compute
 
 _PROBE_LATENCY_BYTES = 4 << 10
+_PROBE_START_BYTES = 256 << 10
 _PROBE_BANDWIDTH_BYTES = 16 << 20
 _PROBE_HALF_BYTES = 1 << 20
+# An all-reduce this long measures the link's rate rather than its latency: the probe's message
+# grows (x4) until one takes this long, so a fast link gets a large message and a slow one (the
+# mid-run re-probe after a cut) is not made to carry megabytes several times over.
+_PROBE_TARGET_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -106,15 +111,29 @@ def read_netcheck(run_dir: Path) -> LinkEstimate | None:
 def probe_link(device: torch.device, grad_bytes: int) -> LinkEstimate:
     """A short all-reduce probe: a small message for latency, a large one for bandwidth."""
     small = measure_allreduce(_PROBE_LATENCY_BYTES, iters=10, warmup=2, device=device)
-    size = max(_PROBE_LATENCY_BYTES, min(_PROBE_BANDWIDTH_BYTES, grad_bytes))
+    size = probe_size(device, grad_bytes)
     large = measure_allreduce(size, iters=3, warmup=1, device=device)
-    return LinkEstimate(large.busbw_gbps, small.time_s, "probe",
-                        probe_half_rates(device, grad_bytes))
+    return LinkEstimate(large.busbw_gbps, small.time_s, "probe", probe_half_rates(device, size))
 
 
-def probe_half_rates(device: torch.device, grad_bytes: int) -> dict[str, float]:
-    """Collective: how fast all-reduce moves bf16 and fp16 bytes against float32, same bytes."""
-    count = max(_PROBE_LATENCY_BYTES, min(_PROBE_HALF_BYTES, grad_bytes)) // 4
+def probe_size(device: torch.device, grad_bytes: int) -> int:
+    """Collective: the bandwidth probe's message, from 256 KB up (x4) to the gradient size (at
+    most 16 MB), stopping at the first whose all-reduce takes _PROBE_TARGET_S on the slowest
+    rank. Every rank sees the same slowest time, so every rank takes the same sizes."""
+    largest = max(_PROBE_LATENCY_BYTES, min(_PROBE_BANDWIDTH_BYTES, grad_bytes))
+    size = min(_PROBE_START_BYTES, largest)
+    while size < largest:
+        buf = torch.ones(size // 4, dtype=torch.float32, device=device)
+        if timed_allreduce(buf, 0, 1, device) >= _PROBE_TARGET_S:
+            break
+        size = min(4 * size, largest)
+    return size
+
+
+def probe_half_rates(device: torch.device, size: int) -> dict[str, float]:
+    """Collective: how fast all-reduce moves bf16 and fp16 bytes against float32, same bytes
+    (a quarter of the bandwidth probe's `size`, at most 1 MB: nine all-reduces of it)."""
+    count = max(_PROBE_LATENCY_BYTES, min(_PROBE_HALF_BYTES, size // 4)) // 4
     base = timed_allreduce(torch.ones(count, device=device), 1, 2, device)
     rates = {}
     for name, dtype in (("bf16", torch.bfloat16), ("fp16", torch.float16)):

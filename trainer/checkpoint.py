@@ -1,8 +1,12 @@
-"""Checkpoints: atomic writes by rank 0, the last two kept, and one agreed checkpoint to resume.
+"""Checkpoints: atomic writes, the last two kept, and one agreed checkpoint to resume.
 
-A checkpoint is one `torch.save` file, `checkpoints/step-00000050.pt`, written to a temporary
-name, fsynced, renamed, and the folder fsynced: a crash leaves either the old set or the new
-one, never a torn file. It holds only tensors and plain values, so it loads with
+A checkpoint is a shared part, `checkpoints/step-00000050.pt` (model, optimizer, data cursor,
+comm decision), written by rank 0, and each rank's own part, `checkpoints/rank-R/step-...pt`
+(its RNG, PowerSGD error feedback, a periodic method's replica), written by that rank on its
+own node's disk: the per-rank state never crosses the (slow) link, and the shared part stays
+the same size whatever the number of ranks. Every file is written to a temporary name,
+fsynced, renamed, and its folder fsynced: a crash leaves either the old set or the new one,
+never a torn file. Files hold only tensors and plain values, so they load with
 `weights_only=True`.
 """
 
@@ -41,7 +45,13 @@ def list_checkpoints(folder: Path) -> list[tuple[int, Path]]:
     return sorted(found)
 
 
-def save_checkpoint(folder: Path, step: int, payload: dict, keep: int = KEEP) -> Path:
+def rank_folder(folder: Path, rank: int) -> Path:
+    """Where `rank` keeps its own part of every checkpoint in `folder`."""
+    return folder / f"rank-{rank}"
+
+
+def save_checkpoint(folder: Path, step: int, payload: dict, keep: int = KEEP,
+                    test_pause: bool = True) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     final = checkpoint_path(folder, step)
     tmp = folder / f".{final.name}.tmp-{os.getpid()}"
@@ -49,7 +59,7 @@ def save_checkpoint(folder: Path, step: int, payload: dict, keep: int = KEEP) ->
         torch.save(payload, f)
         f.flush()
         os.fsync(f.fileno())
-    if os.environ.get(PAUSE_ENV):
+    if test_pause and os.environ.get(PAUSE_ENV):
         time.sleep(float(os.environ[PAUSE_ENV]))
     os.replace(tmp, final)
     _fsync_dir(folder)
@@ -92,3 +102,25 @@ def load_agreed_checkpoint(folder: Path, device: torch.device) -> dict | None:
                                    device)
     log.info("resuming from %s", path)
     return payload
+
+
+def load_rank_state(folder: Path, ckpt: dict | None, device: torch.device) -> dict | None:
+    """Collective: this rank's own part of the agreed checkpoint `ckpt`; None on every rank
+    when any rank lacks its part (a replaced node's disk, another number of ranks), so that
+    all of them start their per-rank state fresh together."""
+    if not ckpt:
+        return None
+    rank, world_size = dist.get_rank(), dist.get_world_size()
+    if ckpt.get("world_size") != world_size:
+        log.warning("checkpoint from %s ranks, now %d: per-rank RNG and PowerSGD error feedback "
+                    "start fresh", ckpt.get("world_size"), world_size)
+        return None
+    path = checkpoint_path(rank_folder(folder, rank), ckpt["step"])
+    mine = load_checkpoint(path) if path.is_file() else None
+    missing = [r for r, ok in enumerate(all_gather_objects(mine is not None, device)) if not ok]
+    if missing:
+        log.warning("checkpoint step %d: rank(s) %s lack their own part (%s): per-rank RNG and "
+                    "PowerSGD error feedback start fresh on every rank", ckpt["step"], missing,
+                    rank_folder(folder, missing[0]))
+        return None
+    return mine

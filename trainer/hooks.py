@@ -74,7 +74,7 @@ class TimedCommHook:
         self.clock = _Clock(device)
         self.name = "none"
         self.state: psgd.PowerSGDState | None = None
-        # During the layout warm-up step DDP must see a plain all-reduce and nothing is recorded.
+        # During the layout warm-up step the hook sends nothing and records nothing.
         self.passthrough = False
         self.ran_powersgd = False
         self.begin_step()
@@ -110,9 +110,13 @@ class TimedCommHook:
         A bound method because DDP reads the hook's __name__; unannotated because DDP compares
         annotations with real types, and this module's annotations are strings.
         """
-        ISSUED.add()  # one gradient sync, whatever the hook puts on the wire
         if self.passthrough:
-            return default_hooks.allreduce_hook(None, bucket)
+            # Every rank computes the same gradients of the same zero batch, so their average
+            # is the local bucket: nothing to send (and the values are discarded anyway).
+            fut = torch.futures.Future()
+            fut.set_result(bucket.buffer())
+            return fut
+        ISSUED.add()  # one gradient sync, whatever the hook puts on the wire
         ready = self.clock.mark()
         buffer = bucket.buffer()
         self._grad_bytes += buffer.numel() * buffer.element_size()

@@ -99,6 +99,7 @@ class AutoComm:
         measured, started = self.p50(), time.perf_counter()
         current = self.decision
         new = redecide_comm(self.cfg, self.env, trainer.model, current, step)
+        probed = time.perf_counter()
         name, cur = new["comm"], current["comm"]
         before, after = (new["predicted"][cur]["run_step_s"], new["predicted"][name]["run_step_s"])
         # Only DDP hooks are switched to: a periodic method's state is built at setup.
@@ -123,13 +124,21 @@ class AutoComm:
             "step": step, "from": cur, "to": name, "measured_step_s_p50": measured,
             "predicted_step_s_before": current["predicted"][cur]["step_s"],
             "repredicted_run_step_s": before, "predicted_run_step_s": after,
-            "busbw_gbps": new["link"]["busbw_gbps"], "latency_s": new["link"]["latency_s"]})
+            "busbw_gbps": new["link"]["busbw_gbps"], "latency_s": new["link"]["latency_s"],
+            "probe_s": probed - started})
         self._switch(trainer, new, step)
+        s = new["switches"][-1]
         # The re-probe and the rebuild: time the run spent outside any step's step_s.
-        new["switches"][-1]["pause_s"] = time.perf_counter() - started
+        s["pause_s"] = time.perf_counter() - started
+        if self.env.is_main:
+            log.warning("comm=auto switched %s -> %s at step %d: step p50 %.0f ms (predicted "
+                        "%.0f); link now %.3f Gbit/s busbw; predicted %.0f -> %.0f ms/step over "
+                        "the steps left; re-probe %.1f s, re-probe and rebuild %.1f s", cur, name, step,
+                        s["measured_step_s_p50"] * 1e3, s["predicted_step_s_before"] * 1e3,
+                        s["busbw_gbps"], s["repredicted_run_step_s"] * 1e3,
+                        s["predicted_run_step_s"] * 1e3, s["probe_s"], s["pause_s"])
 
     def _switch(self, trainer, new: dict, step: int) -> None:
-        old = trainer.comm
         if trainer.meter.state is not None:
             norm = sum(float(e.norm()) ** 2 for e in trainer.meter.state.error_dict.values())
             log.info("leaving powersgd: its error feedback (norm %.3g) is dropped", norm ** 0.5)
@@ -137,17 +146,10 @@ class AutoComm:
         # Rebuild DDP exactly as setup does on a resume from this checkpoint.
         trainer.ddp = trainer.forward = trainer.meter = None
         gc.collect()  # the old reducer unregisters its autograd hooks when it is freed
-        trainer._wrap_ddp()
+        trainer._wrap_ddp(init_sync=False)  # the replicas are equal: nothing to broadcast
         trainer._layout_warmup()
         trainer._install_hook(None)
         self._reset(new, step)
-        if self.env.is_main:
-            s = new["switches"][-1]
-            log.warning("comm=auto switched %s -> %s at step %d: step p50 %.0f ms (predicted "
-                        "%.0f); link now %.3f Gbit/s busbw; predicted %.0f -> %.0f ms/step over "
-                        "the steps left", old, new["comm"], step, s["measured_step_s_p50"] * 1e3,
-                        s["predicted_step_s_before"] * 1e3, s["busbw_gbps"],
-                        s["repredicted_run_step_s"] * 1e3, s["predicted_run_step_s"] * 1e3)
 
     def summary(self, records: list[dict]) -> dict:
         """summary.json's comm=auto fields: the prediction for the hook the run ended on against

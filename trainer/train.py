@@ -19,8 +19,8 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .allreduce import barrier, sync
 from .bandwidth import MiB, busbw_gbs
-from .checkpoint import load_agreed_checkpoint, save_checkpoint
-from .collectives import all_gather_objects, gather_objects
+from .checkpoint import load_agreed_checkpoint, load_rank_state, rank_folder, save_checkpoint
+from .collectives import all_gather_objects
 from .commsetup import decide_comm
 from .config import HOOK_NAMES, TrainConfig
 from .data import DataCursor, ShardedBatches, load_corpus
@@ -62,6 +62,7 @@ class Trainer:
         self.model = GPT(preset_config(cfg.preset, cfg.seq_len)).to(self.device)
         self.grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
+        mine = load_rank_state(self.run_dir / "checkpoints", ckpt, self.device)
         self.start_step = ckpt["step"] if ckpt else 0
         if ckpt:
             self.model.load_state_dict(ckpt["model"])
@@ -70,7 +71,7 @@ class Trainer:
         self.auto = AutoComm(self)  # comm=auto: prediction check, mid-run re-decision
         self._wrap_ddp()
         self._layout_warmup()
-        self._install_hook(ckpt)
+        self._install_hook(mine)
         self.optimizer = build_optimizer(self.model, cfg.lr, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
         cursor = DataCursor()
@@ -78,8 +79,9 @@ class Trainer:
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.scheduler.load_state_dict(ckpt["scheduler"])
             cursor = DataCursor(**ckpt["data_cursor"])
-            self._restore_rng(ckpt)
-        self.periodic = make_periodic(self, ckpt, self._rank_state(ckpt))  # localsgd, diloco
+            if mine:
+                set_rng_state(mine["rng"], self.device)
+        self.periodic = make_periodic(self, ckpt, mine)  # localsgd, diloco
         self.data = ShardedBatches(load_corpus(cfg.data), cfg.seq_len, cfg.batch_size,
                                    env.rank, env.world_size, cfg.seed, cursor)
         self.nic = NicMeter(traffic_interface())
@@ -93,7 +95,9 @@ class Trainer:
         if not ckpt:
             torch.manual_seed(cfg.seed + 1 + env.rank)
 
-    def _wrap_ddp(self) -> None:
+    def _wrap_ddp(self, init_sync: bool = True) -> None:
+        """DDP around the model; `init_sync=False` skips broadcasting rank 0's parameters (a
+        mid-run rebuild, when every replica already holds the same ones)."""
         cap = self.cfg.bucket_cap_mb
         if self.comm == "powersgd" and self.env.backend == "gloo":
             # powerSGD_hook issues its P and Q all-reduces from future callbacks; on gloo two
@@ -105,7 +109,7 @@ class Trainer:
         self.meter = TimedCommHook(self.device)
         self.ddp = DDP(self.model, device_ids=[self.env.local_rank]
                        if self.device.type == "cuda" else None,
-                       bucket_cap_mb=cap, gradient_as_bucket_view=True)
+                       bucket_cap_mb=cap, gradient_as_bucket_view=True, init_sync=init_sync)
         self.ddp.register_comm_hook(None, self.meter.hook)
         self.forward = self.ddp
         if self.cfg.compile and self.device.type == "cuda":
@@ -115,7 +119,7 @@ class Trainer:
             log.info("--compile ignored: torch.compile is used on CUDA only")
 
     def _layout_warmup(self) -> None:
-        """One synchronised step that changes nothing, so DDP settles its bucket layout.
+        """One step that changes nothing and sends no gradient, so DDP settles its bucket layout.
 
         DDP rebuilds buckets in gradient-ready order after its first step. Doing that here
         means every real step, including the first after a restart, sees the same layout, which
@@ -131,13 +135,13 @@ class Trainer:
         self.ddp.zero_grad(set_to_none=True)
         self.meter.passthrough = False
 
-    def _install_hook(self, ckpt: dict | None) -> None:
+    def _install_hook(self, mine: dict | None) -> None:
+        """The comm hook; PowerSGD's error feedback from this rank's checkpoint part `mine`."""
         state = None
         if self.comm == "powersgd":
             # Counted from when PowerSGD took over, so a switch and its resume agree.
             state = make_powersgd_state(self.cfg.powersgd_rank, self.cfg.warmup_steps
                                         - self.decision.get("since_step", 0), self.cfg.seed)
-            mine = self._rank_state(ckpt)
             if mine and mine.get("powersgd"):
                 load_powersgd_state(state, mine["powersgd"], self.device)
         self.meter.use(self.comm if self.comm in HOOK_NAMES else "none", state)
@@ -197,43 +201,30 @@ class Trainer:
     # ---- checkpoints -------------------------------------------------------------------------
 
     def save(self, step: int) -> None:
-        """Collective: gather every rank's own state, then rank 0 writes the checkpoint."""
+        """Collective: every rank writes its own part on its own disk; after a barrier (so the
+        shared part never names a missing one) rank 0 writes the shared part (`checkpoint`)."""
+        folder = self.run_dir / "checkpoints"
         mine = {"rng": rng_state(self.device)}
         if self.meter.state is not None:  # error feedback differs per rank
             mine["powersgd"] = powersgd_state_dict(self.meter.state)
         if self.periodic:  # between syncs each replica's parameters and moments are its own
             mine["periodic"] = self.periodic.rank_state()
-        every = gather_objects(mine, 0, self.device)
+        save_checkpoint(rank_folder(folder, self.env.rank), step, mine, test_pause=False)
+        barrier(self.device)
         if not self.env.is_main:
             return
-        save_checkpoint(self.run_dir / "checkpoints", step, {
+        save_checkpoint(folder, step, {
             "step": step,
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "data_cursor": self.data.cursor.to_dict(),
-            "rank_states": every,
             "comm_decision": self.decision,
             "periodic": self.periodic.shared_state() if self.periodic else None,
             "config": self.cfg.to_dict(),
             "world_size": self.env.world_size,
         })
         self.faults.save()
-
-    def _rank_state(self, ckpt: dict | None) -> dict | None:
-        if not ckpt:
-            return None
-        states = ckpt["rank_states"]
-        if len(states) != self.env.world_size:
-            log.warning("checkpoint from %d ranks, now %d: per-rank RNG and PowerSGD error "
-                        "feedback start fresh", len(states), self.env.world_size)
-            return None
-        return states[self.env.rank]
-
-    def _restore_rng(self, ckpt: dict) -> None:
-        mine = self._rank_state(ckpt)
-        if mine:
-            set_rng_state(mine["rng"], self.device)
 
     # ---- the end -----------------------------------------------------------------------------
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -16,7 +17,12 @@ import psutil
 import pytest
 import torch
 
-from fatpipe.trainer.checkpoint import list_checkpoints, load_checkpoint
+from fatpipe.trainer.checkpoint import (
+    checkpoint_path,
+    list_checkpoints,
+    load_checkpoint,
+    rank_folder,
+)
 from fatpipe.trainer.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(180)]
@@ -153,6 +159,36 @@ def test_a_killed_worker_resumes_bitwise(tmp_path, straight_run):
     assert a.keys() == b.keys()
     differ = [k for k in a if not torch.equal(a[k], b[k])]
     assert not differ, f"resumed run diverged (killed after step {at_step}): {differ}\n{log}"
+
+
+def test_powersgd_resumes_bitwise_from_each_ranks_own_checkpoint_part(tmp_path):
+    """PowerSGD's error feedback differs per rank and lives in each rank's own part."""
+    straight = tmp_path / "straight"
+    flags = ["--steps", "12", "--checkpoint-every", "4", "--comm", "powersgd", "--deterministic"]
+    finish(torchrun(straight, *flags))
+    digests = summary(straight)["param_digests"]
+    folder = straight / "checkpoints"
+    assert [s for s, _ in list_checkpoints(folder)] == [8, 12]
+    assert "rank_states" not in load_checkpoint(checkpoint_path(folder, 8))
+    parts = [load_checkpoint(checkpoint_path(rank_folder(folder, r), 8)) for r in (0, 1)]
+    errors = [torch.cat([e.flatten() for e in p["powersgd"]["error_dict"].values()])
+              for p in parts]
+    assert errors[0].abs().sum() > 0 and not torch.equal(*errors)  # compressed, and per rank
+
+    def resume_from_8(name: str, drop_part: int | None = None) -> tuple[str, dict]:
+        out = tmp_path / name
+        shutil.copytree(straight, out)
+        checkpoint_path(out / "checkpoints", 12).unlink()
+        (out / "summary.json").unlink()
+        if drop_part is not None:  # as on a node whose disk was replaced
+            checkpoint_path(rank_folder(out / "checkpoints", drop_part), 8).unlink()
+        return finish(torchrun(out, *flags)), summary(out)
+
+    _, resumed = resume_from_8("resumed")
+    assert resumed["param_digests"] == digests and resumed["steps"] == 12
+    output, fresh = resume_from_8("part-lost", drop_part=1)
+    assert "rank(s) [1] lack their own part" in output
+    assert fresh["steps"] == 12 and fresh["replicas_in_sync"]
 
 
 def _kill_rank_after(proc: subprocess.Popen, out: Path, rank: int,
