@@ -64,16 +64,3 @@ def all_gather_objects(obj, device: torch.device) -> list:
     ISSUED.add()
     dist.all_gather(every, padded)
     return [_decode(t[:n]) for t, n in zip(every, sizes, strict=True)]
-
-
-def gather_objects(obj, dst: int, device: torch.device) -> list | None:
-    """Every rank's `obj`, in rank order, on rank `dst` (None elsewhere)."""
-    padded, sizes = _padded(obj, device)
-    if dist.get_rank() != dst:
-        ISSUED.add()
-        dist.gather(padded, None, dst=dst)
-        return None
-    every = [torch.empty_like(padded) for _ in sizes]
-    ISSUED.add()
-    dist.gather(padded, every, dst=dst)
-    return [_decode(t[:n]) for t, n in zip(every, sizes, strict=True)]

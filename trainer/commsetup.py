@@ -58,8 +58,8 @@ def decide_comm(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, grad_byt
     link = broadcast_object(read_netcheck(cfg.out_dir) if env.is_main else None, 0,
                             env.device)
     if link:
-        link = replace(link, half_rate=probe_half_rates(env.device, probe_size(env.device,
-                                                                               grad_bytes)))
+        size = probe_size(env.device, grad_bytes)
+        link = replace(link, half_rate=probe_half_rates(env.device, size))
     else:
         link = probe_link(env.device, grad_bytes)
     return _decide(cfg, env, model, Measured(link, compute_s, hook_s), step=0)
