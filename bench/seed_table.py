@@ -8,13 +8,13 @@ so that gradient bytes / bandwidth over compute time is what a named GPU node wo
                          x (target compute per step / sim compute per step)
 
 with the sim's compute measured here first (4 ranks, nothing sent) and the target's from a
-published throughput (TARGET below; --target-* override it). The same model, data order and
-steps then run as 10g none, 1g none, 1g auto, 1g powersgd and 1g <the periodic method auto
-prefers, at the interval it computed>. Prints the table and the ratios, writes
-bench/results/seed_table.json and seed_table.png. Needs root (network namespaces, tc) and
-terraform; the cluster is deployed from a temporary folder and destroyed at the end.
+published throughput (TARGETS below; --target picks one, --target-* override it). The same
+model, data order and steps then run as 10g none, 1g none, 1g auto, 1g powersgd and 1g <the
+periodic method auto prefers, at the interval it computed>. Prints the table and the ratios,
+writes bench/results/seed_table.json and seed_table.png. Needs root (network namespaces, tc)
+and terraform; the cluster is deployed from a temporary folder and destroyed at the end.
 
-    sudo .venv/bin/python bench/seed_table.py [--steps 20] [--out bench/results]
+    sudo .venv/bin/python bench/seed_table.py [--steps 60] [--target rtx4090|h100]
 """
 
 from __future__ import annotations
@@ -35,25 +35,38 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from seed_table_report import evaluate, plot, report  # noqa: E402
 
 CLUSTER, CIDR, NODES = "sd-table", "10.84.0.0/24", 4
-# GPT-2 (124M) as llm.c trains it on 8x H100: 10B tokens in 45 minutes (record 1 of the
-# modded-nanogpt speedrun table, from llm.c discussion #481), 524,288 tokens per step, i.e.
-# 64 x 1024 tokens per GPU per step. The model is this project's `124m` preset.
-TARGET = {
-    "name": "1x H100 SXM per node, GPT-2 124M (preset 124m), bf16",
-    "tokens_per_s": 10e9 / (45 * 60) / 8,
-    "tokens_per_step": 64 * 1024,
-    "source": "llm.c GPT-2 124M on 8x H100: 10B tokens in 45 min at 524,288 tokens/step "
-              "(modded-nanogpt record table, record 1; llm.c discussion #481)",
+# The target: GPT-2 124M (this project's `124m` preset) trained as llm.c trains it, 524,288
+# tokens per step (GPT-3's batch for its 125M model), here shared by the 4 nodes, so each node
+# computes 131,072 tokens per step (with gradient accumulation where memory asks for it), and
+# warms the LR up for 700 of its 19,073 steps. Per-node compute time is a named GPU's published
+# throughput for that model. The default is the GPU of the machines fatpipe is for: rented
+# nodes whose private link is 1 or 10 Gbit/s carry consumer or mid-range cards; an H100 node
+# comes with a 100-3,200 Gbit/s fabric of its own (kept as a second target for comparison).
+GLOBAL_BATCH_TOKENS, LLMC_WARMUP_SHARE = 524_288, 700 / 19_073
+TARGETS = {
+    "rtx4090": {
+        "name": "1x RTX 4090 per node, GPT-2 124M (preset 124m), bf16",
+        "tokens_per_s": 220.7e3 / 2,
+        "source": "llm.c's PyTorch GPT-2 trainer on 2x RTX 4090: 220.7k tokens/s (T. Romero, "
+                  "'NanoGPT Speedrun Living Worklog', record 1, initial baseline, 2025-01-16)",
+    },
+    "h100": {
+        "name": "1x H100 SXM per node, GPT-2 124M (preset 124m), bf16",
+        "tokens_per_s": 10e9 / (45 * 60) / 8,
+        "source": "llm.c GPT-2 124M on 8x H100: 10B tokens in 45 min at 524,288 tokens/step "
+                  "(modded-nanogpt record table, record 1; llm.c discussion #481)",
+    },
 }
 
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=20)
-    p.add_argument("--batch-size", type=int, default=4)
+    p.add_argument("--steps", type=int, default=60)
+    p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
-    p.add_argument("--target-tokens-per-s", type=float, default=TARGET["tokens_per_s"])
-    p.add_argument("--target-tokens-per-step", type=int, default=TARGET["tokens_per_step"])
+    p.add_argument("--target", choices=sorted(TARGETS), default="rtx4090")
+    p.add_argument("--target-tokens-per-s", type=float, help="override the target's throughput")
+    p.add_argument("--target-tokens-per-step", type=int, default=GLOBAL_BATCH_TOKENS // NODES)
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
     if os.geteuid() != 0 or not shutil.which("terraform"):
@@ -62,27 +75,43 @@ def main() -> int:
     from fatpipe.infra.project import load_project
     from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
     from fatpipe.stacks.simnet import reshape_node
+    from fatpipe.trainer.autocomm import powersgd_wire_elements
     from fatpipe.trainer.model import GPT, preset_config
 
     def grad_bytes(preset: str) -> int:
         return sum(t.numel() * 4 for t in GPT(preset_config(preset, args.seq_len)).parameters())
 
+    def powersgd_share(preset: str) -> float:
+        """PowerSGD's (rank 4) bytes over the plain gradient's: the tiny model's small matrices
+        compress far less than the target's, which the link scale cannot carry over."""
+        shapes = [t.shape for t in GPT(preset_config(preset, args.seq_len)).parameters()]
+        return powersgd_wire_elements(shapes, 4) * 4 / grad_bytes(preset)
+
     root = Path(tempfile.mkdtemp(prefix="fatpipe-seed-table-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` tears the cluster down
     train = ["--preset", "tiny", "--steps", str(args.steps), "--batch-size", str(args.batch_size),
-             "--seq-len", str(args.seq_len), "--warmup-steps", str(max(1, args.steps // 10)),
+             "--seq-len", str(args.seq_len), "--warmup-steps", str(warmup_steps(args.steps)),
              "--checkpoint-every", str(args.steps), "--seed", "1337"]
     compute_s = calibrate(root, train)
-    target_s = args.target_tokens_per_step / args.target_tokens_per_s
+    target = {**TARGETS[args.target], "key": args.target}
+    if args.target_tokens_per_s:
+        target.update(tokens_per_s=args.target_tokens_per_s, source="--target-tokens-per-s")
+    target_s = args.target_tokens_per_step / target["tokens_per_s"]
     g_sim, g_target = grad_bytes("tiny"), grad_bytes("124m")
     scale = (g_sim / g_target) * (target_s / compute_s)
     rates = {"10g": 10 * scale, "1g": 1 * scale}
-    assumption = {**TARGET, "tokens_per_s": args.target_tokens_per_s,
-                  "tokens_per_step": args.target_tokens_per_step, "compute_s": target_s,
+    assumption = {**target, "tokens_per_step": args.target_tokens_per_step, "compute_s": target_s,
                   "grad_bytes": g_target, "nodes": NODES, "sim_compute_s": compute_s,
                   "sim_grad_bytes": g_sim, "scale": scale, "sim_rate_gbps": rates,
                   "comm_over_compute": {t: g_target * 1.5 * 8 / (r * 1e9) / target_s
-                                        for t, r in (("1g", 1), ("10g", 10))}}
+                                        for t, r in (("1g", 1), ("10g", 10))},
+                  "warmup_steps": warmup_steps(args.steps),
+                  "powersgd_wire_share": {"sim": powersgd_share("tiny"),
+                                          "target": powersgd_share("124m")},
+                  "other_targets": {k: {t: g_target * 1.5 * 8 / (r * 1e9) * v["tokens_per_s"]
+                                        / args.target_tokens_per_step
+                                        for t, r in (("1g", 1), ("10g", 10))}
+                                    for k, v in TARGETS.items() if k != args.target}}
     print(scale_line(assumption))
     (root / "fatpipe.toml").write_text(
         f'[clusters.{CLUSTER}]\nprovider = "sim"\nnodes = {NODES}\ntier = "1g"\n'
@@ -116,6 +145,11 @@ def main() -> int:
     return 0
 
 
+def warmup_steps(steps: int) -> int:
+    """llm.c's share of LR warm-up steps, at least the 2 PowerSGD needs before it compresses."""
+    return max(2, round(steps * LLMC_WARMUP_SHARE))
+
+
 def scale_line(a: dict) -> str:
     return (f"scale: target {a['name']}: {a['tokens_per_s']:,.0f} tokens/s per GPU x "
             f"{a['tokens_per_step']:,} tokens/step = {a['compute_s'] * 1e3:.1f} ms compute/step, "
@@ -125,7 +159,11 @@ def scale_line(a: dict) -> str:
             f"{a['sim_compute_s'] * 1e3:.1f} ms compute/step measured here -> links x"
             f"{a['scale']:.5f}: 1g = {a['sim_rate_gbps']['1g'] * 1e3:.1f} Mbit/s, "
             f"10g = {a['sim_rate_gbps']['10g'] * 1e3:.1f} Mbit/s "
-            f"(source: {a['source']})")
+            f"(source: {a['source']}); other targets' comm/compute at 1/10 Gbit/s: "
+            + ", ".join(f"{k} {v['1g']:.1f} / {v['10g']:.2f}"
+                        for k, v in a["other_targets"].items())
+            + f". PowerSGD (rank 4) sends {a['powersgd_wire_share']['sim']:.1%} of the sim's "
+            f"gradient bytes, {a['powersgd_wire_share']['target']:.2%} of the target's")
 
 
 def fatpipe(root: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
