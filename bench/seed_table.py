@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import math
 import os
 import platform
 import shutil
@@ -76,16 +77,16 @@ def main() -> int:
     from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
     from fatpipe.stacks.simnet import reshape_node
     from fatpipe.trainer.autocomm import powersgd_wire_elements
+    from fatpipe.trainer.bandwidth import bus_factor
     from fatpipe.trainer.model import GPT, preset_config
 
-    def grad_bytes(preset: str) -> int:
-        return sum(t.numel() * 4 for t in GPT(preset_config(preset, args.seq_len)).parameters())
-
-    def powersgd_share(preset: str) -> float:
-        """PowerSGD's (rank 4) bytes over the plain gradient's: the tiny model's small matrices
-        compress far less than the target's, which the link scale cannot carry over."""
-        shapes = [t.shape for t in GPT(preset_config(preset, args.seq_len)).parameters()]
-        return powersgd_wire_elements(shapes, 4) * 4 / grad_bytes(preset)
+    shapes = {preset: [t.shape for t in GPT(preset_config(preset, args.seq_len)).parameters()]
+              for preset in ("tiny", "124m")}
+    elements = {preset: sum(math.prod(shape) for shape in s) for preset, s in shapes.items()}
+    # PowerSGD's (rank 4) share of the plain gradient: the tiny model's small matrices compress
+    # far less than the target's, which the link scale cannot carry over.
+    powersgd_share = {preset: powersgd_wire_elements(s, 4) / elements[preset]
+                      for preset, s in shapes.items()}
 
     root = Path(tempfile.mkdtemp(prefix="fatpipe-seed-table-"))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # so `finally` tears the cluster down
@@ -97,20 +98,23 @@ def main() -> int:
     if args.target_tokens_per_s:
         target.update(tokens_per_s=args.target_tokens_per_s, source="--target-tokens-per-s")
     target_s = args.target_tokens_per_step / target["tokens_per_s"]
-    g_sim, g_target = grad_bytes("tiny"), grad_bytes("124m")
+    g_sim, g_target = elements["tiny"] * 4, elements["124m"] * 4  # fp32 gradients
     scale = (g_sim / g_target) * (target_s / compute_s)
     rates = {"10g": 10 * scale, "1g": 1 * scale}
+
+    def comm_over_compute(tokens_per_s: float) -> dict:
+        """A ring all-reduce of the target's gradient over its compute, at 1 and 10 Gbit/s."""
+        compute = args.target_tokens_per_step / tokens_per_s
+        return {t: g_target * bus_factor(NODES) * 8 / (r * 1e9) / compute
+                for t, r in (("1g", 1), ("10g", 10))}
     assumption = {**target, "tokens_per_step": args.target_tokens_per_step, "compute_s": target_s,
                   "grad_bytes": g_target, "nodes": NODES, "sim_compute_s": compute_s,
                   "sim_grad_bytes": g_sim, "scale": scale, "sim_rate_gbps": rates,
-                  "comm_over_compute": {t: g_target * 1.5 * 8 / (r * 1e9) / target_s
-                                        for t, r in (("1g", 1), ("10g", 10))},
+                  "comm_over_compute": comm_over_compute(target["tokens_per_s"]),
                   "warmup_steps": warmup_steps(args.steps),
-                  "powersgd_wire_share": {"sim": powersgd_share("tiny"),
-                                          "target": powersgd_share("124m")},
-                  "other_targets": {k: {t: g_target * 1.5 * 8 / (r * 1e9) * v["tokens_per_s"]
-                                        / args.target_tokens_per_step
-                                        for t, r in (("1g", 1), ("10g", 10))}
+                  "powersgd_wire_share": {"sim": powersgd_share["tiny"],
+                                          "target": powersgd_share["124m"]},
+                  "other_targets": {k: comm_over_compute(v["tokens_per_s"])
                                     for k, v in TARGETS.items() if k != args.target}}
     print(scale_line(assumption))
     (root / "fatpipe.toml").write_text(

@@ -56,7 +56,8 @@ def figures(r: dict, scale: float, warmup: int) -> dict:
         "step_s_p50": _pct([x["step_s"] for x in recs], 50),
         "step_s_p95": _pct([x["step_s"] for x in recs], 95),
         "tokens_per_s": tokens_per_step * n / epoch,
-        "tokens_per_s_after_warmup": tokens_per_step * len(after) / sum(x["step_s"] for x in after),
+        "tokens_per_s_after_warmup": tokens_per_step * len(after)
+        / max(sum(x["step_s"] for x in after), 1e-9),
         "sync_s_p50": _pct([x["sync_s"] for x in synced], 50),
         "sync_s_p95": _pct([x["sync_s"] for x in synced], 95),
         "syncs": len(synced),

@@ -84,7 +84,9 @@ def apply_sysctls(netns: str, wanted: dict[str, str]) -> dict:
 
 
 def run(argv: list[str], check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run(argv, capture_output=True, text=True)
+    """Run one network command to its end: in a session of its own, so a Ctrl-C sent to fatpipe's
+    process group (fatpipe handles it) cannot kill it half-way through a set-up or teardown."""
+    proc = subprocess.run(argv, capture_output=True, text=True, start_new_session=True)
     if check and proc.returncode != 0:
         raise FatpipeError(f"`{' '.join(argv[:8])}` failed: {proc.stderr.strip() or proc.returncode}")
     return proc

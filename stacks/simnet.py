@@ -8,7 +8,6 @@ import ipaddress
 import os
 import re
 import shutil
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -88,14 +87,13 @@ def loopback_ip(private_cidr: str, index: int, first_offset: int) -> str:
 def netns_usable() -> bool:
     """True when this process may create network namespaces (root and a working `ip netns`).
 
-    Asked once per process. The probe runs in a session of its own: a Ctrl-C sent to fatpipe's
-    process group during a teardown must not kill it and turn the answer into "no namespaces"."""
+    Asked once per process; `run` keeps a Ctrl-C from killing the probe (a killed probe would
+    read as "no namespaces")."""
     if os.geteuid() != 0 or not shutil.which("ip"):
         return False
     probe = f"fp-probe-{os.getpid()}"
-    ok = subprocess.run(["ip", "netns", "add", probe], capture_output=True,
-                        start_new_session=True).returncode == 0
-    subprocess.run(["ip", "netns", "del", probe], capture_output=True, start_new_session=True)
+    ok = run(["ip", "netns", "add", probe], check=False).returncode == 0
+    run(["ip", "netns", "del", probe], check=False)
     return ok
 
 
