@@ -12,7 +12,7 @@ CDKTN_STAMP := $(VENV)/.fatpipe-cdktn-installed
 CHECKOV := .tools/checkov/bin/checkov
 CHECKOV_VERSION ?= 3.3.30
 
-.PHONY: install install-cdktn cdktf-cli cdktn-cli checkov demo test test-unit test-system test-loaded lint clean
+.PHONY: install install-cdktn cdktf-cli cdktn-cli checkov system-packages demo test test-unit test-system test-loaded lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -57,6 +57,19 @@ $(CHECKOV):
 
 checkov: $(CHECKOV)
 
+# The Debian packages the system tests drive for real: namespaces and shaping (iproute2), the SSH
+# transport (openssh, rsync), link checks (iperf3), the host firewall (nftables, iptables), the
+# user-data schema (cloud-init) and the run report in a headless browser (chromium). Installed when
+# root; otherwise the missing ones are named and the tests that need them skip.
+SYSTEM_PACKAGES := iproute2 openssh-server openssh-client rsync iperf3 nftables iptables cloud-init chromium
+system-packages:
+	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
+	if [ -z "$$missing" ]; then exit 0; fi; \
+	if [ "$$(id -u)" != 0 ] || ! command -v apt-get >/dev/null; then \
+		echo "not installed (needs root and apt-get): $$missing; the tests that need them will be skipped"; exit 0; fi; \
+	export DEBIAN_FRONTEND=noninteractive; apt-get update -qq && \
+	apt-get install -y -qq --no-install-recommends $$missing
+
 # The default cluster end to end: 4 network namespaces shaped to 1 Gbit/s as root, else 4
 # loopback nodes. It gates on a quick link check (the full sweep is `fatpipe netcheck`), trains
 # the tiny preset briefly (a few minutes on 2 cores), and destroys the cluster at the end, also
@@ -70,13 +83,13 @@ lint: install
 
 # Everything: lint, the unit tests (seconds, no real processes) and the system tests (real
 # terraform, namespaces, sshd, torchrun; minutes).
-test: install install-cdktn cdktf-cli cdktn-cli checkov lint
+test: system-packages install install-cdktn cdktf-cli cdktn-cli checkov lint
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/unit tests/system
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
 
-test-system: install install-cdktn cdktf-cli cdktn-cli checkov
+test-system: system-packages install install-cdktn cdktf-cli cdktn-cli checkov
 	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/system
 
 # The suite (or PYTEST_ARGS) on a loaded machine, as on a busy CI runner: two CPU-bound processes
@@ -84,7 +97,7 @@ test-system: install install-cdktn cdktf-cli cdktn-cli checkov
 # has a time limit besides. E.g. make test-loaded PYTEST_ARGS="-q tests/system/test_trainer.py"
 PYTEST_ARGS ?= tests/unit tests/system
 LOADED_TIMEOUT_S ?= 7200
-test-loaded: install install-cdktn cdktf-cli cdktn-cli checkov
+test-loaded: system-packages install install-cdktn cdktf-cli cdktn-cli checkov
 	@timeout $(LOADED_TIMEOUT_S) $(PYTHON) -c 'while 1: pass' & a=$$!; \
 	timeout $(LOADED_TIMEOUT_S) $(PYTHON) -c 'while 1: pass' & b=$$!; \
 	trap 'kill $$a $$b 2>/dev/null' EXIT; trap 'exit 130' INT TERM; \

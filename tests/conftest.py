@@ -4,12 +4,19 @@ from __future__ import annotations
 
 import os
 import shutil
+import signal
 import subprocess
 
 import pytest
 from click.testing import CliRunner
 
 IN_CI = bool(os.environ.get("FATPIPE_CI"))
+
+# A shell starts a background job (`nohup make test &`) with SIGINT ignored, and every child
+# inherits that: the tests that press Ctrl-C on fatpipe would then press it on processes that
+# cannot hear it. Python's own handler here means each exec'd child starts with the default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def skip_or_fail(reason: str):

@@ -36,10 +36,17 @@ def free_port() -> int:
 
 
 @pytest.fixture
-def sshd(tmp_path_factory, monkeypatch):
+def needs_ssh():
+    """sshd, ssh and rsync, which `make system-packages` installs as root."""
+    missing = [package for package, present in (("openssh-server", Path(SSHD).exists()),
+               ("openssh-client", shutil.which("ssh")), ("rsync", shutil.which("rsync"))) if not present]
+    if missing:
+        skip_or_fail(f"needs the Debian packages {' '.join(missing)} (make system-packages, as root)")
+
+
+@pytest.fixture
+def sshd(needs_ssh, tmp_path_factory, monkeypatch):
     """A private sshd on 127.0.0.1 and an ssh config that reaches it; yields the config path."""
-    if not Path(SSHD).exists() or not shutil.which("ssh") or not shutil.which("rsync"):
-        skip_or_fail("needs openssh-server, openssh-client and rsync")
     base = tmp_path_factory.mktemp("sshd")
     keygen = ["ssh-keygen", "-q", "-t", "ed25519", "-N", ""]
     subprocess.run([*keygen, "-f", str(base / "host_key")], check=True)

@@ -90,7 +90,7 @@ def fatpipe_files(folder: Path, index: int) -> list[str]:
 
 
 @pytest.fixture
-def rented_machines(needs_netns, tmp_path):
+def rented_machines(needs_netns, needs_ssh, tmp_path):
     """Three machines with sshd (the sim tunes them over SSH too); removed afterwards whatever happened."""
     write_project(tmp_path)
     deployed = fatpipe(tmp_path, "deploy", HOSTS)
