@@ -116,5 +116,5 @@ class SimClusterConstruct(ClusterConstruct):
             resource.add_override("triggers_replace", literal_map(node))
             self.nodes.append(resource)
             outputs.append(node_output(cluster, project, node))
-        ssh = isolation == "netns" and cluster.transport == "ssh"
-        self.output = cluster.output(outputs, isolation=isolation, firewall=cluster.firewall if ssh else None)
+        guarded = {"firewall": cluster.firewall} if isolation == "netns" and cluster.transport == "ssh" else {}
+        self.output = cluster.output(outputs, isolation=isolation, **guarded)
