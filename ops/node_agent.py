@@ -143,10 +143,13 @@ def ssh_ports(declared: int | None) -> list[int]:
 def apply_firewall(profile: dict) -> str:
     """fatpipe's host firewall as the profile asks (none: an opt-out, so any earlier one goes)."""
     plan = profile.get("firewall")
+    if not plan:
+        try:
+            firewall.remove()  # an earlier one of fatpipe's, if any
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            print(f"fatpipe: an earlier firewall of fatpipe's could not be removed: {e}", file=sys.stderr)
+        return "off"
     try:
-        if not plan:
-            firewall.remove()
-            return "off"
         return firewall.apply(plan, ssh_ports(profile.get("ssh_port")))
     except (RuntimeError, OSError, subprocess.SubprocessError) as e:
         sys.exit(f"the host firewall could not be installed: {e} (firewall = false opts out, leaving "
@@ -180,7 +183,11 @@ def revert(profile: dict) -> None:
         print(json.dumps({"reverted": False}))  # never applied, or already reverted
         return
     record = json.loads(RESTORE.read_text())
-    restored = firewall.revert(record.get("firewall"))
+    try:
+        restored = firewall.revert(record.get("firewall"))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # the rest is still handed back
+        print(f"fatpipe: the firewall could not be removed: {e}", file=sys.stderr)
+        restored = False
     for name, value in record["sysctls"].items():
         if value is not None and proc_sys(name).exists():
             try:

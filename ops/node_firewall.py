@@ -83,10 +83,12 @@ def iptables_families() -> list[tuple[str, bool]]:
 
 
 def snapshot() -> dict | None:
-    """The ruleset as it is now, in the form the backend lists it (recorded before any change)."""
+    """The ruleset as it is now, in the form the backend lists it (recorded before any change);
+    None where there is no backend or it cannot list (a container without netfilter rights)."""
     tool = backend()
     if tool == "nft":
-        return {"tool": "nft", "ruleset": checked([which("nft"), "list", "ruleset"])}
+        listed = run([which("nft"), "list", "ruleset"])
+        return {"tool": "nft", "ruleset": listed.stdout} if listed.returncode == 0 else None
     if tool == "iptables":
         saves = {"v6" if v6 else "v4": run([f"{path}-save"]).stdout for path, v6 in iptables_families()}
         return {"tool": "iptables", "saves": saves}
