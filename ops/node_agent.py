@@ -1,7 +1,7 @@
 """The node profile's applier, run on a machine fatpipe did not create (`ssh` clusters): apply, revert.
 
-Sent over SSH as a program (`python3 - apply|revert` as root), with `PROFILE = ...` and a call
-of `main()` appended: the files, sysctls and packages that cloud-init gets on clouds, from the
+Sent over SSH as a program (`python3 - apply|revert` as root) that loads this file and
+`node_firewall.py` as modules, sets `PROFILE` and calls `main()` (`ops.profile.agent_program`): the files, sysctls and packages that cloud-init gets on clouds, from the
 same renderer (`fatpipe.stacks.node_profile.profile_plan`).
 It needs Python's standard library alone. Everything it changes is recorded first in
 `/var/lib/fatpipe/restore.json` (original sysctl values, MTU, files it replaced), so `revert`
@@ -179,7 +179,10 @@ def apply(profile: dict) -> None:
 
 def revert(profile: dict) -> None:
     if not RESTORE.exists():
-        firewall.remove()  # only fatpipe's own table or chain, should one be left
+        try:
+            firewall.remove()  # only fatpipe's own table or chain, should one be left
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            print(f"fatpipe: the firewall could not be removed: {e}", file=sys.stderr)
         print(json.dumps({"reverted": False}))  # never applied, or already reverted
         return
     record = json.loads(RESTORE.read_text())
