@@ -65,3 +65,6 @@ def revert(host, known_hosts, private_ip, remote_dir, unit):
 
     done = revert_profile(host, unit, [remote_dir] if remote_dir else [], known_hosts)
     click.echo(f"{host.where()}: " + ("handed back as it was" if done.get("reverted") else "nothing to revert"))
+    if done.get("firewall_restored") is False:  # someone changed the rules while fatpipe's were there
+        click.echo(f"{host.where()}: fatpipe's firewall is removed, but the ruleset differs from the one "
+                   "recorded before it (changes made since are kept)")

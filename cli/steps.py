@@ -173,10 +173,23 @@ def new_rendezvous(project, outputs, train=None, script=None, run=None):
     return rdzv, run_dir
 
 
+def require_firewall(project, outputs, out) -> None:
+    """Before the rendezvous port opens: refuse a node without its host firewall, naming it;
+    warn, at every launch, about a cluster that opted out (docs/ARCHITECTURE.md)."""
+    from rich.markup import escape
+
+    from fatpipe.ops.firewall_check import require_firewall as check
+
+    for warning in check(project, outputs):
+        out.print(f"[yellow]warning[/]: {escape(warning)}", soft_wrap=True)
+
+
 def run_netcheck(project, outputs, options, out, run_dir=None, sink=None, remote_python=None):
     """Run the link check, print its tables (also when the gate fails) and where it wrote them."""
     from fatpipe.ops.netcheck import NetcheckFailed
     from fatpipe.ops.netcheck import run_netcheck as measure
+
+    require_firewall(project, outputs, out)
 
     try:
         doc = measure(project, outputs, run_dir=run_dir, options=options, log=note(out), sink=sink,
@@ -215,6 +228,7 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
     from fatpipe.infra.runs import latest_run_id, mark_latest
     from fatpipe.ops.launch import launch as launch_run
 
+    require_firewall(project, outputs, out)
     names = [n.name for n in rdzv.nodes]
     # The launched run becomes the latest (what status, logs and stop mean); one that never
     # started (nodes could not be prepared, a start refused) gives the mark back.

@@ -71,6 +71,9 @@ class ClusterOutputs(BaseModel):
     rdzv_port: int = Field(29400, ge=1, le=65535)
     isolation: Literal["netns", "loopback"] | None = None  # sim clusters: what `auto` resolved to
     nccl: dict[str, str] = Field(default_factory=dict)  # NCCL_* settings the nodes' runs get
+    # Machines fatpipe did not make: whether their host firewall is on (launch checks it, or
+    # warns when the cluster opted out); None where the provider's own firewall guards the nodes.
+    firewall: bool | None = None
     nodes: list[NodeOutput]
 
     @field_validator("provider")

@@ -18,6 +18,7 @@ from fatpipe.infra.errors import FatpipeError
 from .transport import SshTransport
 
 AGENT = Path(__file__).with_name("node_agent.py")
+FIREWALL = Path(__file__).with_name("node_firewall.py")  # the agent imports it as `node_firewall`
 APPLY_TIMEOUT_S = 1800  # apt on a fresh machine can take minutes
 
 
@@ -39,9 +40,26 @@ class SshHost:
         return f"{self.name} ({self.user}@{self.address}:{self.port})"
 
 
+def agent_program(profile: dict) -> str:
+    """The program sent: the firewall and the applier, each loaded as a module of its own (each
+    keeps its `from __future__` line first), then the applier's main with `profile`."""
+    return (
+        "import json, sys, types\n"
+        "def load(name, source):\n"
+        "    module = types.ModuleType(name)\n"
+        "    sys.modules[name] = module\n"
+        "    exec(compile(source, name, 'exec'), module.__dict__)\n"
+        "    return module\n"
+        f"load('node_firewall', {FIREWALL.read_text()!r})\n"
+        f"agent = load('node_agent', {AGENT.read_text()!r})\n"
+        f"agent.PROFILE = json.loads({json.dumps(json.dumps(profile))})\n"
+        "agent.main()\n"
+    )
+
+
 def agent_command(action: str, profile: dict, as_root: bool) -> str:
     """The shell command that runs the applier on the node with `profile` for `action`."""
-    program = AGENT.read_text() + f"\nPROFILE = json.loads({json.dumps(json.dumps(profile))})\nmain()\n"
+    program = agent_program(profile)
     encoded = base64.b64encode(program.encode()).decode()
     # sudo -n: never prompt; a login without passwordless sudo fails at once, and says so.
     python = "python3" if as_root else "sudo -n python3"
@@ -76,7 +94,8 @@ def explain(result) -> str:
 
 def apply_profile(host: SshHost, profile: dict, known_hosts: Path) -> dict:
     """Tune `host` as `profile` declares; returns what the kernel did not take (reported, not hidden)."""
-    return run_agent(host, "apply", profile, known_hosts)
+    # The port it is reached on stays open through the host firewall (docs/ARCHITECTURE.md).
+    return run_agent(host, "apply", {**profile, "ssh_port": host.port}, known_hosts)
 
 
 def revert_profile(host: SshHost, unit: str, remove: list[str], known_hosts: Path) -> dict:

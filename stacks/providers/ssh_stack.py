@@ -68,4 +68,4 @@ class SshClusterConstruct(ClusterConstruct):
                           "ssh_host": host.address, "ssh_port": host.port, "ssh_user": values["user"],
                           "ssh_key_file": values["key_file"] or None, "remote_dir": remote_dir,
                           "transport": "ssh"})
-        self.output = cluster.output(nodes)
+        self.output = cluster.output(nodes, firewall=cluster.firewall)
