@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .hostvalues import check_address, check_login, check_node_name, check_path
 from .spec import (
     DIGITALOCEAN_REGIONS,
     NAME_PATTERN,
@@ -112,6 +113,11 @@ class SshHost(Strict):
         except ValueError:
             raise ValueError(f"{value!r} is not an IPv4 address (the host's address on the private network)") from None
 
+    # Host values reach ssh, rsync and the provisioners: checked here (infra/hostvalues.py).
+    _address = field_validator("address")(check_address)
+    _login = field_validator("user")(lambda value: value if value is None else check_login(value))
+    _node_name = field_validator("name")(lambda value: value if value is None else check_node_name(value))
+
 
 class SshCluster(ClusterBase):
     """Machines that already exist (rented anywhere), reached over SSH; fatpipe tunes and untunes them."""
@@ -123,6 +129,9 @@ class SshCluster(ClusterBase):
     install_packages: bool = True  # apt-get the node tools (iperf3, rsync, ...) where apt exists
     mtu: int | None = Field(None, ge=576, le=9216)  # the private NIC's MTU; default: left as it is
     private_cidr: str | None = None  # default: the smallest network holding every private_ip
+
+    _login = field_validator("ssh_user")(check_login)
+    _key_file = field_validator("ssh_key_file")(lambda value: value if value is None else check_path(value))
 
     @model_validator(mode="before")
     @classmethod
