@@ -121,6 +121,15 @@ def test_accepted_hostile_values_are_inert_through_deploy_and_down(rented_machin
 
     synth = fatpipe(folder, "synth", RENTED)
     assert synth.returncode == 0, synth.stdout
+    deploy = fatpipe(folder, "deploy", RENTED, "--yes", timeout=600)
+    assert markers(folder, Path.home(), node_root) == [], deploy.stdout
+    assert deploy.returncode == 0, deploy.stdout
+    assert (node_root / "var" / "lib" / "fatpipe" / "restore.json").exists()  # applied over SSH with that key
+    down = fatpipe(folder, "down", RENTED, timeout=300)
+    assert markers(folder, Path.home(), node_root, Path.cwd()) == [], down.stdout
+    assert down.returncode == 0, down.stdout
+    assert not (node_root / "var" / "lib" / "fatpipe").exists()
+
     stack = json.loads((folder / "cdktf.out" / "stacks" / RENTED / "cdk.tf.json").read_text())
     for resource in stack["resource"]["terraform_data"].values():
         for provisioner in resource["provisioner"]:
@@ -128,14 +137,6 @@ def test_accepted_hostile_values_are_inert_through_deploy_and_down(rented_machin
             # A constant command, run without a shell; the host arrives as environment.
             assert run["command"] in ("apply", "revert") and run["interpreter"][1:] == ["-m", "fatpipe.cli", "ssh-node"]
             assert run["environment"]["FATPIPE_HOST_KEY_FILE"] == "${self.input.key_file}"
-
-    deploy = fatpipe(folder, "deploy", RENTED, "--yes", timeout=600)
-    assert deploy.returncode == 0, deploy.stdout
-    assert (node_root / "var" / "lib" / "fatpipe" / "restore.json").exists()  # applied over SSH with that key
-    down = fatpipe(folder, "down", RENTED, timeout=300)
-    assert down.returncode == 0, down.stdout
-    assert not (node_root / "var" / "lib" / "fatpipe").exists()
-    assert markers(folder, Path.home(), node_root, Path.cwd()) == []
 
 
 @pytest.fixture
