@@ -160,3 +160,26 @@ def test_ssh_node_takes_the_host_from_the_environment(monkeypatch, tmp_path):
     assert host.key_file == str(tmp_path / "$(touch x) key") and seen["remove"] == ["fatpipe/$(touch x)"]
     bad = CliRunner().invoke(cli, ["ssh-node", "revert"], env={**env, "FATPIPE_HOST_ADDRESS": "-oProxyCommand=x"})
     assert bad.exit_code == 2 and "--address" in bad.output
+
+
+@pytest.mark.parametrize("node,cluster_user", [
+    ({"ssh_host": "-oProxyCommand=touch x"}, ""), ({"ssh_host": "$(touch x)"}, ""),
+    ({"ssh_user": "`id`"}, ""), ({}, "-oProxyCommand=x"),
+])
+def test_an_outputs_file_cannot_smuggle_a_host_value_either(node, cluster_user):
+    from fatpipe.infra.outputs import parse_outputs
+
+    doc = {"name": "c", "provider": "ssh", "tier_gbps": 1, "private_cidr": "10.0.0.0/24", "ssh_user": cluster_user,
+           "nodes": [{"name": "c-0", "private_ip": "10.0.0.10", "transport": "ssh", "public_ip": "203.0.113.10",
+                      **node}]}
+    with pytest.raises(Exception, match="not a (host name|login name)"):
+        parse_outputs(doc)
+
+
+def test_a_cloud_login_is_checked_too(tmp_path):
+    key = tmp_path / "id.pub"
+    key.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITestKeyForSynthesisOnly test@fatpipe\n")
+    text = (f'[clusters.r]\nprovider = "aws"\nregion = "us-east-1"\nssh_cidr = "198.51.100.7/32"\n'
+            f'ssh_public_key = "{key}"\nssh_user = "-oProxyCommand=x"\n')
+    line = refusal(text)
+    assert line is not None and "ssh_user" in line
