@@ -185,7 +185,7 @@ class SshTransport(Transport):
         return _run(argv, timeout)
 
     def push(self, src: Path, dest: str, excludes: Iterable[str] = (), timeout: float = 900) -> Result:
-        made = self.run(f"mkdir -p {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
+        made = self.run(f"mkdir -p -- {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
         if not made.ok:
             return made
         filters = [f"--exclude={pattern}" for pattern in excludes]
