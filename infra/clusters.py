@@ -9,6 +9,7 @@ from typing import Annotated, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from .firewall import in_private_range, public_address_problem
+from .hostvalues import check_address, check_login, check_node_name, check_path
 from .spec import (
     DIGITALOCEAN_REGIONS,
     NAME_PATTERN,
@@ -114,6 +115,11 @@ class SshHost(Strict):
         except ValueError:
             raise ValueError(f"{value!r} is not an IPv4 address (the host's address on the private network)") from None
 
+    # Host values reach ssh, rsync and the provisioners: checked here (infra/hostvalues.py).
+    _address = field_validator("address")(check_address)
+    _login = field_validator("user")(lambda value: value if value is None else check_login(value))
+    _node_name = field_validator("name")(lambda value: value if value is None else check_node_name(value))
+
 
 class SshCluster(ClusterBase):
     """Machines that already exist (rented anywhere), reached over SSH; fatpipe tunes and untunes them."""
@@ -136,6 +142,9 @@ class SshCluster(ClusterBase):
         # Replaces ClusterBase's: which ranges are private is _addresses_private's, which knows
         # public_private_ips.
         return None if value is None else str(ipaddress.IPv4Network(value, strict=True))
+
+    _login = field_validator("ssh_user")(check_login)
+    _key_file = field_validator("ssh_key_file")(lambda value: value if value is None else check_path(value))
 
     @model_validator(mode="before")
     @classmethod

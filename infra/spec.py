@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .hostvalues import check_login
 from .trainspec import Strict
 
 Tier = Literal["1g", "10g", "25g"]
@@ -140,6 +141,7 @@ class CloudCluster(ClusterBase):
     ssh_cidr: str
     allow_ssh_from_anywhere: bool = False
     ssh_user: str = "ubuntu"
+    _login = field_validator("ssh_user")(check_login)  # it reaches ssh (infra/hostvalues.py)
 
     @field_validator("ssh_public_key")
     @classmethod

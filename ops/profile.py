@@ -1,14 +1,14 @@
 """Apply or revert the node profile on a machine over SSH (ssh clusters, and sim nodes with sshd).
 
-The applier (`node_agent.py`) travels as a program with the profile appended and runs as
-root (`sudo -n` when the login is not root). Every failure comes back as one line naming the
+The applier (`node_agent.py`) travels as a program with the profile appended, on the standard
+input of `python3 -` (no file on the node, where another login could swap it before it runs),
+and runs as root (`sudo -n` when the login is not root). Every failure comes back as one line naming the
 host: it does not answer, its host key changed, the login has no passwordless sudo, or the
 profile failed there.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,20 +57,18 @@ def agent_program(profile: dict) -> str:
     )
 
 
-def agent_command(action: str, profile: dict, as_root: bool) -> str:
-    """The shell command that runs the applier on the node with `profile` for `action`."""
-    program = agent_program(profile)
-    encoded = base64.b64encode(program.encode()).decode()
+def agent_command(action: str, as_root: bool) -> str:
+    """The command on the node that runs the program on its standard input for `action`."""
     # sudo -n: never prompt; a login without passwordless sudo fails at once, and says so.
     python = "python3" if as_root else "sudo -n python3"
-    return f"echo {encoded} | base64 -d > /tmp/fatpipe-agent.$$ && {python} /tmp/fatpipe-agent.$$ {action}; " \
-           f"rc=$?; rm -f /tmp/fatpipe-agent.$$; exit $rc"
+    return f"{python} - {action}"
 
 
 def run_agent(host: SshHost, action: str, profile: dict, known_hosts: Path) -> dict:
     """Run the applier on `host`; its closing JSON line, or FatpipeError naming the host."""
     transport = host.transport(known_hosts)
-    result = transport.run(agent_command(action, profile, host.user == "root"), timeout=APPLY_TIMEOUT_S)
+    result = transport.run(agent_command(action, host.user == "root"), timeout=APPLY_TIMEOUT_S,
+                           stdin_text=agent_program(profile))
     if not result.ok:
         raise FatpipeError(f"host {host.where()}: {action} of the node profile failed: {explain(result)}")
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
