@@ -9,6 +9,14 @@ from pathlib import Path
 
 import click
 
+from fatpipe.infra.node import PROJECT_MARKER
+
+PROJECT_FOLDER_NEWS = {  # what `down` did with the project folder, by ops.projectdir's answer
+    "removed": "removed the project folder {}",
+    "kept": "kept {}: fatpipe did not make it (no " + PROJECT_MARKER + " in it)",
+    "absent": "no project folder {} to remove",
+}
+
 
 def host_options(func):
     """The host as recorded in its terraform_data input; apply and revert take the same set."""
@@ -57,11 +65,15 @@ def apply(host, known_hosts, private_ip):
 
 @ssh_node.command("revert")
 @host_options
-@click.option("--remote-dir", default="", help="The project folder fatpipe made there; removed too.")
+@click.option("--remote-dir", default="", help="The project folder; removed when it carries fatpipe's marker.")
 @click.option("--unit", required=True)
 def revert(host, known_hosts, private_ip, remote_dir, unit):
     """Undo the node profile on the host and remove fatpipe's files there."""
     from fatpipe.ops.profile import revert_profile
+    from fatpipe.ops.projectdir import remove_project_dir
 
-    done = revert_profile(host, unit, [remote_dir] if remote_dir else [], known_hosts)
+    done = revert_profile(host, unit, known_hosts)
     click.echo(f"{host.where()}: " + ("handed back as it was" if done.get("reverted") else "nothing to revert"))
+    if remote_dir:  # as the login user, and only a folder that carries fatpipe's marker
+        removed = remove_project_dir(host.transport(known_hosts), remote_dir)
+        click.echo(f"{host.where()}: {PROJECT_FOLDER_NEWS[removed].format(remote_dir)}")
