@@ -39,8 +39,10 @@ def remote_dir_problem(value: str) -> str | None:
     if not value.strip() or any(not ch.isprintable() for ch in value):
         return f"{value!r} is not a folder name; use {rule}"
     path = PurePosixPath(value)
-    if ".." in path.parts or value.startswith(("~", "-")):
-        return f"{value!r} may not contain '..' or start with '~' or '-'; use {rule}"
+    if ".." in path.parts:
+        return f"{value!r} contains '..'; use {rule}"
+    if value.startswith(("~", "-")):
+        return f"{value!r} starts with {value[0]!r} (a path is never expanded here); use {rule}"
     if not path.is_absolute():
         if path.parts == (ABSOLUTE_PARENT,):  # every cluster's default folder lies below it
             return f"{value!r} holds every cluster's default folder; use one below it (fatpipe/lab)"

@@ -31,7 +31,7 @@ def test_a_folder_down_must_not_remove_is_one_line_naming_the_field(value):
     with pytest.raises(ConfigError) as e:
         parse(value)
     problems = [line for line in str(e.value).splitlines() if "clusters.r" in line]
-    assert len(problems) == 1 and problems[0].strip().startswith(f"{FIELD}:"), str(e.value)
+    assert len(problems) == 1 and f" {FIELD}: " in problems[0], str(e.value)
     assert "relative to the login's home" in problems[0] or "below it" in problems[0]
 
 
