@@ -41,8 +41,10 @@ def remote_dir_problem(value: str) -> str | None:
     path = PurePosixPath(value)
     if ".." in path.parts:
         return f"{value!r} contains '..'; use {rule}"
-    if value.startswith(("~", "-")):
-        return f"{value!r} starts with {value[0]!r} (a path is never expanded here); use {rule}"
+    if value.startswith("~"):
+        return f"{value!r} starts with '~', which is not expanded; use {rule}"
+    if value.startswith("-"):
+        return f"{value!r} starts with '-', which reads as an option; use {rule}"
     if not path.is_absolute():
         if path.parts == (ABSOLUTE_PARENT,):  # every cluster's default folder lies below it
             return f"{value!r} holds every cluster's default folder; use one below it (fatpipe/lab)"
