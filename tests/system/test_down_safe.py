@@ -92,7 +92,7 @@ def test_down_removes_only_the_folder_fatpipe_made(rented_machines):
     # The first push into a folder that is not fatpipe's is refused, naming the node and the folder.
     launched = fatpipe(folder, "launch", RENTED, "--remote-python", sys.executable, "--", "hello.py")
     assert launched.returncode != 0, launched.stdout[-4000:]
-    errors = [line for line in launched.stdout.splitlines() if line.startswith("error:")]
+    errors = [line for line in launched.stdout.splitlines() if line.lower().startswith("error:")]
     assert len(errors) == 1 and f"{RENTED}-1" in errors[0] and str(theirs) in errors[0], launched.stdout[-4000:]
     assert "not made by fatpipe" in errors[0]
     assert contents(theirs) == {USER_FILE: "the user's own\n"}
