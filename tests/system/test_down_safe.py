@@ -29,10 +29,12 @@ CONTROL_DIR = tempfile.mkdtemp(prefix="fp-ds-")
 USER_FILE = "notes.txt"
 
 
-def write_project(folder: Path) -> None:
+def write_project(folder: Path, remote: Path) -> None:
+    """The project in `folder`; the hosts' project folders below `remote`, outside it (the nodes
+    share this machine's files: inside, every push would copy the other nodes' folders too)."""
     hosts = "\n".join(
         f'[[clusters.{RENTED}.hosts]]\naddress = "10.{OCTET}.0.{10 + i}"\nprivate_ip = "10.{OCTET}.0.{10 + i}"\n'
-        f'remote_dir = "{folder}/fatpipe/node-{i}"\n' for i in range(NODES))
+        f'remote_dir = "{remote}/node-{i}"\n' for i in range(NODES))
     (folder / "fatpipe.toml").write_text(f"""\
 [clusters.{HOSTS}]
 provider = "sim"
@@ -70,20 +72,23 @@ def contents(folder: Path) -> dict[str, str]:
 
 @pytest.fixture
 def rented_machines(needs_netns, needs_ssh, tmp_path):
-    write_project(tmp_path)
-    deployed = fatpipe(tmp_path, "deploy", HOSTS)
+    """The project folder and the folder below which the hosts' project folders lie."""
+    project, remote = tmp_path / "project", tmp_path / "fatpipe"
+    project.mkdir()
+    write_project(project, remote)
+    deployed = fatpipe(project, "deploy", HOSTS)
     assert deployed.returncode == 0, deployed.stdout
     try:
-        yield tmp_path
+        yield project, remote
     finally:
-        fatpipe(tmp_path, "down", RENTED, timeout=300)
-        down = fatpipe(tmp_path, "down", HOSTS, timeout=300)
+        fatpipe(project, "down", RENTED, timeout=300)
+        down = fatpipe(project, "down", HOSTS, timeout=300)
         assert down.returncode == 0, down.stdout
 
 
 def test_down_removes_only_the_folder_fatpipe_made(rented_machines):
-    folder = rented_machines
-    ours, theirs = folder / "fatpipe" / "node-0", folder / "fatpipe" / "node-1"
+    folder, remote = rented_machines
+    ours, theirs = remote / "node-0", remote / "node-1"
     theirs.mkdir(parents=True)
     (theirs / USER_FILE).write_text("the user's own\n")
     deployed = fatpipe(folder, "deploy", RENTED)
