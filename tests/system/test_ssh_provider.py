@@ -55,6 +55,8 @@ rdzv_port = {free_port()}
 
 {hosts}
 """)
+    # The nodes share this machine's files and their folders lie in the project: never ship them.
+    (folder / ".gitignore").write_text("/fatpipe/\n")
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
