@@ -13,6 +13,7 @@ from pathlib import Path
 import click
 
 from fatpipe.infra.hostvalues import check_address, check_login, check_node_name, check_path
+from fatpipe.infra.node import PROJECT_MARKER
 
 ENV_PREFIX = "FATPIPE_HOST_"  # the ssh stack passes every host value as FATPIPE_HOST_<KEY>
 
@@ -28,6 +29,13 @@ def env_option(flag: str, check=None, **kwargs):
 
     envvar = ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
     return click.option(flag, envvar=envvar, callback=callback, **kwargs)
+
+
+PROJECT_FOLDER_NEWS = {  # what `down` did with the project folder, by ops.projectdir's answer
+    "removed": "removed the project folder {}",
+    "kept": "kept {}: fatpipe did not make it (no " + PROJECT_MARKER + " in it)",
+    "absent": "no project folder {} to remove",
+}
 
 
 def host_options(func):
@@ -77,14 +85,18 @@ def apply(host, known_hosts, private_ip):
 
 @ssh_node.command("revert")
 @host_options
-@env_option("--remote-dir", default="", help="The project folder fatpipe made there; removed too.")
+@env_option("--remote-dir", default="", help="The project folder; removed when it carries fatpipe's marker.")
 @env_option("--unit", required=True)
 def revert(host, known_hosts, private_ip, remote_dir, unit):
     """Undo the node profile on the host and remove fatpipe's files there."""
     from fatpipe.ops.profile import revert_profile
+    from fatpipe.ops.projectdir import remove_project_dir
 
-    done = revert_profile(host, unit, [remote_dir] if remote_dir else [], known_hosts)
+    done = revert_profile(host, unit, known_hosts)
     click.echo(f"{host.where()}: " + ("handed back as it was" if done.get("reverted") else "nothing to revert"))
     if done.get("firewall_restored") is False:  # someone changed the rules while fatpipe's were there
         click.echo(f"{host.where()}: fatpipe's firewall is removed, but the ruleset differs from the one "
                    "recorded before it (changes made since are kept)")
+    if remote_dir:  # as the login user, and only a folder that carries fatpipe's marker
+        removed = remove_project_dir(host.transport(known_hosts), remote_dir)
+        click.echo(f"{host.where()}: {PROJECT_FOLDER_NEWS[removed].format(remote_dir)}")

@@ -10,6 +10,7 @@ from pydantic import Field, field_validator, model_validator
 
 from .firewall import in_private_range, public_address_problem
 from .hostvalues import check_address, check_login, check_node_name, check_path
+from .node import remote_dir_problem
 from .spec import (
     DIGITALOCEAN_REGIONS,
     NAME_PATTERN,
@@ -106,6 +107,15 @@ class SshHost(Strict):
     user: str | None = None  # default: the cluster's ssh_user
     name: str | None = None  # default: <cluster>-<index>
     remote_dir: str | None = None  # the project folder there (default: ~/fatpipe/<cluster>)
+
+    @field_validator("remote_dir")
+    @classmethod
+    def _folder_of_its_own(cls, value: str | None) -> str | None:
+        # `down` removes this folder: never the home, / or a system folder (infra.node's rule).
+        problem = None if value is None else remote_dir_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
 
     @field_validator("private_ip")
     @classmethod

@@ -211,7 +211,7 @@ def revert(profile: dict) -> None:
     if environment.exists():
         kept = [line for line in environment.read_text().splitlines(keepends=True) if not line.startswith(ENV_KEYS)]
         environment.write_text("".join(kept))
-    for folder in [Path(f"{ROOT}/etc/fatpipe"), STATE, *map(Path, profile.get("remove", []))]:
+    for folder in (Path(f"{ROOT}/etc/fatpipe"), STATE):  # never the project folder: root removes nothing of a user's
         shutil.rmtree(folder, ignore_errors=True)
     print(json.dumps({"reverted": True, "firewall_restored": restored}))
 

@@ -13,14 +13,16 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
+from fatpipe.infra.node import PROJECT_MARKER, REMOTE_PKG, REMOTE_VENV
 
 from .noderun import Log, NodeRun
+from .projectdir import claim_project_dir
 
 # Never shipped to nodes, on top of each folder's .gitignore.
 SYNC_EXCLUDES = (
     ".git", ".venv", "venv", ".fatpipe", "cdktf.out", "__pycache__", "*.pyc", "node_modules",
     ".tools", ".pytest_cache", ".ruff_cache", "*.egg-info", "build", "dist",
+    PROJECT_MARKER,  # the node's own mark: excluded, so `--delete` keeps it
 )
 TORCH_SPEC_ENV = "FATPIPE_TORCH"  # what the node venv installs for torch (default: this torch's version)
 TORCH_INDEX_ENV = "FATPIPE_TORCH_INDEX_URL"
@@ -74,6 +76,7 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     t, plan = node.transport, node.plan
     if t.shares_fs:
         return
+    claim_project_dir(t, plan.workdir, node.rdzv.cluster)  # never push into a folder that is not fatpipe's
     steps: list[tuple[str, Callable[[], object]]] = [
         ("copy the project folder", lambda: t.push(project.root, plan.workdir, SYNC_EXCLUDES)),
         ("copy the run folder", lambda: t.push(run_dir, f"{plan.workdir}/{node.rdzv.run_rel}", ("*.log",))),

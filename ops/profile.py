@@ -96,6 +96,6 @@ def apply_profile(host: SshHost, profile: dict, known_hosts: Path) -> dict:
     return run_agent(host, "apply", {**profile, "ssh_port": host.port}, known_hosts)
 
 
-def revert_profile(host: SshHost, unit: str, remove: list[str], known_hosts: Path) -> dict:
-    """Undo what fatpipe changed on `host` and remove the folders in `remove`."""
-    return run_agent(host, "revert", {"unit": unit, "remove": remove}, known_hosts)
+def revert_profile(host: SshHost, unit: str, known_hosts: Path) -> dict:
+    """Undo what fatpipe changed on `host` (the project folder is `ops.projectdir`'s, as the login)."""
+    return run_agent(host, "revert", {"unit": unit}, known_hosts)
