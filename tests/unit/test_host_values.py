@@ -148,7 +148,9 @@ def test_ssh_node_takes_the_host_from_the_environment(monkeypatch, tmp_path):
 
     seen = {}
     monkeypatch.setattr("fatpipe.ops.profile.revert_profile",
-                        lambda host, unit, remove, known: seen.update(host=host, unit=unit, remove=remove) or {})
+                        lambda host, unit, known: seen.update(host=host, unit=unit) or {})
+    monkeypatch.setattr("fatpipe.ops.projectdir.remove_project_dir",
+                        lambda transport, folder: seen.update(remove=folder) or "absent")
     env = {"FATPIPE_HOST_NAME": "r-0", "FATPIPE_HOST_ADDRESS": "203.0.113.10", "FATPIPE_HOST_PORT": "2222",
            "FATPIPE_HOST_USER": "ubuntu", "FATPIPE_HOST_KEY_FILE": str(tmp_path / "$(touch x) key"),
            "FATPIPE_HOST_KNOWN_HOSTS": str(tmp_path / "kh"), "FATPIPE_HOST_PRIVATE_IP": "10.0.0.10",
@@ -157,7 +159,7 @@ def test_ssh_node_takes_the_host_from_the_environment(monkeypatch, tmp_path):
     assert done.exit_code == 0, done.output
     host = seen["host"]
     assert (host.name, host.address, host.port, host.user) == ("r-0", "203.0.113.10", 2222, "ubuntu")
-    assert host.key_file == str(tmp_path / "$(touch x) key") and seen["remove"] == ["fatpipe/$(touch x)"]
+    assert host.key_file == str(tmp_path / "$(touch x) key") and seen["remove"] == "fatpipe/$(touch x)"
     bad = CliRunner().invoke(cli, ["ssh-node", "revert"], env={**env, "FATPIPE_HOST_ADDRESS": "-oProxyCommand=x"})
     assert bad.exit_code == 2 and "--address" in bad.output
 
