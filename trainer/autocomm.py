@@ -230,8 +230,8 @@ def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, traffic: 
             compute_s, comm_s, hideable, n_buckets, cost.hook_s.get(name, 0.0))}
     for name in candidates:
         predicted[name]["run_step_s"] = run_step(predicted, name, cost)
-    # Then the methods that sync every H steps (trainer/periodic.py): logged, and candidates
-    # when the steps left hold two of the intervals they need.
+    # Then the methods that sync every H steps (trainer/periodic.py): always priced and logged;
+    # candidates with auto_periodic, when the steps left hold two of their intervals.
     periodic = {name: p for name, p in predict_periodic(
         link, compute_s, grad_bytes, world_size, EXPOSED_BUDGET, cost.steps_left,
         MIN_AUTO_SYNC_EVERY).items() if name in hooks}
@@ -249,9 +249,11 @@ def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, traffic: 
     elif periodic and not usable and predicted[name]["share"] > EXPOSED_BUDGET:
         p = next(iter(periodic.values()))
         off = "" if auto_periodic else ", and [train] auto_periodic is off"
-        reason += (f"; no periodic method either: syncing every {p['sync_every_needed']} steps "
-                   f"or more (auto's shortest interval: {MIN_AUTO_SYNC_EVERY}) needs two "
-                   f"intervals in the {cost.steps_left} steps left{off}")
+        every = max(p["sync_every_needed"], MIN_AUTO_SYNC_EVERY)
+        reason += (f"; no periodic method either: syncing every {every} steps (the budget "
+                   f"needs {p['sync_every_needed']}, auto's shortest interval is "
+                   f"{MIN_AUTO_SYNC_EVERY}) needs two intervals in the {cost.steps_left} steps "
+                   f"left{off}")
     return CommDecision(name, reason, predicted=predicted, **common)
 
 
