@@ -71,13 +71,14 @@ def test_the_remapped_position_is_exactly_the_windows_the_old_layout_read():
 
 
 def test_a_cursor_past_the_new_epochs_end_starts_the_next_epoch():
-    """The reproduction: 195 batches into an epoch that now has 97 gave empty batches and NaN."""
-    old = _layout(world=1, batch=4, windows=800)
-    new = _layout(world=2, batch=4, windows=800)
-    assert (old.batches_per_epoch, new.batches_per_epoch) == (200, 100)
-    cursor, line = resume_cursor(_ckpt(old, DataCursor(0, 195)), _layout(world=2, batch=4,
-                                                                       windows=780))
-    assert cursor == DataCursor(1, 0) and "-> epoch 1 batch 0 of 97" in line
+    """The reproduction: batch 195 restored into an epoch of 98 gave empty batches and NaN."""
+    old = _layout(world=1, batch=4, windows=790)
+    new = _layout(world=2, batch=4, windows=790)
+    assert (old.batches_per_epoch, new.batches_per_epoch) == (197, 98)
+    cursor, line = resume_cursor(_ckpt(old, DataCursor(0, 195)), new)
+    # 780 windows read; batch 98 (784) is the end of the new epoch: the next one, 4 skipped.
+    assert cursor == DataCursor(1, 0)
+    assert "780 windows of epoch 0 consumed -> epoch 1 batch 0 of 98, 4 window(s) skipped" in line
 
 
 def test_batch_and_accumulation_changes_are_remapped():
