@@ -27,7 +27,7 @@ def heldout_loss(model: torch.nn.Module, tokens: torch.Tensor, seq_len: int, bat
             rows = ids[start:start + batch_size]
             chunk = tokens[rows[:, None] * seq_len + offsets].long().to(device)
             with autocast(device):
-                _, loss = model(chunk[:, :-1], chunk[:, 1:])
+                _, loss = model(chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous())
             total += float(loss) * len(rows)  # equal windows: the batch mean, weighted by rows
     model.train(was_training)
     return total / max(len(ids), 1), len(ids)
