@@ -76,16 +76,16 @@ def test_a_resume_on_more_ranks_continues_at_the_remapped_position(tmp_path):
     assert first.returncode == 0, first.stderr[-4000:]
     saved = load_checkpoint(list_checkpoints(out / "checkpoints")[-1][1])
     assert saved["data_cursor"] == {"epoch": 0, "index": 9}
-    assert saved["data_layout"]["windows_consumed"] == 36
-    assert saved["data_layout"]["windows"] == 41 and saved["data_layout"]["world_size"] == 1
 
     log = _torchrun(out, "--data", str(data), "--steps", "14", "--checkpoint-every", "3")
-    # 36 windows read; 2 ranks x 4 per batch: batch 5, the end of the new epoch -> the next one.
-    assert ("data cursor remapped (world_size 1 -> 2): 36 windows of epoch 0 consumed -> "
-            "epoch 1 batch 0 of 5, 4 window(s) skipped") in log
     records = read_metrics(out / "metrics.jsonl")
     assert [r["step"] for r in records] == list(range(1, 15))
     assert all(math.isfinite(r["loss"]) for r in records[9:]), [r["loss"] for r in records]
+    # 36 windows read; 2 ranks x 4 per batch: batch 5, the end of the new epoch -> the next one.
+    assert ("data cursor remapped (world_size 1 -> 2): 36 windows of epoch 0 consumed -> "
+            "epoch 1 batch 0 of 5, 4 window(s) skipped") in log
+    assert saved["data_layout"]["windows_consumed"] == 36
+    assert saved["data_layout"]["windows"] == 41 and saved["data_layout"]["world_size"] == 1
     resumed = load_checkpoint(list_checkpoints(out / "checkpoints")[-1][1])
     # Steps 10-14 on 2 ranks: 5 batches from (1, 0) -> (2, 0).
     assert resumed["data_cursor"] == {"epoch": 2, "index": 0}
