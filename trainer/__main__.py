@@ -24,6 +24,9 @@ def main(argv: list[str] | None = None) -> int:
     env, store = init_process_group(env, cfg.timeout_s)
     try:
         run_training(cfg, env, store)
+    except ConfigError as e:  # found once the data is read: another node's data, a resume refused
+        print(f"python -m fatpipe.trainer: error: {e}", file=sys.stderr)
+        return 2
     finally:
         destroy_process_group()
     return 0

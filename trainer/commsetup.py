@@ -100,8 +100,9 @@ def _decide(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, m: Measured,
     cost = HookCost(m.hook_s, {"powersgd": plain_steps(cfg, step, current)}, cfg.steps - step)
     decision = choose_comm(m.link, m.compute_s, cfg.grad_accum, traffic,
                            world_size=env.world_size, cost=cost,
-                           # periodic.py: torch only
-                           hooks=hooks or candidate_hooks() + PERIODIC_NAMES)
+                           # periodic.py: torch only; priced always, taken only when allowed
+                           hooks=hooks or candidate_hooks() + PERIODIC_NAMES,
+                           auto_periodic=cfg.auto_periodic)
     if env.is_main:
         log.info("%s", decision.describe())
     return broadcast_object(decision.to_dict(), 0, env.device)  # one hook on every rank

@@ -4,11 +4,14 @@ The corpus is a flat array of bytes, cut into non-overlapping windows of `seq_le
 bytes. Every epoch the windows are shuffled by a generator seeded with (seed, epoch) and dealt
 round-robin to the ranks, so each rank reads only its own shard, all ranks take the same
 number of batches per epoch, and the position in the data is one small cursor
-(epoch, batch index) that a checkpoint can hold.
+(epoch, batch index) that a checkpoint can hold. The last windows are held out (`split_windows`):
+never trained on, they measure the eval loss.
 """
 
 from __future__ import annotations
 
+import ctypes
+import hashlib
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -21,6 +24,11 @@ import torch
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo",
               "lib2to3", "ensurepip", "__pycache__"}
 _DEFAULT_CORPUS_BYTES = 16 << 20
+# The share of windows held out for the eval loss (at least one window).
+HELDOUT_SHARE = 0.05
+# Data up to this size is hashed whole; above it, FINGERPRINT_SAMPLES evenly spaced slices.
+FINGERPRINT_FULL_BYTES = 64 << 20
+FINGERPRINT_SAMPLES, FINGERPRINT_SAMPLE_BYTES = 256, 64 << 10
 _TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".json", ".toml", ".csv", ".html", ".xml", ".c",
                   ".h", ".sh", ".yaml", ".yml", ".tex", ".js", ".ts", ".go", ".rs", ".java"}
 
@@ -94,7 +102,7 @@ class ShardedBatches:
         self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.cursor = cursor or DataCursor()
-        n_windows = (len(tokens) - 1) // seq_len
+        n_windows, _ = split_windows((len(tokens) - 1) // seq_len)
         # Equal shares per rank, so every rank reaches the end of an epoch at the same step.
         self.batches_per_epoch = n_windows // world_size // batch_size
         if self.batches_per_epoch < 1:
@@ -122,3 +130,33 @@ class ShardedBatches:
         if c.index == self.batches_per_epoch:
             c.epoch, c.index = c.epoch + 1, 0
         return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
+
+
+def split_windows(n_windows: int) -> tuple[int, range]:
+    """(training windows, held-out windows) of a corpus of `n_windows` windows.
+
+    The last HELDOUT_SHARE (at least one) are held out and never trained on. One window between
+    them is used by neither: neighbouring windows share their edge byte (the last target of one
+    is the first input of the next), so the gap keeps every held-out byte out of training.
+    """
+    held = max(1, int(n_windows * HELDOUT_SHARE))
+    return max(0, n_windows - held - 1), range(max(0, n_windows - held), n_windows)
+
+
+def fingerprint(tokens: torch.Tensor) -> str:
+    """sha256 of the data's dtype, length and content: all of it up to FINGERPRINT_FULL_BYTES,
+    else FINGERPRINT_SAMPLES evenly spaced slices (the last one at the very end)."""
+    flat = tokens.reshape(-1).contiguous()
+    nbytes = flat.numel() * flat.element_size()
+    h = hashlib.sha256(f"{flat.dtype} {flat.numel()}".encode())
+    # The tensor's memory read in place (torch alone: no numpy to make a buffer of it).
+    raw = (ctypes.c_char * nbytes).from_address(flat.data_ptr()) if nbytes else b""
+    view = memoryview(raw).cast("B")
+    if nbytes <= FINGERPRINT_FULL_BYTES:
+        h.update(view)
+    else:
+        last = nbytes - FINGERPRINT_SAMPLE_BYTES
+        for i in range(FINGERPRINT_SAMPLES):
+            start = last * i // (FINGERPRINT_SAMPLES - 1)
+            h.update(view[start:start + FINGERPRINT_SAMPLE_BYTES])
+    return h.hexdigest()
