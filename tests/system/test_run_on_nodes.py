@@ -1,0 +1,127 @@
+"""A run on the nodes survives fatpipe: detached, stopped, started again, it goes on from its last
+checkpoint and ends where an uninterrupted run ends.
+
+The nodes are two sim nodes reached over SSH (`transport = "ssh"`: network namespaces with an
+sshd each, their files below their own folders), deployed once with the real CLI and terraform.
+`launch --detach`, `stop` once the first checkpoints exist (it brings the logs and metrics back,
+the checkpoints stay on the nodes), `launch --run ID` (its push must not touch what the nodes
+wrote), then `runs pull --checkpoints`; the final checkpoint's tensors equal those of an
+uninterrupted run of two processes with the same seed and steps.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import faults
+import pytest
+
+from .conftest import free_port
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
+
+NAME, OCTET = "t-keep", 158
+STEPS, EVERY = 240, 10
+TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--seq-len", "64",
+         "--warmup-steps", "3", "--checkpoint-every", str(EVERY), "--comm", "none"]
+RUN_TIMEOUT_S = 600
+# ssh's multiplexing sockets need a short path (108 bytes): not below pytest's tmp folder.
+CONTROL_DIR = tempfile.mkdtemp(prefix="fp-keep-")
+
+
+def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    env = faults.cli_env(FATPIPE_SSH_CONTROL_DIR=CONTROL_DIR)
+    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+@pytest.fixture
+def nodes_over_ssh(needs_netns, needs_ssh, tmp_path):
+    """Two sim nodes with sshd, deployed; destroyed afterwards whatever happened."""
+    if not shutil.which("terraform"):
+        pytest.skip("needs terraform on PATH")
+    (tmp_path / "fatpipe.toml").write_text(f"""\
+[clusters.{NAME}]
+provider = "sim"
+nodes = 2
+tier = "1g"
+isolation = "netns"
+transport = "ssh"
+private_cidr = "10.{OCTET}.0.0/24"
+rdzv_port = {free_port()}
+""")
+    try:
+        deployed = fatpipe(tmp_path, "deploy", NAME, "--yes")
+        assert deployed.returncode == 0, deployed.stdout[-4000:]
+        yield tmp_path
+    finally:
+        down = fatpipe(tmp_path, "down", NAME, timeout=300)
+        assert down.returncode == 0, down.stdout[-4000:]
+
+
+def checkpoint_steps(folder: Path) -> list[int]:
+    return sorted(int(p.name[5:13]) for p in folder.glob("step-*.pt"))
+
+
+def final_model(path: Path) -> dict:
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=True)["model"]
+
+
+def test_a_stopped_run_goes_on_from_its_checkpoint_on_the_nodes(nodes_over_ssh, tmp_path_factory):
+    folder = nodes_over_ssh
+    reference = tmp_path_factory.mktemp("reference") / "run"
+    expected = faults.reference_run(reference, TRAIN, 2, RUN_TIMEOUT_S)
+
+    started = fatpipe(folder, "launch", NAME, "--detach", "--remote-python", sys.executable, *TRAIN)
+    assert started.returncode == 0, started.stdout[-4000:]
+    run_id = (folder / ".fatpipe" / NAME / "runs" / "latest").read_text().strip()
+    run_dir = folder / ".fatpipe" / NAME / "runs" / run_id
+    outputs = json.loads((folder / ".fatpipe" / NAME / "outputs.json").read_text())
+    on_node = [Path(n["remote_dir"]) / ".fatpipe" / NAME / "runs" / run_id for n in outputs["nodes"]]
+    faults.wait_for("the first checkpoint on node 0", lambda: checkpoint_steps(on_node[0] / "checkpoints"),
+                    RUN_TIMEOUT_S)
+
+    stopped = fatpipe(folder, "stop", NAME)
+    assert stopped.returncode == 0, stopped.stdout[-4000:]
+    kept = checkpoint_steps(on_node[0] / "checkpoints")
+    assert kept and kept[-1] < STEPS, f"the run ended before it was stopped: {kept}"
+    # stop brought back what exists; the checkpoints stayed on the nodes.
+    assert (run_dir / "node-0.log").is_file() and (run_dir / "node-1.log").is_file(), stopped.stdout
+    assert (run_dir / "metrics.jsonl").is_file() and not (run_dir / "checkpoints").exists()
+    assert (on_node[1] / "checkpoints" / "rank-1").is_dir()
+
+    resumed = fatpipe(folder, "launch", NAME, "--run", run_id, "--timeout", str(RUN_TIMEOUT_S))
+    assert resumed.returncode == 0, resumed.stdout[-6000:]
+    starts = [int(s) for s in re.findall(r"start at step (\d+)", resumed.stdout)]
+    printed = [int(s) for s in re.findall(rf"\bstep (\d+)/{STEPS} loss ", resumed.stdout)]
+    assert starts == [kept[-1]], resumed.stdout[-6000:]
+    assert printed and printed[0] > kept[-1], printed
+    # The whole run's record: every step once; the first attempt's log kept beside the second's.
+    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, STEPS + 1))
+    assert "start at step 0" in (run_dir / "node-0.earlier.log").read_text()
+    summary = json.loads((run_dir / "summary.json").read_text())
+    assert summary["steps"] == STEPS and summary["param_digests"] == expected["param_digests"]
+
+    pulled = fatpipe(folder, "runs", "pull", NAME, run_id, "--checkpoints")
+    assert pulled.returncode == 0, pulled.stdout
+    assert re.search(r"run \S+: [0-9.]+ (KiB|MiB|GiB) of checkpoints to pull", pulled.stdout), pulled.stdout
+    local = run_dir / "checkpoints"
+    assert checkpoint_steps(local)[-1] == STEPS
+    assert checkpoint_steps(local / "rank-0")[-1] == STEPS and checkpoint_steps(local / "rank-1")[-1] == STEPS
+    got, want = final_model(local / f"step-{STEPS:08d}.pt"), final_model(reference / "checkpoints" /
+                                                                          f"step-{STEPS:08d}.pt")
+    assert got.keys() == want.keys()
+    differ = [key for key in want if not bool((got[key] == want[key]).all())]
+    assert not differ, f"parameters differ from an uninterrupted run's: {differ}"
+    assert not [p for p in run_dir.iterdir() if p.name.startswith(".pull-")]
+    assert os.listdir(on_node[0] / "checkpoints")  # a pull copies, the node keeps its own
