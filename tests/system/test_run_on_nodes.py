@@ -2,11 +2,12 @@
 checkpoint and ends where an uninterrupted run ends.
 
 The nodes are two sim nodes reached over SSH (`transport = "ssh"`: network namespaces with an
-sshd each, their files below their own folders), deployed once with the real CLI and terraform.
-`launch --detach`, `stop` once the first checkpoints exist (it brings the logs and metrics back,
-the checkpoints stay on the nodes), `launch --run ID` (its push must not touch what the nodes
-wrote), then `runs pull --checkpoints`; the final checkpoint's tensors equal those of an
-uninterrupted run of two processes with the same seed and steps.
+sshd each, their files below their own folders), deployed once with the real CLI and terraform,
+on a slow link so that a run lasts long enough to be stopped halfway. An uninterrupted run on
+them is the reference. Then: `launch --detach`, a Ctrl-C in `logs -f` and `stop` once the first
+checkpoints exist (each brings the logs and metrics back, the checkpoints stay on the nodes),
+`launch --run ID` (its push must not touch what the nodes wrote), and `runs pull --checkpoints`:
+the final checkpoint's tensors equal the uninterrupted run's (same seed, same steps).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -28,7 +30,8 @@ from .conftest import free_port
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 NAME, OCTET = "t-keep", 158
-STEPS, EVERY = 240, 10
+STEPS, EVERY = 60, 5
+LINK_GBPS = 0.05  # a step syncs 3.3 MB: about half a second on this link
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--seq-len", "64",
          "--warmup-steps", "3", "--checkpoint-every", str(EVERY), "--comm", "none"]
 RUN_TIMEOUT_S = 600
@@ -52,6 +55,7 @@ def nodes_over_ssh(needs_netns, needs_ssh, tmp_path):
 provider = "sim"
 nodes = 2
 tier = "1g"
+link_gbps = {LINK_GBPS}
 isolation = "netns"
 transport = "ssh"
 private_cidr = "10.{OCTET}.0.0/24"
@@ -76,19 +80,39 @@ def final_model(path: Path) -> dict:
     return torch.load(path, map_location="cpu", weights_only=True)["model"]
 
 
-def test_a_stopped_run_goes_on_from_its_checkpoint_on_the_nodes(nodes_over_ssh, tmp_path_factory):
+def test_a_stopped_run_goes_on_from_its_checkpoint_on_the_nodes(nodes_over_ssh):
     folder = nodes_over_ssh
-    reference = tmp_path_factory.mktemp("reference") / "run"
-    expected = faults.reference_run(reference, TRAIN, 2, RUN_TIMEOUT_S)
+    runs = folder / ".fatpipe" / NAME / "runs"
+    whole = fatpipe(folder, "launch", NAME, "--remote-python", sys.executable, "--timeout", str(RUN_TIMEOUT_S), *TRAIN)
+    assert whole.returncode == 0, whole.stdout[-4000:]
+    reference = runs / (runs / "latest").read_text().strip()
+    expected = json.loads((reference / "summary.json").read_text())
+    assert not (reference / "checkpoints").exists()  # they stay on the nodes
+    pulled = fatpipe(folder, "runs", "pull", NAME, "latest", "--checkpoints")
+    assert pulled.returncode == 0, pulled.stdout
 
     started = fatpipe(folder, "launch", NAME, "--detach", "--remote-python", sys.executable, *TRAIN)
     assert started.returncode == 0, started.stdout[-4000:]
-    run_id = (folder / ".fatpipe" / NAME / "runs" / "latest").read_text().strip()
-    run_dir = folder / ".fatpipe" / NAME / "runs" / run_id
+    run_id = (runs / "latest").read_text().strip()
+    run_dir = runs / run_id
     outputs = json.loads((folder / ".fatpipe" / NAME / "outputs.json").read_text())
     on_node = [Path(n["remote_dir"]) / ".fatpipe" / NAME / "runs" / run_id for n in outputs["nodes"]]
     faults.wait_for("the first checkpoint on node 0", lambda: checkpoint_steps(on_node[0] / "checkpoints"),
                     RUN_TIMEOUT_S)
+
+    # A Ctrl-C in `logs -f` detaches and brings back what exists so far; the run goes on.
+    following = folder / "follow.out"
+    with open(following, "w") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "fatpipe.cli", "logs", NAME, "-f"], cwd=folder,
+                                env=faults.cli_env(FATPIPE_SSH_CONTROL_DIR=CONTROL_DIR), stdout=out,
+                                stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        faults.wait_for("a step in `logs -f`", lambda: re.search(r"\bstep \d+/", following.read_text()), 120)
+    finally:
+        os.killpg(proc.pid, signal.SIGINT)
+        proc.wait(timeout=120)
+    assert "detached; run" in following.read_text() and (run_dir / "metrics.jsonl").is_file(), \
+        following.read_text()[-3000:]
 
     stopped = fatpipe(folder, "stop", NAME)
     assert stopped.returncode == 0, stopped.stdout[-4000:]
@@ -110,7 +134,8 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_on_the_nodes(nodes_over_ssh, 
     assert steps == list(range(1, STEPS + 1))
     assert "start at step 0" in (run_dir / "node-0.earlier.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
-    assert summary["steps"] == STEPS and summary["param_digests"] == expected["param_digests"]
+    assert summary["steps"] == STEPS and summary["param_digests"] == expected["param_digests"], \
+        "the resumed run's parameters differ from an uninterrupted run's"
 
     pulled = fatpipe(folder, "runs", "pull", NAME, run_id, "--checkpoints")
     assert pulled.returncode == 0, pulled.stdout
