@@ -30,7 +30,7 @@ from .conftest import free_port
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
 
 NAME, OCTET = "t-keep", 158
-STEPS, EVERY = 60, 5
+STEPS, EVERY = 40, 4
 LINK_GBPS = 0.05  # a step syncs 3.3 MB: about half a second on this link
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--seq-len", "64",
          "--warmup-steps", "3", "--checkpoint-every", str(EVERY), "--comm", "none"]
