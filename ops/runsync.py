@@ -96,7 +96,7 @@ def place(partial: Path, run_dir: Path, rank: int, newest: dict[Path, float]) ->
         for name in sorted(files):
             src = Path(folder) / name
             rel = src.relative_to(partial)
-            mtime = src.stat().st_mtime
+            mtime = src.lstat().st_mtime
             if belongs_elsewhere(rel, rank) or newest.get(rel, -1.0) > mtime:
                 continue
             dest = run_dir / rel
