@@ -174,3 +174,32 @@ def test_a_run_push_over_ssh_never_deletes(tmp_path, monkeypatch):
     assert rsync[0] == "rsync" and "--delete" not in rsync
     assert "--exclude=*" in rsync and rsync[-2:] == [f"{tmp_path}/", "10.0.0.5:proj/run/"]
     assert "--include=/rendezvous.json" in rsync and "--include=/node-*.sh" in rsync
+
+
+def test_the_project_push_deletes_code_but_never_a_run(tmp_path, monkeypatch):
+    """prepare_node's project push, its rsync filters applied by real rsync: a file removed here
+    goes on the node too, a run folder there (here one a user put in the project) stays."""
+    if not shutil.which("rsync"):
+        pytest.skip("needs rsync (make system-packages)")
+    from fatpipe.ops.prepare import prepare_node
+
+    project, there, run_rel = tmp_path / "project", tmp_path / "node", "myruns/r2"
+    write(project / "train.py", "new code")
+    write(project / run_rel / "rendezvous.json", "{}")
+    write(there / "old.py", "removed here since")
+    write(there / run_rel / "checkpoints" / "step-00000005.pt", "the node's checkpoint")
+    write(there / run_rel / "metrics.jsonl", "the node's metrics")
+    calls = []
+    monkeypatch.setattr("fatpipe.ops.transport._run", lambda argv, timeout: calls.append(argv) or Result(0, "", ""))
+    ssh = SshTransport("n0", "10.0.0.5", tmp_path / "known_hosts", config="/dev/null")
+    node_run = SimpleNamespace(name="n0", transport=ssh, sh=lambda snippet: snippet,
+                               plan=SimpleNamespace(workdir="proj", python="/usr/bin/python3"),
+                               rdzv=SimpleNamespace(run_rel=run_rel, ships_trainer=False))
+    prepare_node(SimpleNamespace(root=project), node_run, project / run_rel, 0, lambda _: None)
+    [code] = [argv for argv in calls if argv[0] == "rsync" and argv[-2] == f"{project}/"]
+    assert "--delete" in code
+    filters = code[code.index("-e") + 2:-2]
+    subprocess.run(["rsync", "-a", *filters, f"{project}/", f"{there}/"], check=True, cwd=project)
+    assert (there / "train.py").read_text() == "new code" and not (there / "old.py").exists()
+    assert (there / run_rel / "checkpoints" / "step-00000005.pt").read_text() == "the node's checkpoint"
+    assert (there / run_rel / "metrics.jsonl").read_text() == "the node's metrics"
