@@ -6,7 +6,7 @@ import click
 
 from .options import cluster_argument, console, pass_project
 from .render import exit_table, log_sink
-from .steps import node_gone
+from .steps import node_gone, pull_results
 
 
 @click.command()
@@ -53,13 +53,12 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
                 sink(node.name, line)
         return
     from fatpipe.ops.noderun import LaunchResult
-    from fatpipe.ops.prepare import fetch_run
 
     try:
         codes = follow_nodes(nodes, sink, fail_grace_s=None)
     except KeyboardInterrupt:
         out.print(f"detached; run {run_id} goes on (fatpipe stop {name} ends it)")
+        pull_results(out, nodes, run_dir, run_id, name)  # what exists so far
         return
-    for node in nodes:
-        fetch_run(node, run_dir)
+    pull_results(out, nodes, run_dir, run_id, name)
     out.print(exit_table(LaunchResult(run_id, run_dir, codes)))

@@ -94,6 +94,22 @@ def node_gone(node) -> bool:
     return node.plan.transport == "netns" and not netns_exists(node.plan.netns or "")
 
 
+def pull_results(out, nodes, run_dir, run_id: str, cluster: str, checkpoints: bool = False):
+    """Bring what the ssh nodes wrote for the run into its folder here; one line per node whose
+    pull failed (its files stay on the node). Returns the ops.runsync.Pulled."""
+    from rich.markup import escape
+
+    from fatpipe.ops.runsync import pull_runs
+
+    pulled = pull_runs(nodes, run_dir, checkpoints=checkpoints)
+    for failure in pulled.failed:
+        out.print(f"[yellow]warning[/]: {escape(failure)}", soft_wrap=True)
+    if pulled.placed and not checkpoints:
+        out.print(f"results of run {run_id} pulled from {len(pulled.placed)} node(s); checkpoints stay on "
+                  f"the nodes (fatpipe runs pull {cluster} {run_id} --checkpoints)", highlight=False)
+    return pulled
+
+
 def terraform_log(verbose: bool):
     """Echo engine output to stderr: every line with -v, else only what names a resource, and
     fatpipe's own lines about the deployment."""

@@ -24,8 +24,9 @@ from .noderun import (
     node_states,
     run_nodes,
 )
-from .prepare import fetch_run, prepare_node
+from .prepare import prepare_node
 from .rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, plan_rendezvous
+from .runsync import pull_runs
 from .transport import fan_out
 
 # Once a node's torchrun has failed, the run cannot finish (the node count is fixed): its peers
@@ -130,7 +131,8 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
             result.interrupted = True
             stop_nodes(nodes)
             result.exit_codes = {n.name: n.exit_code() for n in nodes}
-        fan_out(lambda n: fetch_run(n, Path(run_dir)), nodes)
+        for failure in pull_runs(nodes, Path(run_dir)).failed:
+            log(failure)
         result.failure = describe_failure(result, rdzv, since)
     finally:
         result.elapsed_s = time.monotonic() - started

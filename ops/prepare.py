@@ -17,6 +17,7 @@ from fatpipe.infra.node import PROJECT_MARKER, REMOTE_PKG, REMOTE_VENV
 
 from .noderun import Log, NodeRun
 from .projectdir import claim_project_dir
+from .runsync import push_run
 
 # Never shipped to nodes, on top of each folder's .gitignore.
 SYNC_EXCLUDES = (
@@ -72,14 +73,17 @@ def trainer_package_dir() -> Path:
 
 
 def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
-    """Ship the project and the run folder to an ssh node and make sure its Python can run torch."""
+    """Ship the project and the run's inputs to an ssh node and make sure its Python can run torch."""
     t, plan = node.transport, node.plan
     if t.shares_fs:
         return
     claim_project_dir(t, plan.workdir, node.rdzv.cluster)  # never push into a folder that is not fatpipe's
     steps: list[tuple[str, Callable[[], object]]] = [
-        ("copy the project folder", lambda: t.push(project.root, plan.workdir, SYNC_EXCLUDES)),
-        ("copy the run folder", lambda: t.push(run_dir, f"{plan.workdir}/{node.rdzv.run_rel}", ("*.log",))),
+        # --delete for code, never inside the run folder (excluded files are not deleted).
+        ("copy the project folder",
+         lambda: t.push(project.root, plan.workdir, (*SYNC_EXCLUDES, f"/{node.rdzv.run_rel}/"))),
+        # The run's inputs only: what the node made there (checkpoints, logs, metrics) stays.
+        ("copy the run's inputs", lambda: push_run(node, run_dir)),
     ]
     if node.rdzv.ships_trainer:
         trainer_dir = trainer_package_dir()
@@ -100,8 +104,3 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
             raise FatpipeError(f"{t.describe()}: {what} failed: {result.reason()}")
         log(f"{node.name}: {what} ({time.monotonic() - started:.1f} s)")
 
-
-def fetch_run(node: NodeRun, run_dir: Path) -> None:
-    """Bring an ssh node's run folder (logs; metrics and checkpoints on the rank-0 node) back here."""
-    if not node.transport.shares_fs:
-        node.transport.pull(f"{node.plan.workdir}/{node.rdzv.run_rel}", run_dir)

@@ -95,8 +95,15 @@ class Transport:
         """Copy the folder `src` to `dest` on the node (relative to the node's home), deleting extras."""
         raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
 
-    def pull(self, src: str, dest: Path, timeout: float = 900) -> Result:
-        """Copy the folder `src` on the node into the local folder `dest` (nothing deleted)."""
+    def push_files(self, src: Path, dest: str, patterns: Iterable[str], timeout: float = 900) -> Result:
+        """Copy only the top-level files of `src` matching `patterns` to `dest` on the node;
+        nothing else there is touched (no deletes)."""
+        raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
+
+    def pull(self, src: str, dest: Path, excludes: Iterable[str] = (), timeout: float = 900,
+             link_dest: Path | None = None) -> Result:
+        """Copy the folder `src` on the node into the local folder `dest` (nothing deleted);
+        files equal to those in `link_dest` are hard links to them, not copies."""
         raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
 
     def describe(self) -> str:
@@ -193,9 +200,19 @@ class SshTransport(Transport):
         filters.append("--filter=:- .gitignore")
         return self._rsync(f"{src}/", f"{self.remote_host()}:{dest}/", ["--delete", *filters], timeout)
 
-    def pull(self, src: str, dest: Path, timeout: float = 900) -> Result:
+    def push_files(self, src: Path, dest: str, patterns: Iterable[str], timeout: float = 900) -> Result:
+        made = self.run(f"mkdir -p -- {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
+        if not made.ok:
+            return made
+        return self._rsync(f"{src}/", f"{self.remote_host()}:{dest}/", only_filters(patterns), timeout)
+
+    def pull(self, src: str, dest: Path, excludes: Iterable[str] = (), timeout: float = 900,
+             link_dest: Path | None = None) -> Result:
         Path(dest).mkdir(parents=True, exist_ok=True)
-        return self._rsync(f"{self.remote_host()}:{src}/", f"{dest}/", [], timeout)
+        extra = [f"--exclude={pattern}" for pattern in excludes]
+        if link_dest is not None:
+            extra.append(f"--link-dest={Path(link_dest).resolve()}")
+        return self._rsync(f"{self.remote_host()}:{src}/", f"{dest}/", extra, timeout)
 
     def remote_host(self) -> str:
         """The host as an rsync remote spec names it: an IPv6 address in brackets."""
@@ -203,6 +220,12 @@ class SshTransport(Transport):
 
     def describe(self) -> str:
         return f"{self.node_name} (ssh {self.user + '@' if self.user else ''}{self.host})"
+
+
+def only_filters(patterns: Iterable[str]) -> list[str]:
+    """rsync filters that send the top-level files matching `patterns` and nothing else; no
+    --delete, so what the node made beside them stays."""
+    return [*(f"--include=/{pattern}" for pattern in patterns), "--exclude=*"]
 
 
 def control_dir() -> Path:
