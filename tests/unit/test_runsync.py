@@ -167,7 +167,7 @@ def test_the_push_filters_send_inputs_only_and_delete_nothing(tmp_path):
 
 def test_a_run_push_over_ssh_never_deletes(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("fatpipe.ops.transport._run", lambda argv, timeout: calls.append(argv) or Result(0, "", ""))
+    monkeypatch.setattr("fatpipe.ops.transport._run", lambda argv, timeout, stdin_text=None: calls.append(argv) or Result(0, "", ""))
     t = SshTransport("n0", "10.0.0.5", tmp_path / "known_hosts", config="/dev/null")
     assert t.push_files(tmp_path, "proj/run", runsync.RUN_INPUTS).ok
     rsync = calls[-1]
@@ -190,11 +190,12 @@ def test_the_project_push_deletes_code_but_never_a_run(tmp_path, monkeypatch):
     write(there / run_rel / "checkpoints" / "step-00000005.pt", "the node's checkpoint")
     write(there / run_rel / "metrics.jsonl", "the node's metrics")
     calls = []
-    monkeypatch.setattr("fatpipe.ops.transport._run", lambda argv, timeout: calls.append(argv) or Result(0, "", ""))
+    monkeypatch.setattr("fatpipe.ops.transport._run", lambda argv, timeout, stdin_text=None: calls.append(argv) or Result(0, "", ""))
+    monkeypatch.setattr("fatpipe.ops.prepare.claim_project_dir", lambda *args: None)  # tests/system/test_down_safe.py
     ssh = SshTransport("n0", "10.0.0.5", tmp_path / "known_hosts", config="/dev/null")
     node_run = SimpleNamespace(name="n0", transport=ssh, sh=lambda snippet: snippet,
                                plan=SimpleNamespace(workdir="proj", python="/usr/bin/python3"),
-                               rdzv=SimpleNamespace(run_rel=run_rel, ships_trainer=False))
+                               rdzv=SimpleNamespace(run_rel=run_rel, ships_trainer=False, cluster="c"))
     prepare_node(SimpleNamespace(root=project), node_run, project / run_rel, 0, lambda _: None)
     [code] = [argv for argv in calls if argv[0] == "rsync" and argv[-2] == f"{project}/"]
     assert "--delete" in code
