@@ -62,4 +62,12 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
         return
     for node in nodes:
         fetch_run(node, run_dir)
-    out.print(exit_table(LaunchResult(run_id, run_dir, codes)))
+    result = LaunchResult(run_id, run_dir, codes)
+    out.print(exit_table(result))
+    from rich.markup import escape
+
+    from fatpipe.ops.failure import describe_failure
+
+    failure = describe_failure(result, nodes[0].rdzv, 0, project.root) if nodes else None
+    if failure:
+        out.print(f"[red]error[/]: {escape(failure)}", soft_wrap=True)  # the line launch prints

@@ -131,7 +131,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
             stop_nodes(nodes)
             result.exit_codes = {n.name: n.exit_code() for n in nodes}
         fan_out(lambda n: fetch_run(n, Path(run_dir)), nodes)
-        result.failure = describe_failure(result, rdzv, since)
+        result.failure = describe_failure(result, rdzv, since, project.root)
     finally:
         result.elapsed_s = time.monotonic() - started
     return result
