@@ -29,8 +29,9 @@ def error_record(error: BaseException) -> dict:
            "node": env.get(NODE_ENV), "time": time.time(), "type": type(error).__name__, "text": text}
     if isinstance(error, OSError) and error.errno is not None:
         doc["errno"] = error.errno
-        if error.filename is not None:
-            doc["filename"] = os.fsdecode(error.filename)
+    filename = getattr(error, "filename", None)  # OSError's, or trainer.config.ConfigError's
+    if isinstance(filename, (str, bytes, os.PathLike)):
+        doc["filename"] = os.fsdecode(filename)
     return doc
 
 

@@ -32,10 +32,10 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
-def _record(error: BaseException) -> None:
+def record_error(error: BaseException) -> None:
     """Under torchrun, the exception into this worker's error file, which names the cause of a
     failed run (trainer.errorfile)."""
-    if os.environ.get("TORCHELASTIC_ERROR_FILE") and "torch" in sys.modules:
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
         from .errorfile import RankErrorHandler
 
         RankErrorHandler().record_exception(error)
@@ -53,7 +53,7 @@ def run_and_exit(main: Callable[[], int]) -> NoReturn:
         code = 130
     except BaseException as e:  # noqa: BLE001 - reported here, since the process ends without finalization
         traceback.print_exc()
-        _record(e)
+        record_error(e)
         code = 1
     if "torch.distributed" not in sys.modules:  # a bad flag: torch never loaded, a normal exit
         sys.exit(code)
