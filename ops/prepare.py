@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fatpipe.infra.defaults import TORCHRUN_DIR
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
 
@@ -76,7 +77,8 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
         return
     steps: list[tuple[str, Callable[[], object]]] = [
         ("copy the project folder", lambda: t.push(project.root, plan.workdir, SYNC_EXCLUDES)),
-        ("copy the run folder", lambda: t.push(run_dir, f"{plan.workdir}/{node.rdzv.run_rel}", ("*.log",))),
+        # Each node's logs and torchrun error files are its own: never overwritten by another's.
+        ("copy the run folder", lambda: t.push(run_dir, f"{plan.workdir}/{node.rdzv.run_rel}", ("*.log", TORCHRUN_DIR))),
     ]
     if node.rdzv.ships_trainer:
         trainer_dir = trainer_package_dir()
