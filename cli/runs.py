@@ -31,7 +31,6 @@ def runs():
 def list_runs(project, cluster: str | None, as_json: bool):
     """Every run, oldest first: outcome, steps, final loss, size on disk; * marks the latest."""
     from fatpipe.infra.runinfo import human_size, list_runs
-
     from fatpipe.ops.progress import with_live_latest
 
     name = project.cluster(cluster).name
