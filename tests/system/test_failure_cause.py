@@ -105,6 +105,7 @@ def error_line(done: subprocess.CompletedProcess) -> str:
     assert done.returncode != 0, done.stdout[-4000:]
     lines = [line for line in done.stdout.splitlines() if line.startswith("error: ")]
     assert len(lines) == 1, done.stdout[-4000:]
+    print(lines[0])
     return lines[0]
 
 
@@ -113,6 +114,9 @@ def test_the_rank_that_raised_is_named_not_the_connection_errors_after_it(projec
     assert line.startswith(f"error: rank 1 on {NAME}-1 failed first: ValueError: DistributedDataParallel "
                            "device_ids must be None for CPU modules"), line
     assert f"the connection errors on {NAME}-0 followed from it" in line, line
+    # `fatpipe logs -f` of the ended run closes with the same line.
+    logs = fatpipe(project, "logs", NAME, "-f")
+    assert [out for out in logs.stdout.splitlines() if out.startswith("error: ")] == [line], logs.stdout[-4000:]
 
 
 def test_every_rank_raising_names_the_first_one(project):
