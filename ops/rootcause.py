@@ -27,9 +27,11 @@ CONSEQUENCE_TYPES = frozenset({
     "ConnectionRefusedError", "ConnectionResetError", "ConnectionAbortedError", "BrokenPipeError",
     "TimeoutError",
 })
+# A RuntimeError of gloo or NCCL about the link (the words trainer.faults counts a failed
+# collective by): what the ranks still alive see once one is gone.
 _CONSEQUENCE_TEXT = re.compile(
-    r"connectFullMesh|connection (refused|reset|closed|lost)|broken pipe|timed out|socket timeout"
-    r"|remote process exited|communicator was aborted|closed by peer|peer .*(closed|reset)", re.I)
+    r"connectFullMesh|connection|broken pipe|timed out|timeout|socket|peer|pair closure"
+    r"|remote process exited|communicator was aborted|\bgloo\b|\bnccl\b", re.I)
 _FAILURE = re.compile(
     r"time\s*:\s*(?P<time>\S+)\s*\n\s*host\s*:[^\n]*\n\s*rank\s*:\s*(?P<rank>\d+)[^\n]*\n"
     r"\s*exitcode\s*:\s*(?P<code>-?\d+)[^\n]*\n\s*error_file\s*:\s*(?P<file>\S+)")
