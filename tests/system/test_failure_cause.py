@@ -170,3 +170,34 @@ def test_a_detached_run_shows_its_progress_while_it_runs(project):
     finally:
         stopped = fatpipe(project, "stop", NAME, timeout=300)
         assert stopped.returncode == 0, stopped.stdout[-4000:]
+
+
+SCRIPT = """\
+import os, sys
+print(__name__, sys.argv, sys.path[0] == os.path.dirname(os.path.abspath(__file__)), flush=True)
+if sys.argv[1] == "raise":
+    open(os.path.join("missing", "train.bin"))
+sys.exit(int(sys.argv[1]))
+"""
+
+
+def test_a_user_script_keeps_its_main_semantics_and_its_error_lands_in_the_error_file(tmp_path):
+    from fatpipe.ops.rootcause import read_error_file
+
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "sub" / "job.py").write_text(SCRIPT)
+    env = {**os.environ, "TORCHELASTIC_ERROR_FILE": "error.json", "RANK": "3", "FATPIPE_NODE_NAME": "n-1"}
+
+    def run(arg: str) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "fatpipe.trainer.userscript", "sub/job.py", arg],
+                              cwd=tmp_path, env=env, text=True, capture_output=True, timeout=120)
+
+    done = run("raise")
+    assert done.returncode == 1 and "FileNotFoundError" in done.stderr, done.stderr
+    assert done.stdout.startswith("__main__ ['sub/job.py', 'raise'] True"), done.stdout
+    error = read_error_file(tmp_path / "error.json", "?")
+    assert (error.rank, error.node, error.type, error.filename) == (3, "n-1", "FileNotFoundError", "missing/train.bin")
+    (tmp_path / "error.json").unlink()
+    done = run("3")  # an exit status is no exception: torchrun's own report names it
+    assert done.returncode == 3 and not (tmp_path / "error.json").exists(), done.stderr
+    assert run("0").returncode == 0
