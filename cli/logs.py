@@ -61,4 +61,12 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
         pull_results(out, nodes, run_dir, run_id, name)  # what exists so far
         return
     pull_results(out, nodes, run_dir, run_id, name)
-    out.print(exit_table(LaunchResult(run_id, run_dir, codes)))
+    result = LaunchResult(run_id, run_dir, codes)
+    out.print(exit_table(result))
+    from rich.markup import escape
+
+    from fatpipe.ops.failure import describe_failure
+
+    failure = describe_failure(result, nodes[0].rdzv, 0, project.root) if nodes else None
+    if failure:
+        out.print(f"[red]error[/]: {escape(failure)}", soft_wrap=True)  # the line launch prints

@@ -33,9 +33,11 @@ def runs():
 def list_runs(project, cluster: str | None, as_json: bool):
     """Every run, oldest first: outcome, steps, final loss, size on disk; * marks the latest."""
     from fatpipe.infra.runinfo import human_size, list_runs
+    from fatpipe.ops.progress import with_live_latest
 
     name = project.cluster(cluster).name
     found = list_runs(project, name)
+    with_live_latest(project, name, found)  # a detached run on ssh nodes, as node 0 has it
     if as_json:
         click.echo(json.dumps([{"id": r.id, "latest": r.latest, "outcome": r.outcome, "steps": r.last_step,
                                 "final_loss": r.final_loss, "size_bytes": r.size_bytes, "path": str(r.path)}

@@ -133,7 +133,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
             result.exit_codes = {n.name: n.exit_code() for n in nodes}
         for failure in pull_runs(nodes, Path(run_dir)).failed:
             log(failure)
-        result.failure = describe_failure(result, rdzv, since)
+        result.failure = describe_failure(result, rdzv, since, project.root)
     finally:
         result.elapsed_s = time.monotonic() - started
     return result

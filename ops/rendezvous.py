@@ -73,7 +73,7 @@ class Rendezvous:
     run_rel: str
     entry: list[str]
     builtin_trainer: bool
-    ships_trainer: bool  # the entry runs a fatpipe.trainer module: ssh nodes get the package
+    ships_trainer: bool  # ssh nodes get the fatpipe.trainer package (every run now: user scripts run through it)
     tier_gbps: float
     created: str
     nodes: list[NodePlan]
@@ -147,7 +147,7 @@ def plan_rendezvous(project, outputs, run_id: str, run_dir: Path, entry: list[st
         nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint=outputs.rdzv_endpoint,
         max_restarts=options.max_restarts, join_timeout_s=options.join_timeout_s, run_rel=run_rel,
         entry=list(entry),
-        builtin_trainer=builtin, ships_trainer=runs_trainer_module(entry), tier_gbps=outputs.tier_gbps,
+        builtin_trainer=builtin, ships_trainer=True, tier_gbps=outputs.tier_gbps,
         gpus_per_node=outputs.gpus_per_node, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
     )
     for node in nodes:

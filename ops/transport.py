@@ -25,6 +25,7 @@ SSH_CONFIG_ENV = "FATPIPE_SSH_CONFIG"  # an ssh_config file used instead of ~/.s
 CONTROL_DIR_ENV = "FATPIPE_SSH_CONTROL_DIR"
 CONNECT_TIMEOUT_S = 10
 CONTROL_PERSIST_S = 120
+GITIGNORE_FILTER = "--filter=:- .gitignore"  # the project copy leaves out what .gitignore files do
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -197,7 +198,7 @@ class SshTransport(Transport):
             return made
         filters = [f"--exclude={pattern}" for pattern in excludes]
         # Honour the project's .gitignore files too: nothing a repository leaves out is shipped.
-        filters.append("--filter=:- .gitignore")
+        filters.append(GITIGNORE_FILTER)
         return self._rsync(f"{src}/", f"{self.remote_host()}:{dest}/", ["--delete", *filters], timeout)
 
     def push_files(self, src: Path, dest: str, patterns: Iterable[str], timeout: float = 900) -> Result:

@@ -13,6 +13,9 @@ def main(argv: list[str] | None = None) -> int:
         cfg = parse_config(argv)
     except ConfigError as e:
         print(f"python -m fatpipe.trainer: error: {e}", file=sys.stderr)
+        from .exiting import record_error
+
+        record_error(e)  # under torchrun: the cause the launcher names (loads torch, only here)
         return 2
     # Imported after parsing so a bad flag fails fast, before torch loads.
     from .distenv import destroy_process_group, init_process_group, read_env

@@ -29,6 +29,10 @@ COMMS = ("auto", *HOOK_NAMES, *PERIODIC_NAMES)
 class ConfigError(ValueError):
     """A bad value given by the user; the entry point turns it into a one-line error."""
 
+    def __init__(self, message: str, filename: str | None = None):
+        super().__init__(message)
+        self.filename = filename  # a path that does not exist: the launcher may say why
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -72,7 +76,7 @@ class TrainConfig:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{_flag(name)} must be > 0, got {getattr(self, name)}")
         if self.data is not None and not Path(self.data).exists():
-            raise ConfigError(f"--data {self.data}: no such file or folder")
+            raise ConfigError(f"--data {self.data}: no such file or folder", filename=self.data)
 
     @property
     def out_dir(self) -> Path:
