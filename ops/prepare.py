@@ -49,14 +49,17 @@ def venv_stamp(project_root: Path, spec: str, index: str) -> str:
 
 
 def venv_command(stamp: str, spec: str, index: str) -> str:
-    """Make or reuse the project venv on a node; torch first, pinned, then requirements.txt."""
+    """Make or reuse the project venv on a node; torch (pinned) and numpy first, then requirements.txt.
+
+    numpy comes in the same pip call as torch: PowerSGD needs it, and one resolve keeps the pair compatible.
+    """
     py = f"{REMOTE_VENV}/bin/python"
     index_flag = f"--index-url {shlex.quote(index)} " if index else ""
     return (
         f"have=; [ -f {REMOTE_VENV}/.fatpipe-stamp ] && read -r have < {REMOTE_VENV}/.fatpipe-stamp; "
         f'[ "$have" = {stamp} ] && exit 0; set -e; '
         f"python3 -m venv {REMOTE_VENV}; {py} -m pip install -q --upgrade pip; "
-        f"{py} -m pip install -q {index_flag}{shlex.quote(spec)}; "
+        f"{py} -m pip install -q {index_flag}{shlex.quote(spec)} numpy; "
         f"if [ -f requirements.txt ]; then {py} -m pip install -q -r requirements.txt; fi; "
         f"echo {stamp} > {REMOTE_VENV}/.fatpipe-stamp"
     )
