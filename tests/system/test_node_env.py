@@ -19,7 +19,7 @@ from pathlib import Path
 import faults
 import pytest
 
-from fatpipe.infra.node import REMOTE_VENV
+from fatpipe.infra.node import PROJECT_MARKER, REMOTE_VENV
 from fatpipe.infra.project import load_project
 from fatpipe.ops.nodevenv import node_venv, venv_stamp
 
@@ -73,6 +73,7 @@ def place_venv(remote_dir: Path, stamp: str, path_first: Path | None = None) -> 
     """A venv fatpipe takes as built: its stamp, and a python that is this machine's interpreter."""
     venv = remote_dir / REMOTE_VENV
     (venv / "bin").mkdir(parents=True, exist_ok=True)
+    (remote_dir / PROJECT_MARKER).write_text(NAME + "\n")  # the folder is this cluster's
     (venv / ".fatpipe-stamp").write_text(stamp + "\n")
     prefix = f"PYTHONPATH={path_first} " if path_first else ""
     python = venv / "bin" / "python"
@@ -104,7 +105,7 @@ def test_a_node_with_another_torch_is_named_before_launch(nodes_over_ssh):
     place_venv(remote_dirs[1], stamp, path_first=fake)
     odd = fatpipe(folder, "launch", NAME, "--max-restarts", "0", "--", "hello.py")
     assert odd.returncode != 0, odd.stdout[-4000:]
-    errors = [line for line in odd.stdout.splitlines() if line.lower().startswith("error:")]
-    assert errors == [f"error: the nodes' Python environments differ: node {NAME}-1: torch 2.0.1, "
+    errors = [line.split(": ", 1)[1] for line in odd.stdout.splitlines() if line.lower().startswith("error:")]
+    assert errors == [f"the nodes' Python environments differ: node {NAME}-1: torch 2.0.1, "
                       f"the others {torch.__version__}"], odd.stdout[-4000:]
     assert "started run" not in odd.stdout
