@@ -21,7 +21,7 @@ from .transport import fan_out
 ENV_FILE = "env.json"
 COMPARED = ("python", "torch", "cuda", "nccl", "numpy")  # in the order a difference is named
 MARK = "FATPIPE_ENV "
-PROBE_TIMEOUT_S = 120
+PROBE_TIMEOUT_S = 300  # a loaded machine imports torch slowly, several nodes at once
 # Fixed text: nothing of the node or the config enters it. torch.cuda.nccl.version() exists only
 # in CUDA builds.
 PROBE = f"""
