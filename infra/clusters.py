@@ -11,6 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from .firewall import in_private_range, public_address_problem
 from .hostvalues import check_address, check_login, check_node_name, check_path
 from .node import remote_dir_problem
+from .nodespec import NodeSpec
 from .spec import (
     DIGITALOCEAN_REGIONS,
     NAME_PATTERN,
@@ -236,6 +237,7 @@ Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster | SshCluster, 
 class ProjectSpec(Strict):
     clusters: dict[str, Cluster] = Field(min_length=1)
     train: TrainSpec = Field(default_factory=TrainSpec)
+    node: NodeSpec = Field(default_factory=NodeSpec)  # every node's Python environment
 
     @field_validator("clusters", mode="before")
     @classmethod

@@ -217,11 +217,15 @@ def _allowed_keys(loc: list[str], data: dict) -> list[str]:
 
     if loc[:1] == ["train"]:
         model = TrainSpec
+    elif loc[:1] == ["node"]:
+        from .nodespec import NodeSpec
+
+        model = NodeSpec
     elif loc[:1] == ["clusters"] and len(loc) >= 3:
         provider = data.get("clusters", {}).get(loc[1], {}).get("provider")
         model = CLUSTER_MODELS[provider]
         if loc[2] == "backend":
             model = Backend
     else:
-        return ["clusters", "train"]
+        return ["clusters", "train", "node"]
     return [name for name in model.model_fields if name != "name"]

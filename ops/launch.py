@@ -13,6 +13,7 @@ from pathlib import Path
 from fatpipe.infra.errors import FatpipeError
 
 from .failure import describe_failure
+from .nodeenv import check_node_envs
 from .nodefiles import write_rendezvous
 from .noderun import (
     STOP_WAIT_S,
@@ -110,6 +111,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
     started, since = time.monotonic(), time.time()
     try:
         fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
+        log(check_node_envs(nodes, run_dir))  # unequal nodes are refused before anything starts
         try:
             start_nodes(nodes)
         except KeyboardInterrupt:  # some nodes may have started already
