@@ -71,8 +71,12 @@ try:
     fatpipe.wrap(model, comm="diloco", run_dir=sys.argv[1])
 except RuntimeError as e:
     print("refused:", e)
-ddp = fatpipe.wrap(model, comm=sys.argv[2], steps=3, run_dir=sys.argv[1],
-                   allow_periodic=sys.argv[2] == "diloco")
+if sys.argv[2] == "fp16":  # on a DDP model the script built itself
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    ddp = fatpipe.attach(DDP(model), comm="fp16", steps=3, run_dir=sys.argv[1])
+else:
+    ddp = fatpipe.wrap(model, comm=sys.argv[2], steps=3, run_dir=sys.argv[1],
+                       allow_periodic=sys.argv[2] == "diloco")
 opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
 records = []
 for _ in range(3):
@@ -96,7 +100,7 @@ def run_script(folder, comm: str) -> dict:
     return json.loads(done.stdout.splitlines()[-1])
 
 
-@pytest.mark.parametrize("comm", ["bf16", "auto", "diloco"])
+@pytest.mark.parametrize("comm", ["bf16", "fp16", "auto", "diloco"])
 def test_steps_are_recorded_into_the_run_folder_as_the_trainer_does(tmp_path, comm):
     out = run_script(tmp_path, comm)
     assert out["ddp"] == "DistributedDataParallel"
@@ -104,7 +108,7 @@ def test_steps_are_recorded_into_the_run_folder_as_the_trainer_does(tmp_path, co
     assert lines == out["records"] and [r["step"] for r in lines] == [1, 2, 3]
     want = "none" if comm == "auto" else comm  # one rank: nothing to send, auto says none
     assert all(r["comm"] == want and r["step_s"] > 0 and r["loss"] > 0 for r in lines)
-    if comm == "bf16":
+    if comm in ("bf16", "fp16"):
         assert all(0 < r["wire_bytes"] * 2 == r["grad_bytes"] for r in lines)
     if comm == "diloco":  # nothing sent until the last step, which always synchronises
         assert [r["wire_bytes"] > 0 for r in lines] == [False, False, True]
