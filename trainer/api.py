@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import atexit
 import dataclasses
+import datetime
 import logging
 import os
 import shlex
@@ -33,7 +34,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .config import TrainConfig, build_parser
-from .distenv import DistEnv
+from .distenv import DistEnv, join_counter
 from .faults import is_collective_failure
 from .hooks import powersgd_available
 from .scriptrun import ScriptRun
@@ -103,16 +104,30 @@ def attach(ddp_model: DDP, *, allow_periodic: bool = False, steps: int | None = 
     return _start(cfg, ddp_model, allow_periodic)
 
 
+def _run_store(env: DistEnv, timeout_s: float) -> tuple[DistEnv, dist.Store]:
+    """The run-wide store, where fault counts outlive an attempt, and the attempt agreed by all.
+
+    Under torchrun the default group's store carries a prefix per attempt; torchrun's agent
+    store itself (the one `distenv.init_process_group` uses) does not.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return env, dist.distributed_c10d._get_default_store()
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          env.world_size, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    return dataclasses.replace(env, restarts=join_counter(store, env.rank) - 1), store
+
+
 def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool) -> DDP:
     global _run
     if _run is not None:
         raise RuntimeError("fatpipe measures one DDP model per process: wrap() was called before")
-    env = _dist_env(next(ddp.module.parameters()).device)
+    env, store = _run_store(_dist_env(next(ddp.module.parameters()).device), cfg.timeout_s)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     if env.is_main and not logging.getLogger().handlers and not log.parent.handlers:
         log.parent.addHandler(logging.StreamHandler(sys.stderr))  # the comm decision's lines
         log.parent.setLevel(logging.INFO)
-    _run = ScriptRun(cfg, env, ddp, allow_periodic)
+    _run = ScriptRun(cfg, env, store, ddp, allow_periodic)
     atexit.register(finish)
     _previous_hook = sys.excepthook
 

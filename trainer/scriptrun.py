@@ -40,14 +40,14 @@ DECIDE_AT = 4  # comm=auto decides after this step; steps 2..DECIDE_AT give the 
 class ScriptRun:
     """The comm hook of one DDP model and the measurements of every step of the script."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, ddp: DDP, allow_periodic: bool):
+    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store, ddp: DDP,
+                 allow_periodic: bool):
         self.cfg, self.env, self.ddp, self.device = cfg, env, ddp, env.device
         self.module = ddp.module
         self.hooks = candidate_hooks() + (PERIODIC_NAMES if allow_periodic else ())
         if not self._one_bucket():  # powerSGD_hook on gloo needs one bucket (train.py says why)
             self.hooks = tuple(h for h in self.hooks if h != "powersgd")
         self._check(cfg.comm)
-        store = dist.distributed_c10d._get_default_store()
         self.faults = FaultLedger(cfg.out_dir, store, env.attempt, env.is_main)
         self.nodes = NodeMetrics(cfg, env, store)
         self.nic = NicMeter(traffic_interface())
