@@ -134,8 +134,8 @@ def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool) -> DDP:
     def record_failure(kind, error, tb):
         if _run is not None:
             _run.failed = True  # no summary.json for a run that failed
-            if is_collective_failure(error):
-                _run.faults.record_failure(error)
+            if is_collective_failure(error):  # in the step after the last one recorded
+                _run.faults.record_failure(error, ("training", _run.step_no + 1))
         _previous_hook(kind, error, tb)
 
     sys.excepthook = record_failure

@@ -2,7 +2,8 @@
 
 Locally: two torchrun processes whose run folder holds a netcheck.json claiming a 2 Mbit/s link;
 comm=auto measures the script's first steps and picks a compressing hook, and every step after
-the decision sends fewer bytes than the gradient. On a 4-node netns sim cluster whose links are
+the decision sends fewer bytes than the gradient. A script whose peer stops answering has its
+failed sync counted and described (phase, step, the silent node) in faults.json. On a 4-node netns sim cluster whose links are
 shaped to 0.2 Gbit/s (tier 1g): `fatpipe up -- examples/ddp_script.py` runs the link check, the
 script chooses from its netcheck.json, and `fatpipe top --once --json`, `fatpipe report` and
 summary.json show its per-node metrics, its comm decision and its fault counts.
@@ -67,41 +68,42 @@ def test_auto_picks_compression_for_a_script_on_a_slow_link(tmp_path):
     assert views and views[-1]["last_step"] == 12
 
 
-DYING = """
-import os, sys, torch, torch.distributed as dist
+HANGING = """
+import datetime, os, time, torch, torch.distributed as dist
 import fatpipe.trainer.api as fatpipe
-dist.init_process_group("gloo")
+dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=5))
 torch.manual_seed(0)
 model = fatpipe.wrap(torch.nn.Linear(64, 64))
 for step in range(1, 6):
-    if step == 3 and dist.get_rank() == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
-        os._exit(1)  # gone in the first attempt: rank 0's next gradient sync fails
+    if step == 3 and dist.get_rank() == 1:
+        time.sleep(600)  # its link is gone: rank 0's gradient sync of step 3 times out
     loss = model(torch.randn(4, 64)).square().mean()
     loss.backward()
     fatpipe.step(loss, tokens=4)
 """
 
 
-def test_a_failed_sync_in_a_script_is_counted_across_a_restart(tmp_path):
+def test_a_failed_sync_in_a_script_is_counted_and_described(tmp_path):
     run = tmp_path / "run"
-    script = tmp_path / "dying.py"
-    script.write_text(DYING)
+    script = tmp_path / "hanging.py"
+    script.write_text(HANGING)
     args = TrainSpec(comm="none").trainer_args()
-    env = faults.cli_env(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **{
+    env = faults.cli_env(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", FATPIPE_NODE_NAME="n", **{
         api.RUN_DIR_ENV: str(run), api.TRAIN_ARGS_ENV: shlex.join(args)})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-           "--max-restarts", "1", str(script)]
+           "--max-restarts", "0", str(script)]
     done = subprocess.run(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=300)
-    assert done.returncode == 0, done.stdout[-4000:]
+    assert done.returncode != 0, done.stdout[-4000:]
     counts = json.loads((run / "faults.json").read_text())
-    assert counts["failed_collectives"] == 1 and counts["collectives_attempted"] >= 7, counts
-    assert len(counts["failures"]) == 1 and counts["failures"][0]["attempt"] == 1, counts
-    summary = json.loads((run / "summary.json").read_text())
-    assert summary["restarts"] == 1 and summary["failed_collectives"] == 1
-    assert [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()] == \
-        [1, 2, 3, 4, 5]  # the second attempt's: the script starts again
+    assert counts["failed_collectives"] == 1 and counts["collectives_attempted"] >= 3, counts
+    failure = counts["failures"][0]
+    assert (failure["phase"], failure["step"], failure["silent_nodes"]) == ("training", 3, ["n"])
+    assert "collective failed in training at step 3" in done.stdout
+    assert not (run / "summary.json").exists()  # a failed run has no summary
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2]
 
 
 # -- the whole path on a netns sim cluster --------------------------------------------------
