@@ -44,6 +44,18 @@ TRAIN_ARGS_ENV = "FATPIPE_TRAIN_ARGS"  # the run's [train] settings, as the trai
 
 log = logging.getLogger(__name__)
 _run: ScriptRun | None = None
+_group: tuple[DistEnv, dist.Store] | None = None  # from init_process_group, when the script used it
+
+
+def init_process_group(timeout_s: float = 1800.0) -> None:
+    """Optional, instead of dist.init_process_group(): the trainer's own join
+    (`distenv.init_process_group`), which keeps each torchrun attempt's rendezvous apart, so the
+    group forms again after a restart (a plain init may read the killed attempt's addresses)."""
+    global _group
+    from .distenv import init_process_group as join
+    from .distenv import read_env
+
+    _group = join(read_env(), timeout_s)
 
 
 def run_config(run_dir: str | os.PathLike | None = None, steps: int | None = None,
@@ -122,7 +134,8 @@ def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool) -> DDP:
     global _run
     if _run is not None:
         raise RuntimeError("fatpipe measures one DDP model per process: wrap() was called before")
-    env, store = _run_store(_dist_env(next(ddp.module.parameters()).device), cfg.timeout_s)
+    env, store = _group or _run_store(_dist_env(next(ddp.module.parameters()).device),
+                                      cfg.timeout_s)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     if env.is_main and not logging.getLogger().handlers and not log.parent.handlers:
         log.parent.addHandler(logging.StreamHandler(sys.stderr))  # the comm decision's lines

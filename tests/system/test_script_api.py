@@ -106,6 +106,40 @@ def test_a_failed_sync_in_a_script_is_counted_and_described(tmp_path):
     assert steps == [1, 2]
 
 
+RESTARTED = """
+import os, torch, torch.distributed as dist
+import fatpipe.trainer.api as fatpipe
+fatpipe.init_process_group(timeout_s=60)
+torch.manual_seed(0)
+model = fatpipe.wrap(torch.nn.Linear(64, 64))
+for step in range(1, 6):
+    if step == 3 and dist.get_rank() == 1 and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+        os._exit(1)  # gone in the first attempt: rank 0's sync fails, torchrun restarts the group
+    loss = model(torch.randn(4, 64)).square().mean()
+    loss.backward()
+    fatpipe.step(loss, tokens=4)
+"""
+
+
+def test_fault_counts_outlive_a_restart_of_the_script(tmp_path):
+    run = tmp_path / "run"
+    script = tmp_path / "restarted.py"
+    script.write_text(RESTARTED)
+    env = faults.cli_env(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **{
+        api.RUN_DIR_ENV: str(run), api.TRAIN_ARGS_ENV: "--comm none"})
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+           "--max-restarts", "1", str(script)]
+    done = subprocess.run(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                          timeout=300)
+    assert done.returncode == 0, done.stdout[-4000:]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["failed_collectives"] == 1, summary
+    assert summary["collectives_attempted"] >= 7  # 2 or 3 syncs in the first attempt, 5 after
+    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4, 5]  # the second attempt's: the script starts again
+
+
 # -- the whole path on a netns sim cluster --------------------------------------------------
 
 NAME, OCTET, NODES, LINK_GBPS, STEPS = "spapi", 167, 4, 0.2, 30
