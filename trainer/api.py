@@ -119,8 +119,9 @@ def attach(ddp_model: DDP, *, allow_periodic: bool = False, steps: int | None = 
 def _run_store(env: DistEnv, timeout_s: float) -> tuple[DistEnv, dist.Store]:
     """The run-wide store, where fault counts outlive an attempt, and the attempt agreed by all.
 
-    Under torchrun the default group's store carries a prefix per attempt; torchrun's agent
-    store itself (the one `distenv.init_process_group` uses) does not.
+    Under torchrun that is the agent's store, reached as `distenv.init_process_group` reaches
+    it (the default group's store is the same one under the group's own prefix), and the attempt
+    is counted there: TORCHELASTIC_RESTART_COUNT is per node, not agreed (`distenv.join_counter`).
     """
     if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
         return env, dist.distributed_c10d._get_default_store()
