@@ -100,8 +100,9 @@ class ScriptRun:
         self.meter.use(self.comm if self.comm in HOOK_NAMES else "none", state)
 
     def _step_begins(self, module, inputs) -> None:
-        """DDP's forward pre-hook: the first forward of a step starts its clock."""
-        if self.started is None:
+        """DDP's forward pre-hook: the first forward of a step starts its clock (an evaluation
+        under torch.no_grad() between steps does not)."""
+        if self.started is None and torch.is_grad_enabled():
             self.started = time.perf_counter()
             self.meter.begin_step()
 
