@@ -61,6 +61,19 @@ def test_a_script_run_tells_every_node_where_its_run_is(project_dir):
     assert rdzv.ships_trainer  # ssh nodes get the package the script imports
 
 
+def test_ssh_nodes_running_a_script_can_import_the_api(project_dir):
+    project = load_project()
+    outputs = parse_outputs({
+        "name": "demo", "provider": "aws", "region": "us-east-1", "tier_gbps": 10,
+        "private_cidr": "10.42.0.0/24", "ssh_user": "ubuntu",
+        "nodes": [{"name": f"demo-{i}", "public_ip": f"54.1.2.{i + 3}",
+                   "private_ip": f"10.42.0.{10 + i}", "transport": "ssh"} for i in range(2)]})
+    (project_dir / "train.py").write_text("print('hi')\n")
+    run_id, run_dir = new_run(project, "demo")
+    make_rendezvous(project, outputs, run_id, run_dir, script=["train.py"])
+    assert 'export PYTHONPATH="$PWD/' in (run_dir / "node-1.sh").read_text()
+
+
 SCRIPT = """
 import json, os, sys, torch, torch.distributed as dist
 import fatpipe.trainer.api as fatpipe
