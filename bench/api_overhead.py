@@ -64,7 +64,7 @@ def worker(rank: int, args, port: int, run_dir: str, result: str) -> None:
     opts = {id(m): torch.optim.AdamW(m.parameters(), lr=1e-3) for m in (plain, wrapped)}
     data = ex.corpus(1 << 20)
     gen = torch.Generator().manual_seed(rank)
-    times: dict[str, list[float]] = {"plain": [], "api": []}
+    times: dict[str, list[float]] = {"plain": [], "api": [], "in_step": []}
 
     def one_step(model, with_api: bool) -> float:
         starts = torch.randint(0, len(data) - args.seq_len - 1, (args.batch_size,), generator=gen)
@@ -75,7 +75,9 @@ def worker(rank: int, args, port: int, run_dir: str, result: str) -> None:
         loss.backward()
         opts[id(model)].step()
         if with_api:
+            called = time.perf_counter()
             fatpipe.step(loss, tokens=x.numel())
+            times["in_step"].append(time.perf_counter() - called)
         else:
             loss.item()  # the API reads the loss too: the same device sync on both sides
         opts[id(model)].zero_grad(set_to_none=True)
@@ -111,13 +113,16 @@ def main() -> int:
                  nprocs=NPROC)
         times = json.loads(result.read_text())
     plain, api = statistics.median(times["plain"]), statistics.median(times["api"])
+    in_step = statistics.median(times["in_step"])
     doc = {"steps_each": len(times["plain"]), "plain_step_s_p50": plain, "api_step_s_p50": api,
-           "ratio": api / plain, "torch": torch.__version__, "python": sys.version.split()[0]}
+           "ratio": api / plain, "in_step_call_s_p50": in_step, "torch": torch.__version__,
+           "python": sys.version.split()[0]}
     args.out.mkdir(parents=True, exist_ok=True)
     (args.out / "api_overhead.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"step p50: plain DDP {plain * 1e3:.2f} ms, with fatpipe.wrap + step {api * 1e3:.2f} ms, "
           f"ratio {api / plain:.3f} ({(api / plain - 1) * 100:+.1f}%, goal < 2%) over "
-          f"{len(times['plain'])} steps each")
+          f"{len(times['plain'])} steps each; the step() call itself {in_step * 1e3:.2f} ms p50 "
+          f"({in_step / plain:.1%} of a step)")
     return 0
 
 
