@@ -36,11 +36,14 @@ def torchrun_log_dir(rdzv: Rendezvous, rank: int) -> str:
     return f"{rdzv.run_rel}/{TORCHRUN_DIR}/node-{rank}"
 
 
+def runs_trainer_module(entry: list[str]) -> bool:
+    """Whether `entry` is `-m fatpipe.trainer[.x]`, a module that records its own errors."""
+    return len(entry) > 1 and entry[0] == "-m" and entry[1].split(".")[:2] == ["fatpipe", "trainer"]
+
+
 def worker_entry(entry: list[str]) -> list[str]:
     """What torchrun starts: a fatpipe.trainer module as it is (it records its own errors), any
     other script or module through trainer.userscript, which records its first exception."""
-    from .rendezvous import runs_trainer_module
-
     return list(entry) if runs_trainer_module(entry) else ["-m", USER_SCRIPT_MODULE, *entry]
 
 
