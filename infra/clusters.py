@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .dataspec import DataSpec
 from .spec import (
     DIGITALOCEAN_REGIONS,
     NAME_PATTERN,
@@ -193,6 +194,7 @@ Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster | SshCluster, 
 class ProjectSpec(Strict):
     clusters: dict[str, Cluster] = Field(min_length=1)
     train: TrainSpec = Field(default_factory=TrainSpec)
+    data: DataSpec | None = None  # every cluster's dataset, unless a cluster declares its own
 
     @field_validator("clusters", mode="before")
     @classmethod

@@ -57,9 +57,11 @@ def node_script_text(rdzv: Rendezvous, node: NodePlan) -> str:
     up = "/".join([".."] * depth)
     # One flag (with its value) per line, so the command reads like torchrun's docs.
     body = " \\\n  ".join(_group([shlex.quote(a) for a in node.command]))
-    pythonpath = ""
+    exports = ""
+    if rdzv.data_path:  # absolute on the node: a script may change its folder
+        exports = f'export FATPIPE_DATA="$PWD"/{shlex.quote(rdzv.data_path)}\n'
     if node.transport == "ssh" and rdzv.ships_trainer:
-        pythonpath = f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        exports += f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
     return f"""#!/usr/bin/env bash
 # fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, rank {node.rank} of {rdzv.nnodes}.
 # Runnable by hand on that node, from the project folder: bash {rdzv.run_rel}/node-{node.rank}.sh
@@ -74,7 +76,7 @@ if [ -z "$IFACE" ]; then
 fi
 # NCCL reads its value as a prefix unless it starts with =; gloo takes one exact name.
 export NCCL_SOCKET_IFNAME="=$IFACE" GLOO_SOCKET_IFNAME="$IFACE"
-{pythonpath}PY="${{FATPIPE_PYTHON:-{node.python}}}"
+{exports}PY="${{FATPIPE_PYTHON:-{node.python}}}"
 exec "$PY" {body}
 """
 

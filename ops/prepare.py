@@ -15,6 +15,7 @@ from pathlib import Path
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
 
+from .datacheck import data_excludes
 from .noderun import Log, NodeRun
 
 # Never shipped to nodes, on top of each folder's .gitignore.
@@ -74,8 +75,10 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     t, plan = node.transport, node.plan
     if t.shares_fs:
         return
+    # The staged dataset is `fatpipe data push`'s: never shipped again, never deleted by --delete.
+    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster)
     steps: list[tuple[str, Callable[[], object]]] = [
-        ("copy the project folder", lambda: t.push(project.root, plan.workdir, SYNC_EXCLUDES)),
+        ("copy the project folder", lambda: t.push(project.root, plan.workdir, excludes)),
         ("copy the run folder", lambda: t.push(run_dir, f"{plan.workdir}/{node.rdzv.run_rel}", ("*.log",))),
     ]
     if node.rdzv.ships_trainer:

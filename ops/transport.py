@@ -96,6 +96,10 @@ class Transport:
         """Copy the folder `src` on the node into the local folder `dest` (nothing deleted)."""
         raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
 
+    def copy_to(self, src: str, dest: str, extra: Iterable[str] = (), timeout: float = 900) -> Result:
+        """rsync `src` (a local path as rsync reads it) to `dest` on the node, with rsync options `extra`."""
+        raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
+
     def describe(self) -> str:
         return f"{self.node_name} ({self.kind})"
 
@@ -187,6 +191,9 @@ class SshTransport(Transport):
         # Honour the project's .gitignore files too: nothing a repository leaves out is shipped.
         filters.append("--filter=:- .gitignore")
         return self._rsync(f"{src}/", f"{self.host}:{dest}/", ["--delete", *filters], timeout)
+
+    def copy_to(self, src: str, dest: str, extra: Iterable[str] = (), timeout: float = 900) -> Result:
+        return self._rsync(src, f"{self.host}:{dest}", ["--partial", *extra], timeout)
 
     def pull(self, src: str, dest: Path, timeout: float = 900) -> Result:
         Path(dest).mkdir(parents=True, exist_ok=True)
