@@ -20,12 +20,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.trainer.manifest import MANIFEST_NAME, PARTIAL_SUFFIX, build_manifest, write_manifest
+from fatpipe.trainer.manifest import (
+    MANIFEST_NAME,
+    PARTIAL_SUFFIX,
+    build_manifest,
+    manifest_target,
+    write_manifest,
+)
 
 from .datacheck import (
     NodeData,
     check_data,
     declared_data,
+    local_manifest_path,
     node_workdir,
     read_local_manifest,
     save_local_manifest,
@@ -78,7 +85,9 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
     result = PushResult(manifest, before)
     if before[0].problem:
         log(f"{outputs.nodes[0].name}: {before[0].problem}: copying over the uplink")
-        result.uplink_s = _uplink(transports[0], node_workdir(outputs, outputs.nodes[0]), source, manifest)
+        workdir = node_workdir(outputs, outputs.nodes[0])
+        result.uplink_s = _uplink(transports[0], workdir, source, manifest)
+        _place_manifest(project, outputs.name, transports[0], workdir, manifest)
         log(f"{outputs.nodes[0].name}: uplink copy done ({result.uplink_s:.1f} s)")
     if any(v.problem for v in before[1:]):
         result.fanout = fan_out_chain(project, outputs, manifest, remote_python, log, progress)
@@ -122,6 +131,14 @@ def _uplink(t, workdir: str, source: Path, manifest: dict) -> float:
     return time.monotonic() - started
 
 
+def _place_manifest(project, cluster: str, t, workdir: str, manifest: dict) -> None:
+    """Node 0's copy of the manifest, beside its data (the chain writes the others' copies)."""
+    rel = manifest_target(manifest, Path(".")).as_posix()
+    done = t.copy_to(str(local_manifest_path(project, cluster)), f"{workdir}/{rel}", ["--no-z"], timeout=120)
+    if not done.ok:
+        raise FatpipeError(f"{t.describe()}: writing the manifest failed: {done.reason()}")
+
+
 def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, log: Log,
                   progress: Progress | None) -> dict:
     """Run trainer.stage on every node through the launch path; returns rank 0's report."""
@@ -139,10 +156,12 @@ def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, l
     moved: dict[str, tuple[int, int]] = {}
 
     def catch(node: str, line: str) -> None:
-        if line.startswith(RESULT_PREFIX):
-            found.append(json.loads(line[len(RESULT_PREFIX):]))
-        elif line.startswith(PROGRESS_PREFIX):
-            rank, done, total = (int(x) for x in line[len(PROGRESS_PREFIX):].split())
+        # Found anywhere in the line: torchrun may prefix a worker's output.
+        result_at, progress_at = line.find(RESULT_PREFIX), line.find(PROGRESS_PREFIX)
+        if result_at >= 0:
+            found.append(json.loads(line[result_at + len(RESULT_PREFIX):]))
+        elif progress_at >= 0:
+            _rank, done, total = (int(x) for x in line[progress_at + len(PROGRESS_PREFIX):].split())
             moved[node] = (done, total)
             if progress:
                 progress(sum(d for d, _ in moved.values()), sum(t for _, t in moved.values()))

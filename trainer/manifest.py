@@ -53,14 +53,13 @@ def data_files(source: Path) -> list[tuple[str, Path]]:
     if source.is_file():
         return [(source.name, source)]
     found = []
-    for folder, dirs, files in os.walk(source):
-        dirs.sort()
-        for name in sorted(files):
+    for folder, _dirs, files in os.walk(source):
+        for name in files:
             path = Path(folder) / name
             if name == MANIFEST_NAME or name.endswith(PARTIAL_SUFFIX) or not path.is_file():
                 continue
             found.append((path.relative_to(source).as_posix(), path))
-    return found
+    return sorted(found)
 
 
 def build_manifest(source: Path, chunk_size: int, path: str, previous: dict | None = None) -> dict:

@@ -47,7 +47,7 @@ def test_no_data_declared(project_dir):
     ('source = "data/x"\npath = "data/*"', "holds '*'"),
     ('source = ""', "data.source: String should have at least 1 character"),
     ('source = "data/x"\nchunk_mib = 0', "data.chunk_mib: Input should be greater than or equal to 1"),
-    ('sorce = "data/x"', "data.sorce: unknown key; did you mean source?"),
+    ('source = "data/x"\nchunk = 1', "data.chunk: unknown key; did you mean chunk_mib?"),
 ])
 def test_bad_data_is_one_line_naming_the_key(project_dir, table, expected):
     with pytest.raises(ConfigError) as caught:
