@@ -113,7 +113,3 @@ def verify(project, cluster, outputs_file, remote_python):
     if bad:
         out.print(f"data differs on {', '.join(bad)}: `fatpipe data push {name}` fixes it")
         sys.exit(1)
-
-
-for _name in ("push", "verify"):
-    data.add_command(globals()[_name], _name)

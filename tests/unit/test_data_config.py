@@ -64,3 +64,27 @@ def test_a_misspelt_key_in_a_clusters_data_names_the_allowed_ones(project_dir):
 def test_a_misspelt_top_level_table_suggests_data(project_dir):
     with pytest.raises(ConfigError, match="datta: unknown key; did you mean data"):
         load(project_dir, SIM + '[datta]\nsource = "d"\n')
+
+
+def test_a_run_exports_the_data_path_and_the_project_sync_leaves_it_alone(project_dir):
+    import subprocess
+
+    from fatpipe.infra.outputs import parse_outputs
+    from fatpipe.infra.runs import new_run
+    from fatpipe.ops.datacheck import data_excludes
+    from fatpipe.ops.rendezvous import make_rendezvous
+
+    project = load(project_dir, '[clusters.demo]\nprovider = "sim"\nnodes = 2\n'
+                   '[data]\nsource = "/srv/my corpus"\npath = "data/my corpus"\n')
+    outputs = parse_outputs({"name": "demo", "provider": "sim", "tier_gbps": 1, "private_cidr": "10.42.0.0/24",
+                             "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}",
+                                        "transport": "local"} for i in range(2)]})
+    run_id, run_dir = new_run(project, "demo")
+    rdzv = make_rendezvous(project, outputs, run_id, run_dir)
+    assert rdzv.data_path == "data/my corpus"
+    script = (run_dir / "node-1.sh").read_text()
+    line = next(line for line in script.splitlines() if "FATPIPE_DATA" in line)
+    shown = subprocess.run(["bash", "-c", f'cd /tmp && {line} && echo "$FATPIPE_DATA"'], capture_output=True,
+                           text=True).stdout
+    assert shown == "/tmp/data/my corpus\n"  # absolute, the space kept, nothing run
+    assert data_excludes(project, "demo") == ("/data/my corpus", "/data/my corpus.fatpipe-*", "/.fatpipe/data")
