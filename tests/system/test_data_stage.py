@@ -29,11 +29,14 @@ CONTROL_DIR = tempfile.mkdtemp(prefix="fp-cm-stg-")
 FILES = {"train.bin": 3 * CHUNK + 4321, "val.bin": 100_000, "meta/vocab.txt": 17}
 JOB = """\
 import hashlib, os, pathlib
+import torch
 import torch.distributed as dist
 dist.init_process_group("gloo")
 data = pathlib.Path(os.environ["FATPIPE_DATA"])
 sha = hashlib.sha256((data / "train.bin").read_bytes()).hexdigest()
-print(f"rank {dist.get_rank()} data={data} sha={sha[:16]}", flush=True)
+ranks = torch.ones(1)
+dist.all_reduce(ranks)  # every rank is there before any leaves
+print(f"rank {dist.get_rank()} of {ranks.item():g} data={data} sha={sha[:16]}", flush=True)
 dist.destroy_process_group()
 """
 
@@ -109,7 +112,8 @@ def test_a_gitignored_folder_reaches_every_node_and_verifies(cluster):
     for i in range(NODES):
         assert same_as_source(folder, i), f"node {i} does not hold the data"
         manifest = json.loads((node_data(folder, i) / ".fatpipe-manifest.json").read_text())
-        assert manifest["total_bytes"] == total and len(manifest["files"][2]["chunks"]) == 4
+        chunks = {f["name"]: len(f["chunks"]) for f in manifest["files"]}
+        assert manifest["total_bytes"] == total and chunks == {"meta/vocab.txt": 1, "train.bin": 4, "val.bin": 1}
     verify = fatpipe(folder, "data", "verify", CLUSTER, "--remote-python", sys.executable)
     assert verify.returncode == 0 and verify.stdout.count("matches") == NODES, verify.stdout
     again = push(folder)  # nothing changed: no uplink copy, no chain
