@@ -1,5 +1,6 @@
 """trainer.stage's chain on its own: four real processes on gloo over loopback sockets, each in a
-project folder of its own, holding different parts of the data; only what each lacks travels."""
+project folder of its own, holding different parts of the data; only what each lacks travels.
+And nodes that share this machine's files: one local copy, checked before a launch."""
 
 from __future__ import annotations
 
@@ -64,3 +65,39 @@ def test_the_chain_fills_each_node_with_only_what_it_lacks(tmp_path):
         assert (tmp_path / f"node{rank}" / "data" / "set" / ".fatpipe-manifest.json").is_file()
         assert not list((tmp_path / f"node{rank}").rglob(f"*{PARTIAL_SUFFIX}"))
     assert any(line.startswith("STAGE_PROGRESS 3 ") for line in outs[3].splitlines())
+
+
+def local_outputs(port: int) -> dict:
+    return {"name": "demo", "provider": "sim", "tier_gbps": 1, "private_cidr": "10.42.0.0/24", "rdzv_port": port,
+            "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}", "transport": "local"}
+                      for i in range(2)]}
+
+
+def test_nodes_sharing_this_machine_get_one_copy_and_launch_refuses_a_difference(run_cli, project_dir, tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.bin"  # outside the project: an absolute source
+    corpus.write_bytes(os.urandom(CHUNK + 10))
+    (project_dir / "fatpipe.toml").write_text('[clusters.demo]\nprovider = "sim"\nnodes = 2\n'
+                                              f'[data]\nsource = "{corpus}"\npath = "data/corpus.bin"\nchunk_mib = 1\n')
+    (project_dir / "outputs.json").write_text(json.dumps(local_outputs(free_port())))
+    (project_dir / "job.py").write_text("import os; print('data at', os.environ['FATPIPE_DATA'])\n")
+    common = ["--outputs", "outputs.json"]
+
+    refused = run_cli("launch", "demo", *common, "--max-restarts", "0", "--", "job.py")
+    assert refused.exit_code == 1 and "none was staged: run `fatpipe data push demo`" in refused.output
+
+    pushed = run_cli("data", "push", "demo", *common)
+    assert pushed.exit_code == 0, pushed.output
+    assert (project_dir / "data" / "corpus.bin").read_bytes() == corpus.read_bytes()
+    assert (project_dir / "data" / "corpus.bin.fatpipe-manifest.json").is_file()
+    assert run_cli("data", "verify", "demo", *common).output.count("matches") == 2
+
+    (project_dir / "data" / "corpus.bin").write_bytes(corpus.read_bytes()[:-1])
+    verify = run_cli("data", "verify", "demo", *common)
+    assert verify.exit_code == 1 and f"demo-1: data/corpus.bin: {CHUNK + 9} bytes, the manifest says" in verify.output
+    refused = run_cli("launch", "demo", *common, "--max-restarts", "0", "--", "job.py")
+    assert refused.exit_code == 1 and "node demo-0: data/corpus.bin:" in refused.output
+    assert "data at" not in refused.output
+
+    assert run_cli("data", "push", "demo", *common).exit_code == 0
+    launched = run_cli("launch", "demo", *common, "--max-restarts", "0", "--timeout", "150", "--", "job.py")
+    assert launched.exit_code == 0 and f"data at {project_dir}/data/corpus.bin" in launched.output, launched.output
