@@ -170,3 +170,17 @@ def test_an_interrupted_push_resumes_with_what_each_node_holds(cluster):
     for i in range(NODES):
         assert same_as_source(folder, i)
     assert not list(node_data(folder, 1).glob("*.fatpipe-partial"))
+
+
+def test_up_stages_what_a_node_lacks_before_it_launches(cluster):
+    folder = cluster
+    push(folder)
+    (node_data(folder, 1) / "val.bin").unlink()
+    up = fatpipe(folder, "up", CLUSTER, "--netcheck", "off", "--max-restarts", "0", "--remote-python",
+                 sys.executable, "--", "job.py", timeout=900)
+    assert up.returncode == 0, up.stdout[-5000:]
+    report = json.loads(next((folder / ".fatpipe" / CLUSTER / "runs").glob("*/up.json")).read_text())
+    phases = {p["name"]: p for p in report["phases"]}
+    assert phases["deploy"]["state"] == "skipped" and phases["data"]["state"] == "done"
+    assert phases["data"]["note"] == f"{sum(FILES.values())} bytes; {FILES['val.bin']} moved node to node"
+    assert same_as_source(folder, 1) and f"data={node_data(folder, 1)} sha=" in up.stdout
