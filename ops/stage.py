@@ -177,7 +177,8 @@ def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, l
     report = found[-1] if found else None
     problems = [f"{n['node']}: {n['problem']}" for n in (report or {}).get("nodes", []) if n.get("problem")]
     if problems or not result.ok or report is None:
-        why = "; ".join(problems) or result.failure or f"exit status {result.exit_code}"
+        why = "; ".join(problems) or ("interrupted" if result.interrupted else result.failure) or \
+            f"exit status {result.exit_code}"
         logs = run_dir.relative_to(project.root)
         raise FatpipeError(f"data fan-out failed: {why} (node logs in {logs}/node-<rank>.log; run the push "
                            "again: it resumes)", exit_code=result.exit_code or 1)

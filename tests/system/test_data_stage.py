@@ -11,9 +11,11 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 import pytest
@@ -68,6 +70,7 @@ isolation = "netns"
 transport = "ssh"
 private_cidr = "10.{OCTET}.0.0/24"
 rdzv_port = {free_port()}
+link_gbps = 0.1             # slow enough to interrupt a push half way
 
 [data]
 source = "data/set"
@@ -184,3 +187,31 @@ def test_up_stages_what_a_node_lacks_before_it_launches(cluster):
     assert phases["deploy"]["state"] == "skipped" and phases["data"]["state"] == "done"
     assert phases["data"]["note"] == f"{sum(FILES.values())} bytes; {FILES['val.bin']} moved node to node"
     assert same_as_source(folder, 1) and f"data={node_data(folder, 1)} sha=" in up.stdout
+
+
+def test_a_push_interrupted_half_way_resumes_where_it_stopped(cluster):
+    folder = cluster
+    push(folder)
+    size = 24 * CHUNK
+    (folder / "data" / "set" / "big.bin").write_bytes(os.urandom(size))
+    env = {**os.environ, "COLUMNS": "200", "FATPIPE_SSH_CONTROL_DIR": CONTROL_DIR}
+    first = subprocess.Popen([sys.executable, "-m", "fatpipe.cli", "data", "push", CLUSTER, "--remote-python",
+                              sys.executable], cwd=folder, env=env, text=True, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT)
+    partial = node_data(folder, 2) / "big.bin.fatpipe-partial"
+    deadline = time.monotonic() + 600
+    while first.poll() is None and time.monotonic() < deadline:
+        written = partial.stat().st_blocks * 512 if partial.exists() else 0  # a sparse file: what came
+        if CHUNK <= written < size // 2:
+            first.send_signal(signal.SIGINT)  # Ctrl-C while node 2 holds part of the file
+            break
+        time.sleep(0.02)
+    out = first.communicate(timeout=300)[0]
+    assert first.returncode != 0, "the push ended before it could be interrupted:\n" + out[-3000:]
+    assert partial.exists() and not (node_data(folder, 2) / "big.bin").exists()
+
+    resumed = push(folder)
+    moved = int(resumed.stdout.split(" byte(s) moved node to node")[0].split()[-1])
+    assert moved < 2 * size, resumed.stdout  # what node 2 already held did not travel again
+    assert (node_data(folder, 2) / "big.bin").read_bytes() == (folder / "data" / "set" / "big.bin").read_bytes()
+    assert not partial.exists()
