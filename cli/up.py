@@ -1,4 +1,4 @@
-"""`fatpipe up [CLUSTER]`: synth, deploy, wait, netcheck, rendezvous, launch, then a summary.
+"""`fatpipe up [CLUSTER]`: synth, deploy, wait, netcheck, data, rendezvous, launch, summary.
 
 Re-running `up` skips what is done: a deployment whose outputs match the cluster file and whose
 nodes all answer ready skips synth, deploy and wait; a netcheck that passed on this deployment
