@@ -208,7 +208,7 @@ def test_a_push_interrupted_half_way_resumes_where_it_stopped(cluster):
         time.sleep(0.02)
     out = first.communicate(timeout=300)[0]
     assert first.returncode != 0, "the push ended before it could be interrupted:\n" + out[-3000:]
-    assert partial.exists() and not (node_data(folder, 2) / "big.bin").exists()
+    assert "interrupted" in out and partial.exists() and not (node_data(folder, 2) / "big.bin").exists(), out[-3000:]
 
     resumed = push(folder)
     moved = int(resumed.stdout.split(" byte(s) moved node to node")[0].split()[-1])
