@@ -237,15 +237,40 @@ def check_netchecks(project, name: str, since: float) -> None:
                                "measures the links anew", exit_code=2)
 
 
+def stage_data(project, outputs, phases, out) -> None:
+    """`up`'s data phase: stage the cluster's [data] on every node, skipping what is already there."""
+    from fatpipe.infra.dataspec import cluster_data
+    from fatpipe.ops.stage import push_data
+
+    data = cluster_data(project.spec, outputs.name)
+    if data is None:
+        phases.skip("data", "no [data] declared")
+        return
+    result = phases.run("data", f"stage {data.path} on every node", lambda: push_data(
+        project, outputs, remote_python=given_run_options().remote_python, log=note(out)))
+    moved = sum(n["received"] for n in (result.fanout or {}).get("nodes", []))
+    phases.get("data").note = f"{result.manifest['total_bytes']} bytes; {moved} moved node to node"
+
+
+def _checker_python(rdzv) -> str | None:
+    """The interpreter that hashes a node's data: the run's own when one was given, else python3."""
+    from fatpipe.infra.node import REMOTE_VENV
+
+    python = rdzv.nodes[0].python if rdzv.nodes else None
+    return None if python in (None, f"{REMOTE_VENV}/bin/python") else python
+
+
 def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False):
     """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult."""
     from rich.markup import escape
 
     from fatpipe.infra.runs import latest_run_id, mark_latest
+    from fatpipe.ops.datacheck import require_data
     from fatpipe.ops.launch import launch as launch_run
 
     require_firewall(project, outputs, out)
     names = [n.name for n in rdzv.nodes]
+    require_data(project, outputs, _checker_python(rdzv))  # a node whose data differs: refused, named
     # The launched run becomes the latest (what status, logs and stop mean); one that never
     # started (nodes could not be prepared, a start refused) gives the mark back.
     before = latest_run_id(project, outputs.name)

@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .dataspec import DataSpec
 from .firewall import in_private_range, public_address_problem
 from .hostvalues import check_address, check_login, check_node_name, check_path
 from .node import remote_dir_problem
@@ -238,6 +239,7 @@ class ProjectSpec(Strict):
     clusters: dict[str, Cluster] = Field(min_length=1)
     train: TrainSpec = Field(default_factory=TrainSpec)
     node: NodeSpec = Field(default_factory=NodeSpec)  # every node's Python environment
+    data: DataSpec | None = None  # every cluster's dataset, unless a cluster declares its own
 
     @field_validator("clusters", mode="before")
     @classmethod

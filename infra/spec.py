@@ -10,6 +10,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .dataspec import DataSpec
 from .hostvalues import check_login
 from .trainspec import Strict
 
@@ -73,6 +74,7 @@ class ClusterBase(Strict):
     private_cidr: str = "10.42.0.0/24"
     rdzv_port: int = Field(29400, ge=1024, le=65535)
     backend: Backend = Field(default_factory=Backend)
+    data: DataSpec | None = None  # this cluster's dataset ([clusters.<name>.data]); else [data]
 
     @field_validator("private_cidr")
     @classmethod

@@ -78,9 +78,11 @@ def node_script_text(rdzv: Rendezvous, node: NodePlan) -> str:
     up = "/".join([".."] * depth)
     # One flag (with its value) per line, so the command reads like torchrun's docs.
     body = " \\\n  ".join(_group([shlex.quote(a) for a in node.command]))
-    pythonpath = ""
+    exports = ""
+    if rdzv.data_path:  # absolute on the node: a script may change its folder
+        exports = f'export FATPIPE_DATA="$PWD"/{shlex.quote(rdzv.data_path)}\n'
     if node.transport == "ssh" and rdzv.ships_trainer:
-        pythonpath = f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        exports += f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
     return f"""#!/usr/bin/env bash
 # fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, rank {node.rank} of {rdzv.nnodes}.
 # Runnable by hand on that node, from the project folder: bash {rdzv.run_rel}/node-{node.rank}.sh
@@ -97,7 +99,7 @@ fi
 export NCCL_SOCKET_IFNAME="=$IFACE" GLOO_SOCKET_IFNAME="$IFACE"
 # This attempt's error files only: the ones a failure is named from (ops.rootcause).
 rm -rf {shlex.quote(torchrun_log_dir(rdzv, node.rank))}
-{pythonpath}PY="${{FATPIPE_PYTHON:-{node.python}}}"
+{exports}PY="${{FATPIPE_PYTHON:-{node.python}}}"
 exec "$PY" {body}
 """
 

@@ -13,6 +13,7 @@ from pathlib import Path
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER, REMOTE_PKG, REMOTE_VENV
 
+from .datacheck import data_excludes
 from .noderun import Log, NodeRun
 from .nodevenv import node_venv, venv_command, venv_stamp
 from .projectdir import claim_project_dir
@@ -42,10 +43,12 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     if t.shares_fs:
         return
     claim_project_dir(t, plan.workdir, node.rdzv.cluster)  # never push into a folder that is not fatpipe's
+    # The staged dataset is `fatpipe data push`'s: never shipped again, never deleted by --delete.
+    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster)
     steps: list[tuple[str, Callable[[], object]]] = [
         # --delete for code, never inside the run folder (excluded files are not deleted).
         ("copy the project folder",
-         lambda: t.push(project.root, plan.workdir, (*SYNC_EXCLUDES, f"/{node.rdzv.run_rel}/"))),
+         lambda: t.push(project.root, plan.workdir, (*excludes, f"/{node.rdzv.run_rel}/"))),
         # The run's inputs only: what the node made there (checkpoints, logs, metrics) stays.
         ("copy the run's inputs", lambda: push_run(node, run_dir)),
     ]

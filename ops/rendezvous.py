@@ -79,6 +79,7 @@ class Rendezvous:
     created: str
     nodes: list[NodePlan]
     gpus_per_node: int = 0  # from the outputs: ssh nodes with GPUs get torch's CUDA build
+    data_path: str | None = None  # [data]'s path in the project folder: the run gets FATPIPE_DATA
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -146,7 +147,8 @@ def plan_rendezvous(project, outputs, run_id: str, run_dir: Path, entry: list[st
         entry=list(entry),
         # A script may import fatpipe.trainer.api: ssh nodes get the package for every run.
         builtin_trainer=builtin, ships_trainer=True, tier_gbps=outputs.tier_gbps,
-        gpus_per_node=outputs.gpus_per_node, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
+        gpus_per_node=outputs.gpus_per_node, data_path=_data_path(project, outputs.name),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
     )
     for node in nodes:
         node.command = torchrun_command(rdzv, node)
@@ -181,6 +183,13 @@ def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str
         ssh_user=node.ssh_user or outputs.ssh_user, ssh_port=node.ssh_port, ssh_key_file=node.ssh_key_file,
         ssh_host=node.ssh_host, env=env,
     )
+
+
+def _data_path(project, cluster: str) -> str | None:
+    from fatpipe.infra.dataspec import cluster_data
+
+    data = cluster_data(project.spec, cluster)
+    return data.path if data else None
 
 
 def _tier_nccl(gbps: float) -> dict[str, str]:

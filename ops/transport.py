@@ -107,6 +107,10 @@ class Transport:
         files equal to those in `link_dest` are hard links to them, not copies."""
         raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
 
+    def copy_to(self, src: str, dest: str, extra: Iterable[str] = (), timeout: float = 900) -> Result:
+        """rsync `src` (a local path as rsync reads it) to `dest` on the node, with rsync options `extra`."""
+        raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
+
     def describe(self) -> str:
         return f"{self.node_name} ({self.kind})"
 
@@ -206,6 +210,9 @@ class SshTransport(Transport):
         if not made.ok:
             return made
         return self._rsync(f"{src}/", f"{self.remote_host()}:{dest}/", only_filters(patterns), timeout)
+
+    def copy_to(self, src: str, dest: str, extra: Iterable[str] = (), timeout: float = 900) -> Result:
+        return self._rsync(src, f"{self.remote_host()}:{dest}", ["--partial", *extra], timeout)
 
     def pull(self, src: str, dest: Path, excludes: Iterable[str] = (), timeout: float = 900,
              link_dest: Path | None = None) -> Result:
