@@ -192,6 +192,7 @@ def test_the_project_push_deletes_code_but_never_a_run(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("fatpipe.ops.transport._run", lambda argv, timeout, stdin_text=None: calls.append(argv) or Result(0, "", ""))
     monkeypatch.setattr("fatpipe.ops.prepare.claim_project_dir", lambda *args: None)  # tests/system/test_down_safe.py
+    monkeypatch.setattr("fatpipe.ops.prepare.data_excludes", lambda *args: ())  # no [data] here
     ssh = SshTransport("n0", "10.0.0.5", tmp_path / "known_hosts", config="/dev/null")
     node_run = SimpleNamespace(name="n0", transport=ssh, sh=lambda snippet: snippet,
                                plan=SimpleNamespace(workdir="proj", python="/usr/bin/python3"),
