@@ -93,6 +93,7 @@ class Prediction:
     link: Link
     compute_s: float
     step_s: float  # mean over the job's steps, on the method chosen
+    plain_step_s: float  # the same step with plain DDP (comm = "none"): what auto saves
     method: str
     exposed_share: float  # hook + exposed communication over the step
     ring_bytes: float  # per node and step, plain gradients
@@ -107,7 +108,7 @@ class Prediction:
             "baseline_gbps": link.baseline_gbps, "link_gbps": link.gbps,
             "flow_cap_gbps": link.flow_cap_gbps, "burst_only": link.burst_only,
             "tier_unreachable": link.tier_unreachable, "compute_s": self.compute_s,
-            "step_s": self.step_s, "method": self.method, "exposed_share": self.exposed_share,
+            "step_s": self.step_s, "plain_step_s": self.plain_step_s, "method": self.method, "exposed_share": self.exposed_share,
             "ring_bytes": self.ring_bytes, "hours": self.hours, "dollars": self.dollars,
             "hourly": _hourly(c), "reason": self.reason,
         }
@@ -139,7 +140,8 @@ def predict(job: Job, accel: Accelerator, traffic: ModelTraffic, cand: Candidate
     step_s = chosen["run_step_s"]
     hours = job.steps * step_s / 3600
     hourly = _hourly(cand)
-    return Prediction(cand, link, compute_s, step_s, decision.comm, chosen["share"],
+    return Prediction(cand, link, compute_s, step_s, decision.predicted["none"]["step_s"],
+                      decision.comm, chosen["share"],
                       ring_allreduce_bytes(grad_bytes, n), hours,
                       hours * hourly if hourly is not None else None, decision.reason)
 
