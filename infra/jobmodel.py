@@ -41,25 +41,27 @@ class Accelerator:
     def node_tokens_per_s(self, params: int, machine: MachineType | None = None) -> float:
         """Tokens/s of one node training a model of `params`: compute ~ 6 x params x tokens."""
         rate = self.tokens_per_s * REFERENCE_PARAMS / params
-        if self.per_vcpu:
-            rate *= machine.vcpus if machine is not None else 1
-        return rate
+        if machine is None:
+            return rate
+        # A node computes with all its GPUs (data parallel inside it too), or all its vCPUs;
+        # a node of unknown size (a --link) counts as one.
+        return rate * max(machine.vcpus if self.per_vcpu else machine.gpus, 1)
 
 
 # The figures docs/BENCHMARKS.md cites ("The seed's table, time-scaled").
 ACCELERATORS: dict[str, Accelerator] = {
     "rtx4090": Accelerator(
-        "1x RTX 4090", 220.7e3 / 2,
+        "RTX 4090", 220.7e3 / 2,
         "llm.c's PyTorch GPT-2 trainer on 2x RTX 4090: 220.7k tokens/s (T. Romero, NanoGPT "
         "Speedrun Living Worklog, record 1)"),
     "h100": Accelerator(
-        "1x H100 SXM", 10e9 / (45 * 60) / 8,
+        "H100 SXM", 10e9 / (45 * 60) / 8,
         "llm.c GPT-2 124M on 8x H100: 10B tokens in 45 minutes"),
     # The seed table's sim: the `tiny` preset (829,750 parameters, 3.319 MB of gradients) at
     # 98.6 ms per step of 512 tokens per rank, 4 ranks on 2 vCPUs: 10,385 tokens/s per vCPU,
     # i.e. 69 tokens/s per vCPU on REFERENCE_PARAMS. A CPU node's rate grows with its vCPUs.
     "cpu": Accelerator(
-        "CPU (per vCPU)", 4 * 512 / 0.0986 / 2 * 829_750 / REFERENCE_PARAMS,
+        "CPU", 4 * 512 / 0.0986 / 2 * 829_750 / REFERENCE_PARAMS,
         "docs/BENCHMARKS.md, the seed table's sim compute: tiny preset, 98.6 ms/step, 4 ranks "
         "on 2 vCPUs, torch 2.13 CPU", gpus=0, per_vcpu=True),
 }

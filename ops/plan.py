@@ -162,15 +162,32 @@ def candidates(accel: Accelerator, nodes: range, providers=PROVIDERS, tiers=tupl
     return found
 
 
+def link_candidates(gbps: list[float], nodes: range) -> list[Candidate]:
+    """Machines the catalogs do not hold (rented nodes, the seed's 1 vs 10 Gbit/s): a link of
+    `gbps` each, no published flow cap, no price, at the highest tier it reaches."""
+    found = []
+    for rate in gbps:
+        if not rate > 0:
+            raise ConfigError(f"--link must be a positive rate in Gbit/s, not {rate!r}")
+        tier = max((t for t, g in TIER_GBPS.items() if g <= rate), key=TIER_GBPS.get, default="1g")
+        link = MachineType(f"{rate:g} Gbit/s link", rate, rate, 0, 0.0, gpus=1)
+        found += [Candidate("link", link, tier, n) for n in nodes]
+    return found
+
+
 def rank(predictions: list[Prediction], by: str = "time") -> list[Prediction]:
-    """Fastest first (`time`), or cheapest first (`cost`); the other breaks ties."""
+    """Fastest first (`time`), or cheapest first (`cost`); the other breaks ties. Steps within
+    1% of each other count as the same time: the model is not that precise, the price is."""
     if by not in ("time", "cost"):
         raise ConfigError(f"--by must be time or cost, not {by!r}")
 
     def cost(p: Prediction) -> float:
         return p.dollars if p.dollars is not None else math.inf
 
-    key = (lambda p: (p.step_s, cost(p))) if by == "time" else (lambda p: (cost(p), p.step_s))
+    def time(p: Prediction) -> int:
+        return round(math.log(max(p.step_s, 1e-9)) / math.log(1.01))
+
+    key = (lambda p: (time(p), cost(p))) if by == "time" else (lambda p: (cost(p), p.step_s))
     return sorted(predictions, key=key)
 
 
