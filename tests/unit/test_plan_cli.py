@@ -1,0 +1,57 @@
+"""`fatpipe plan` end to end: the seed's job (8 nodes, GPT-2 124M, 1 vs 10 Gbit/s), the
+catalogs ranked by time and by cost, the marks, and bad input as one line."""
+
+from __future__ import annotations
+
+import json
+
+
+def plans(run_cli, *args: str) -> dict:
+    result = run_cli("plan", "--json", *args)
+    assert result.exit_code == 0, result.output
+    return json.loads(result.output)
+
+
+def test_the_seeds_job_on_1_and_10_gbit_links(run_cli):
+    doc = plans(run_cli, "--nodes", "8", "--model", "124m", "--link", "1", "--link", "10")
+    assert doc["job"]["steps"] == 19_074 and 124e6 < doc["job"]["params"] < 125e6
+    rows = {p["link_gbps"]: p for p in doc["plans"]}
+    assert set(rows) == {1.0, 10.0} and {p["nodes"] for p in doc["plans"]} == {8}
+    slow, fast = rows[1.0], rows[10.0]
+    # Plain DDP: ~7 s per step at 1 Gbit/s against ~0.9 s at 10; auto compresses at 1 Gbit/s.
+    assert slow["plain_step_s"] > 5 * fast["plain_step_s"]
+    assert slow["method"] not in ("none", "bf16", "fp16")
+    assert slow["step_s"] < slow["plain_step_s"] / 5
+    assert slow["ring_bytes"] == fast["ring_bytes"] == 2 * 7 / 8 * 4 * doc["job"]["params"]
+    assert slow["tier"] == "1g" and fast["tier"] == "10g" and slow["dollars"] is None
+
+
+def test_the_catalogs_ranked_by_time_and_by_cost(run_cli):
+    by_time = plans(run_cli, "--nodes", "8", "--provider", "aws", "--top", "50")["plans"]
+    by_cost = plans(run_cli, "--nodes", "8", "--provider", "aws", "--by", "cost", "--top", "50")["plans"]
+    assert {p["provider"] for p in by_time} == {"aws"}
+    costs = [p["dollars"] for p in by_cost]
+    assert costs == sorted(costs)
+    assert by_time[0]["step_s"] < by_cost[0]["step_s"] and by_time[0]["dollars"] > costs[0]
+    # Burst-only types are marked: their baseline is under half the advertised rate.
+    assert any(p["burst_only"] for p in by_cost)
+    assert all(p["link_gbps"] <= p["baseline_gbps"] for p in by_time)
+
+
+def test_the_table_marks_flows_that_cannot_reach_the_tier(run_cli):
+    # A CPU node trains over gloo, one flow per peer: AWS caps it at 10 Gbit/s, under 25g.
+    result = run_cli("plan", "--accelerator", "cpu", "--provider", "aws", "--tier", "25g",
+                     "--nodes", "4", "--top", "3", "--tokens", "1M")
+    assert result.exit_code == 0, result.output
+    assert "ranked by time" in result.output and "flow-capped" in result.output
+    assert "10 of " in result.output  # the link column: 10 Gbit/s of a larger baseline
+
+
+def test_bad_input_is_one_line_and_a_non_zero_exit(run_cli):
+    for args, words in [(("--nodes", "1"), "--nodes"), (("--model", "huge"), "not a count"),
+                        (("--tokens", "1B", "--steps", "3"), "not both"),
+                        (("--accelerator", "cpu", "--provider", "aws", "--tier", "25g",
+                          "--tokens-per-s", "-1"), "--tokens-per-s")]:
+        result = run_cli("plan", *args)
+        assert result.exit_code != 0, args
+        assert words in result.output and len(result.output.strip().splitlines()) == 1, result.output
