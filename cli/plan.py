@@ -29,21 +29,21 @@ def parse_nodes(text: str) -> range:
 @click.option("--model", default="124m", show_default=True,
               help="A trainer preset (tiny, small, 124m) or a parameter count (124M, 1.5B).")
 @click.option("--tokens", help="Tokens to train on (10B, 2.5B, 350000000). Default: --steps x --batch, else 10B.")
-@click.option("--steps", type=click.IntRange(min=1), help="Optimizer steps (with --batch).")
+@click.option("--steps", type=int, default=None, help="Optimizer steps (with --batch).")
 @click.option("--batch", help="Tokens per optimizer step, all nodes together. Default 524288.")
-@click.option("--accelerator", "--gpu", "accel", type=click.Choice(_ACCELERATORS), default="rtx4090",
+@click.option("--accelerator", "accel", type=click.Choice(_ACCELERATORS), default="rtx4090",
               show_default=True, help="What computes on each node (sourced tokens/s for GPT-2 124M).")
 @click.option("--tokens-per-s", type=float, help="Your own tokens/s per node for GPT-2 124M.")
-@click.option("--provider", "providers", multiple=True, type=click.Choice(["aws", "digitalocean"]),
-              help="Catalogs to rank (repeatable; default: all, none with --link).")
+@click.option("--catalog", "providers", multiple=True, type=click.Choice(["aws", "digitalocean"]),
+              help="Provider catalogs to rank (repeatable; default: all, none with --link).")
 @click.option("--tier", "tiers", multiple=True, type=click.Choice(["1g", "10g", "25g"]),
               help="Tiers to consider (repeatable; default: all).")
 @click.option("--link", "links", multiple=True, type=float,
               help="Also plan nodes outside the catalogs with this link in Gbit/s (repeatable).")
 @click.option("--nodes", default="2-8", show_default=True, help="Node count or range, e.g. 8 or 2-8.")
 @click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True)
-@click.option("--top", type=click.IntRange(min=1), default=15, show_default=True, help="Rows shown.")
-@click.option("--auto-periodic", is_flag=True, help="Let comm=auto take DiLoCo/local SGD, as [train] auto_periodic.")
+@click.option("--top", type=int, default=3, show_default=True, help="Rows shown, best first.")
+@click.option("--auto-periodic", is_flag=True, default=None, help="Let comm=auto take DiLoCo/local SGD, as [train] auto_periodic.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ranking as JSON.")
 @pass_project(clusters_optional=True)
 def plan(project, **opts):
@@ -57,10 +57,12 @@ def plan(project, **opts):
     from fatpipe.ops import plan as planner
 
     count = parse_nodes(opts["nodes"])
+    if opts["top"] < 1:
+        raise ConfigError(f"--top must be 1 or more, not {opts['top']}")
     traffic = planner.model_traffic(opts["model"])
     job = _job(traffic.params, opts)
     acc = accelerator(opts["accel"], opts["tokens_per_s"])
-    # --link alone plans those links; the catalogs join when a --provider names them.
+    # --link alone plans those links; the catalogs join when a --catalog names them.
     providers = opts["providers"] or (() if opts["links"] else planner.PROVIDERS)
     cands = planner.candidates(acc, count, providers,
                                opts["tiers"] or ("1g", "10g", "25g"), project.root)
@@ -68,9 +70,9 @@ def plan(project, **opts):
     if not cands:
         need = "a GPU" if acc.gpus else "no GPU"
         raise ConfigError(f"no machine type with {need} reaches the tiers asked; try another "
-                          "--provider, --tier or --accelerator, or give --link")
+                          "--catalog, --tier or --accelerator, or give --link")
     by = opts["by"]
-    ranked = planner.plan(job, acc, traffic, cands, by, opts["auto_periodic"])[: opts["top"]]
+    ranked = planner.plan(job, acc, traffic, cands, by, bool(opts["auto_periodic"]))[: opts["top"]]
     if opts["as_json"]:
         head = {"job": {"model": opts["model"], "params": job.params, "tokens": job.tokens,
                         "tokens_per_step": job.tokens_per_step, "steps": job.steps},
@@ -98,6 +100,8 @@ def _job(params: int, opts: dict):
     tokens, steps, batch = opts["tokens"], opts["steps"], opts["batch"]
     if tokens is not None and steps is not None:
         raise ConfigError("give --tokens or --steps, not both")
+    if steps is not None and steps < 1:
+        raise ConfigError(f"--steps must be 1 or more, not {steps}")
     per_step = parse_count(batch) if batch else DEFAULT_TOKENS_PER_STEP
     total = parse_count(tokens) if tokens else (steps * per_step if steps else 10**10)
     return Job(params, total, per_step)

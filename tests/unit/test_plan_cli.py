@@ -27,8 +27,8 @@ def test_the_seeds_job_on_1_and_10_gbit_links(run_cli):
 
 
 def test_the_catalogs_ranked_by_time_and_by_cost(run_cli):
-    by_time = plans(run_cli, "--nodes", "8", "--provider", "aws", "--top", "50")["plans"]
-    by_cost = plans(run_cli, "--nodes", "8", "--provider", "aws", "--by", "cost", "--top", "50")["plans"]
+    by_time = plans(run_cli, "--nodes", "8", "--catalog", "aws", "--top", "50")["plans"]
+    by_cost = plans(run_cli, "--nodes", "8", "--catalog", "aws", "--by", "cost", "--top", "50")["plans"]
     assert {p["provider"] for p in by_time} == {"aws"}
     costs = [p["dollars"] for p in by_cost]
     assert costs == sorted(costs)
@@ -40,7 +40,7 @@ def test_the_catalogs_ranked_by_time_and_by_cost(run_cli):
 
 def test_the_table_marks_flows_that_cannot_reach_the_tier(run_cli):
     # A CPU node trains over gloo, one flow per peer: AWS caps it at 10 Gbit/s, under 25g.
-    result = run_cli("plan", "--accelerator", "cpu", "--provider", "aws", "--tier", "25g",
+    result = run_cli("plan", "--accelerator", "cpu", "--catalog", "aws", "--tier", "25g",
                      "--nodes", "4", "--top", "3", "--tokens", "1M")
     assert result.exit_code == 0, result.output
     assert "ranked by time" in result.output and "flow-capped" in result.output
@@ -49,8 +49,9 @@ def test_the_table_marks_flows_that_cannot_reach_the_tier(run_cli):
 
 def test_bad_input_is_one_line_and_a_non_zero_exit(run_cli):
     for args, words in [(("--nodes", "1"), "--nodes"), (("--model", "huge"), "not a count"),
+                        (("--top", "0"), "--top"), (("--steps", "0"), "--steps"),
                         (("--tokens", "1B", "--steps", "3"), "not both"),
-                        (("--accelerator", "cpu", "--provider", "aws", "--tier", "25g",
+                        (("--accelerator", "cpu", "--catalog", "aws", "--tier", "25g",
                           "--tokens-per-s", "-1"), "--tokens-per-s")]:
         result = run_cli("plan", *args)
         assert result.exit_code != 0, args
