@@ -55,6 +55,7 @@ def plan(project, **opts):
     """
     from fatpipe.infra.jobmodel import accelerator
     from fatpipe.ops import plan as planner
+    from fatpipe.ops.planmeasured import measured_candidates
 
     count = parse_nodes(opts["nodes"])
     if opts["top"] < 1:
@@ -66,7 +67,7 @@ def plan(project, **opts):
     providers = opts["providers"] or (() if opts["links"] else planner.PROVIDERS)
     cands = planner.candidates(acc, count, providers,
                                opts["tiers"] or ("1g", "10g", "25g"), project.root)
-    cands += planner.link_candidates(list(opts["links"]), count)
+    cands += planner.link_candidates(list(opts["links"]), count) + measured_candidates(project)
     if not cands:
         need = "a GPU" if acc.gpus else "no GPU"
         raise ConfigError(f"no machine type with {need} reaches the tiers asked; try another "
@@ -89,7 +90,8 @@ def plan(project, **opts):
     out.print("[dim]link: the baseline (never the burst), capped by the flows the job opens; "
               "step: comm=auto's method (plain DDP's step in brackets); exposed: hook + exposed "
               "communication over the step. burst-only: baseline under half the advertised rate; "
-              "flow-capped: the tier's rate is more than the planned flows carry.[/]")
+              "flow-capped: the tier's rate is more than the planned flows carry; measured: a declared "
+              "cluster's link as its newest netcheck measured it.[/]")
 
 
 def _job(params: int, opts: dict):
@@ -118,7 +120,8 @@ def _table(ranked, by: str):
             "provider", "machine", "tier", "method", "marks") else "right")
     for i, p in enumerate(ranked, 1):
         c, link = p.candidate, p.link
-        marks = [m for m, on in (("burst-only", link.burst_only),
+        marks = [m for m, on in (("measured", c.measured is not None),
+                                 ("burst-only", link.burst_only),
                                  ("flow-capped", link.tier_unreachable)) if on]
         gbps = f"{link.gbps:g}" + (f" of {link.baseline_gbps:g}" if link.gbps < link.baseline_gbps else "")
         table.add_row(str(i), c.provider, c.machine.name, c.tier, str(c.nodes), gbps, p.method,

@@ -85,6 +85,7 @@ class Candidate:
     tier: str
     nodes: int
     extras_hourly: float = 0.0  # per node, besides the machine: public IPv4 and the like
+    measured: LinkEstimate | None = None  # a declared cluster's netcheck: beats the catalog
 
 
 @dataclass(frozen=True)
@@ -111,6 +112,7 @@ class Prediction:
             "step_s": self.step_s, "plain_step_s": self.plain_step_s, "method": self.method, "exposed_share": self.exposed_share,
             "ring_bytes": self.ring_bytes, "hours": self.hours, "dollars": self.dollars,
             "hourly": _hourly(c), "reason": self.reason,
+            "link_source": c.measured.source if c.measured else "catalog baseline",
         }
 
 
@@ -126,9 +128,14 @@ def predict(job: Job, accel: Accelerator, traffic: ModelTraffic, cand: Candidate
     n = cand.nodes
     if n < 2:
         raise ConfigError("a plan needs 2 nodes or more: one node sends nothing")
-    link = plan_link(cand.provider, cand.machine, accel, cand.tier, TIER_GBPS[cand.tier])
+    if cand.measured is not None:  # what netcheck measured already holds every cap
+        measured = cand.measured
+        link = Link(measured.busbw_gbps, measured.busbw_gbps, None, False,
+                    measured.busbw_gbps < TIER_GBPS[cand.tier])
+    else:
+        link = plan_link(cand.provider, cand.machine, accel, cand.tier, TIER_GBPS[cand.tier])
+        measured = LinkEstimate(link.gbps, 2 * (n - 1) * HOP_LATENCY_S, "catalog baseline")
     compute_s = job.compute_s(accel, n, cand.machine)
-    measured = LinkEstimate(link.gbps, 2 * (n - 1) * HOP_LATENCY_S, "catalog baseline")
     grad_bytes = 4 * traffic.params
     grads = GradTraffic(grad_bytes, max(1, math.ceil(grad_bytes / (_DEFAULTS.bucket_cap_mb * MiB))),
                         traffic.powersgd_bytes,

@@ -38,7 +38,8 @@ def test_the_catalogs_ranked_by_time_and_by_cost(run_cli):
     assert all(p["link_gbps"] <= p["baseline_gbps"] for p in by_time)
 
 
-def test_the_table_marks_flows_that_cannot_reach_the_tier(run_cli):
+def test_the_table_marks_flows_that_cannot_reach_the_tier(run_cli, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")  # the whole table, whatever terminal runs the tests
     # A CPU node trains over gloo, one flow per peer: AWS caps it at 10 Gbit/s, under 25g.
     result = run_cli("plan", "--accelerator", "cpu", "--catalog", "aws", "--tier", "25g",
                      "--nodes", "4", "--top", "3", "--tokens", "1M")
@@ -56,3 +57,22 @@ def test_bad_input_is_one_line_and_a_non_zero_exit(run_cli):
         result = run_cli("plan", *args)
         assert result.exit_code != 0, args
         assert words in result.output and len(result.output.strip().splitlines()) == 1, result.output
+
+
+def test_a_declared_cluster_with_a_netcheck_is_planned_on_its_measured_link(run_cli, project_dir,
+                                                                           monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    runs = project_dir / ".fatpipe" / "demo" / "runs"  # the embedded default's 4-node cluster
+    (runs / "20261201-100000").mkdir(parents=True)
+    (runs / "20261201-100000" / "netcheck.json").write_text(json.dumps(
+        {"busbw_gbps": 0.5, "latency_s": 0.002, "nodes": ["n0", "n1", "n2", "n3"]}))
+    (runs / "20261201-110000").mkdir()
+    (runs / "20261201-110000" / "netcheck.json").write_text("{not json")  # newer, damaged
+    doc = plans(run_cli, "--nodes", "4", "--link", "1")
+    rows = {p["provider"]: p for p in doc["plans"]}
+    measured, published = rows["sim (demo)"], rows["link"]
+    assert measured["link_gbps"] == 0.5 and measured["link_source"] == "netcheck 20261201-100000"
+    assert measured["nodes"] == 4 and measured["plain_step_s"] > published["plain_step_s"]
+    assert published["link_source"] == "catalog baseline"
+    table = run_cli("plan", "--nodes", "4", "--link", "1")
+    assert "measured" in table.output and "sim (demo)" in table.output
