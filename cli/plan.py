@@ -45,6 +45,8 @@ def parse_nodes(text: str) -> range:
 @click.option("--top", type=int, default=3, show_default=True, help="Rows shown, best first.")
 @click.option("--auto-periodic", is_flag=True, default=None, help="Let comm=auto take DiLoCo/local SGD, as [train] auto_periodic.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ranking as JSON.")
+@click.option("--write", "write_name", metavar="NAME",
+              help="Add the best catalog row to fatpipe.toml as cluster NAME (whole or not at all).")
 @pass_project(clusters_optional=True)
 def plan(project, **opts):
     """Rank machine types, tiers and node counts by predicted step time or cost.
@@ -73,13 +75,20 @@ def plan(project, **opts):
         raise ConfigError(f"no machine type with {need} reaches the tiers asked; try another "
                           "--catalog, --tier or --accelerator, or give --link")
     by = opts["by"]
-    ranked = planner.plan(job, acc, traffic, cands, by, bool(opts["auto_periodic"]))[: opts["top"]]
+    ranked = planner.plan(job, acc, traffic, cands, by, bool(opts["auto_periodic"]))
+    written = _write(project, opts["write_name"], ranked) if opts["write_name"] else None
+    if written and not opts["as_json"]:
+        console(stderr=True).print(f"wrote [clusters.{written['cluster']}] to {written['path']}: "
+                                   f"{written['provider']} {written['machine']} x "
+                                   f"{written['nodes']}, tier {written['tier']}")
+    ranked = ranked[: opts["top"]]
     if opts["as_json"]:
         head = {"job": {"model": opts["model"], "params": job.params, "tokens": job.tokens,
                         "tokens_per_step": job.tokens_per_step, "steps": job.steps},
                 "accelerator": {"name": acc.name, "tokens_per_s": acc.tokens_per_s,
                                 "per_vcpu": acc.per_vcpu, "source": acc.source}, "by": by}
-        click.echo(json.dumps({**head, "plans": [p.to_dict() for p in ranked]}, indent=1))
+        doc = {**head, "plans": [p.to_dict() for p in ranked], "written": written}
+        click.echo(json.dumps(doc, indent=1))
         return
     out = console()
     out.print(f"[bold]{opts['model']}[/] ({job.params / 1e6:,.1f}M parameters), {job.tokens:,} "
@@ -92,6 +101,23 @@ def plan(project, **opts):
               "communication over the step. burst-only: baseline under half the advertised rate; "
               "flow-capped: the tier's rate is more than the planned flows carry; measured: a declared "
               "cluster's link as its newest netcheck measured it.[/]")
+
+
+def _write(project, name: str, ranked) -> dict:
+    """Add the best row that is a catalog machine to the cluster file; what was written."""
+    from fatpipe.infra.planwrite import add_cluster, cluster_block
+
+    best = next((p for p in ranked if p.candidate.measured is None
+                 and p.candidate.provider in ("aws", "digitalocean")), None)
+    if best is None:
+        raise ConfigError("--write: no catalog machine among the rows (give a --catalog)")
+    c = best.candidate
+    like = next((k for k in project.clusters.values() if k.provider == c.provider), None)
+    if project.path is None:
+        like = None
+    block = cluster_block(name, c.provider, c.machine.name, c.tier, c.nodes, c.machine.gpus, like)
+    path = add_cluster(project, name, block)
+    return {"cluster": name, "path": str(path), **best.to_dict()}
 
 
 def _job(params: int, opts: dict):

@@ -76,3 +76,47 @@ def test_a_declared_cluster_with_a_netcheck_is_planned_on_its_measured_link(run_
     assert published["link_source"] == "catalog baseline"
     table = run_cli("plan", "--nodes", "4", "--link", "1")
     assert "measured" in table.output and "sim (demo)" in table.output
+
+
+AWS_FILE = """[clusters.east]
+provider = "aws"
+region = "eu-west-1"
+nodes = 2
+tier = "1g"
+ssh_public_key = "{key}"
+ssh_cidr = "198.51.100.7/32"
+
+[train]
+preset = "tiny"
+"""
+
+
+def test_write_adds_the_best_catalog_row_to_the_cluster_file(run_cli, project_dir, monkeypatch):
+    monkeypatch.setenv("HOME", str(project_dir))  # no ~/.ssh/id_ed25519.pub of the real user
+    key = project_dir / "id.pub"
+    key.write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITest test\n")
+    toml = project_dir / "fatpipe.toml"
+    toml.write_text(AWS_FILE.format(key=key))
+    doc = plans(run_cli, "--nodes", "8", "--catalog", "aws", "--by", "cost", "--link", "1",
+                "--write", "cheap")
+    best = doc["written"]
+    # The --link row has no price, so by cost it ranks last: the best row is a catalog one.
+    assert best["provider"] == "aws" and best["machine"] == doc["plans"][0]["machine"]
+    from fatpipe.infra.project import load_project
+
+    project = load_project(str(toml))
+    cheap = project.clusters["cheap"]
+    assert (cheap.instance_type, cheap.nodes, cheap.tier) == (best["machine"], 8, best["tier"])
+    assert (cheap.region, cheap.ssh_cidr, cheap.ssh_public_key) == ("eu-west-1", "198.51.100.7/32", str(key))
+    assert project.train.preset == "tiny"  # the rest of the file as it was
+    # Refused, and the file untouched: a name already declared, a bad name, a cluster that would
+    # not validate (DigitalOcean's default key file does not exist under this HOME).
+    before = toml.read_bytes()
+    for args, words in [(("--catalog", "aws", "--write", "cheap"), "already declares"),
+                        (("--catalog", "aws", "--write", "Bad name"), "not a cluster name"),
+                        (("--catalog", "digitalocean", "--accelerator", "cpu", "--write", "sea"),
+                         "public key file")]:
+        result = run_cli("plan", "--nodes", "2", *args)
+        assert result.exit_code != 0 and words in result.output, result.output
+        assert toml.read_bytes() == before
+    assert not list(project_dir.glob(".fatpipe.toml.*"))  # no temporary file left behind
