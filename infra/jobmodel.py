@@ -128,10 +128,17 @@ def flow_cap_gbps(provider: str, machine: MachineType) -> float | None:
     return None
 
 
-def flows_per_peer(accel: Accelerator, tier: str) -> int:
-    """Flows one node opens to its ring neighbour: gloo (CPU) one; NCCL's sockets per the tier."""
+# NCCL recognises AWS's ENA and opens 2 threads x 8 sockets per peer by itself; fatpipe leaves
+# NCCL's socket settings alone there (stacks/providers/aws.py), and sets the tier's elsewhere.
+AWS_NCCL_FLOWS = 2 * 8
+
+
+def flows_per_peer(accel: Accelerator, tier: str, provider: str = "") -> int:
+    """Flows one node opens to its ring neighbour: gloo (CPU) one; NCCL its sockets."""
     if accel.gpus == 0:
         return 1
+    if provider == "aws":
+        return AWS_NCCL_FLOWS
     threads, sockets = NCCL_SOCKETS[tier]
     return threads * sockets
 
@@ -154,7 +161,7 @@ def plan_link(provider: str, machine: MachineType, accel: Accelerator, tier: str
         raise ConfigError(f"{provider} {machine.name}: the catalog has no baseline bandwidth")
     baseline = machine.baseline_gbps
     one_flow = flow_cap_gbps(provider, machine)
-    cap = one_flow * flows_per_peer(accel, tier) if one_flow is not None else None
+    cap = one_flow * flows_per_peer(accel, tier, provider) if one_flow is not None else None
     gbps = min(baseline, cap) if cap is not None else baseline
     burst_only = bool(machine.peak_gbps) and baseline < 0.5 * machine.peak_gbps
     return Link(gbps, baseline, cap, burst_only, cap is not None and cap < tier_gbps)

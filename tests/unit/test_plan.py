@@ -12,6 +12,7 @@ from fatpipe.infra.jobmodel import (
     REFERENCE_PARAMS,
     Job,
     accelerator,
+    flows_per_peer,
     plan_link,
     ring_allreduce_bytes,
 )
@@ -41,9 +42,10 @@ def test_aws_caps_one_flow_at_10_gbit_in_a_placement_group_and_5_outside():
     assert (link.gbps, link.flow_cap_gbps, link.tier_unreachable) == (10.0, 10.0, True)
     t3 = AWS.types["t3.2xlarge"]  # may not join a cluster placement group
     assert plan_link("aws", t3, CPU, "1g", 1).flow_cap_gbps == 5.0
-    # NCCL on a GPU node opens the tier's sockets: 2 threads x 4 sockets at 10g.
+    # NCCL on an AWS GPU node opens 2 threads x 8 sockets per peer (ENA): 16 flows of 10.
     gpu_link = plan_link("aws", AWS.types["g4dn.8xlarge"], GPU, "10g", 10)
-    assert (gpu_link.gbps, gpu_link.flow_cap_gbps, gpu_link.tier_unreachable) == (50.0, 80.0, False)
+    assert (gpu_link.gbps, gpu_link.flow_cap_gbps, gpu_link.tier_unreachable) == (50.0, 160.0, False)
+    assert flows_per_peer(GPU, "10g") == 8  # elsewhere the tier's: 2 threads x 4 sockets at 10g
 
 
 def test_digitalocean_publishes_no_flow_cap_so_the_baseline_is_the_link():
