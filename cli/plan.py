@@ -33,7 +33,7 @@ def parse_nodes(text: str) -> range:
 @click.option("--batch", help="Tokens per optimizer step, all nodes together. Default 524288.")
 @click.option("--accelerator", "accel", type=click.Choice(_ACCELERATORS), default="rtx4090",
               show_default=True, help="What computes on each node (sourced tokens/s for GPT-2 124M).")
-@click.option("--tokens-per-s", type=float, help="Your own tokens/s per node for GPT-2 124M.")
+@click.option("--tokens-per-s", type=float, help="Your own tokens/s per GPU (per vCPU with cpu) on GPT-2 124M.")
 @click.option("--catalog", "providers", multiple=True, type=click.Choice(["aws", "digitalocean"]),
               help="Provider catalogs to rank (repeatable; default: all, none with --link).")
 @click.option("--tier", "tiers", multiple=True, type=click.Choice(["1g", "10g", "25g"]),

@@ -174,7 +174,7 @@ def link_candidates(gbps: list[float], nodes: range) -> list[Candidate]:
     `gbps` each, no published flow cap, no price, at the highest tier it reaches."""
     found = []
     for rate in gbps:
-        if not rate > 0:
+        if not 0 < rate < math.inf:
             raise ConfigError(f"--link must be a positive rate in Gbit/s, not {rate!r}")
         tier = max((t for t, g in TIER_GBPS.items() if g <= rate), key=TIER_GBPS.get, default="1g")
         link = MachineType(f"{rate:g} Gbit/s link", rate, rate, 0, 0.0, gpus=1)
