@@ -100,7 +100,7 @@ def plan(project, **opts):
               "step: comm=auto's method (plain DDP's step in brackets); exposed: hook + exposed "
               "communication over the step. burst-only: baseline under half the advertised rate; "
               "flow-capped: the tier's rate is more than the planned flows carry; measured: a declared "
-              "cluster's link as its newest netcheck measured it.[/]")
+              "cluster's link as its newest netcheck measured it (below tier: under its tier's rate).[/]")
 
 
 def _write(project, name: str, ranked) -> dict:
@@ -148,7 +148,8 @@ def _table(ranked, by: str):
         c, link = p.candidate, p.link
         marks = [m for m, on in (("measured", c.measured is not None),
                                  ("burst-only", link.burst_only),
-                                 ("flow-capped", link.tier_unreachable)) if on]
+                                 ("below tier" if c.measured else "flow-capped",
+                                  link.tier_unreachable)) if on]
         gbps = f"{link.gbps:g}" + (f" of {link.baseline_gbps:g}" if link.gbps < link.baseline_gbps else "")
         table.add_row(str(i), c.provider, c.machine.name, c.tier, str(c.nodes), gbps, p.method,
                       f"{p.exposed_share:.0%}", f"{p.step_s:.2f} ({p.plain_step_s:.2f})",

@@ -76,6 +76,8 @@ def test_a_declared_cluster_with_a_netcheck_is_planned_on_its_measured_link(run_
     assert published["link_source"] == "catalog baseline"
     table = run_cli("plan", "--nodes", "4", "--link", "1")
     assert "measured" in table.output and "sim (demo)" in table.output
+    # 0.5 Gbit/s measured on a 1g cluster: below its tier, and marked so.
+    assert measured["tier_unreachable"] and "below tier" in table.output
 
 
 AWS_FILE = """[clusters.east]
