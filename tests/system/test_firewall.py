@@ -52,7 +52,7 @@ def private_ip(index: int) -> str:
 
 def write_project(folder: Path) -> None:
     hosts = "".join(f'[[clusters.{RENTED}.hosts]]\naddress = "{private_ip(i)}"\nprivate_ip = "{private_ip(i)}"\n'
-                    f'remote_dir = "{folder}/remote/{i}"\n' for i in range(NODES))
+                    f'remote_dir = "{folder}/fatpipe/{i}"\n' for i in range(NODES))
     (folder / "fatpipe.toml").write_text(f"""\
 [clusters.{HOSTS}]          # the "rented" machines: bare (no firewall yet), reachable over ssh
 provider = "sim"
@@ -176,7 +176,7 @@ def test_only_ssh_is_open_to_the_internet_and_down_hands_the_ruleset_back(machin
     errors = [line for line in launched.stdout.splitlines() if line.lower().startswith("error:")]
     assert launched.returncode != 0 and len(errors) == 1, launched.stdout
     assert f"node {RENTED}-1: no firewall" in errors[0]
-    assert not (folder / "remote").exists(), "a node was prepared anyway"
+    assert not (folder / "fatpipe").exists(), "a node was prepared anyway"
 
     down = fatpipe(folder, "down", RENTED, timeout=300)
     assert down.returncode == 0, down.stdout
