@@ -22,6 +22,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --he
     "netcheck": ("fatpipe.cli.netcheck:netcheck", "Prove the links deliver the tier before training."),
     "rendezvous": ("fatpipe.cli.rendezvous:rendezvous", "Write a run's rendezvous files and torchrun commands."),
     "launch": ("fatpipe.cli.launch:launch", "Run torchrun on every node and stream the logs."),
+    "data": ("fatpipe.cli.data:data", "Prepare a dataset: text into token shards the trainer reads."),
     "train": ("fatpipe.cli.train:train", "Train the built-in GPT on this machine with torchrun."),
     "status": ("fatpipe.cli.status:status", "Show the cluster's nodes and the latest run."),
     "logs": ("fatpipe.cli.logs:logs", "Print or follow a run's per-node logs."),

@@ -11,10 +11,11 @@ from .config import ConfigError, parse_config
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(argv)
+        # Imported after parsing so a bad flag fails fast, before torch loads.
+        from .data import open_data
+        cfg, data = open_data(cfg)  # a bad shard fails here, before joining the group
     except ConfigError as e:
-        print(f"python -m fatpipe.trainer: error: {e}", file=sys.stderr)
-        return 2
-    # Imported after parsing so a bad flag fails fast, before torch loads.
+        return _error(e)
     from .distenv import destroy_process_group, init_process_group, read_env
     from .train import run_training
 
@@ -23,10 +24,17 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"[trainer r{env.rank}] %(message)s", stream=sys.stderr)
     env, store = init_process_group(env, cfg.timeout_s)
     try:
-        run_training(cfg, env, store)
+        run_training(cfg, env, store, data)
+    except ConfigError as e:  # the data, found wrong by every rank alike (ids past the vocabulary)
+        return _error(e)
     finally:
         destroy_process_group()
     return 0
+
+
+def _error(e: ConfigError) -> int:
+    print(f"python -m fatpipe.trainer: error: {e}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

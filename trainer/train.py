@@ -23,7 +23,7 @@ from .checkpoint import load_agreed_checkpoint, load_rank_state, rank_folder, sa
 from .collectives import all_gather_objects
 from .commsetup import decide_comm
 from .config import HOOK_NAMES, TrainConfig
-from .data import DataCursor, ShardedBatches, load_corpus
+from .data import Corpus, DataCursor, ShardedBatches, check_token_ids, describe_data
 from .distenv import DistEnv
 from .faults import FaultLedger, is_collective_failure
 from .files import write_text_atomic
@@ -44,8 +44,12 @@ GRAD_CLIP = 1.0
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store):
+    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store,
+                 data: tuple[Corpus, Corpus | None]):
+        """`cfg` with its seq_len resolved; `data` the training corpus and validation split
+        (`trainer.data.open_splits`), opened before the process group so a bad file fails fast."""
         self.cfg, self.env, self.device = cfg, env, env.device
+        self.corpus, self.val_corpus = data
         self.run_dir = cfg.out_dir
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * env.world_size
         self.metrics: MetricsLog | None = None
@@ -59,7 +63,8 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         configure_determinism(cfg.deterministic, env.device)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = GPT(preset_config(cfg.preset, cfg.seq_len)).to(self.device)
+        self.model = GPT(preset_config(cfg.preset, cfg.seq_len, self.corpus.vocab_size)
+                         ).to(self.device)
         self.grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
         mine = load_rank_state(self.run_dir / "checkpoints", ckpt, self.device)
@@ -82,7 +87,8 @@ class Trainer:
             if mine:
                 set_rng_state(mine["rng"], self.device)
         self.periodic = make_periodic(self, ckpt, mine)  # localsgd, diloco
-        self.data = ShardedBatches(load_corpus(cfg.data), cfg.seq_len, cfg.batch_size,
+        check_token_ids((self.corpus, self.val_corpus), env.rank, env.world_size, self.device)
+        self.data = ShardedBatches(self.corpus, cfg.seq_len, cfg.batch_size,
                                    env.rank, env.world_size, cfg.seed, cursor)
         self.nic = NicMeter(traffic_interface())
         if env.is_main:
@@ -90,6 +96,7 @@ class Trainer:
                      "start at step %d", cfg.preset, self.model.num_params() / 1e6,
                      env.world_size, env.backend, self.comm, self.nic.interface, env.attempt,
                      self.start_step)
+            log.info("data: %s", describe_data(self.corpus, self.val_corpus, cfg.seq_len))
             self.metrics = MetricsLog(self.run_dir, cfg.steps, self.start_step)
         # Each rank's own RNG stream after the shared init (dropout, if ever turned on).
         if not ckpt:
@@ -245,7 +252,9 @@ class Trainer:
             comm=self.comm, comm_decision=self.decision, restarts=self.env.restarts,
             world_size=self.env.world_size, preset=self.cfg.preset,
             params=self.model.num_params(), param_digests=digests,
-            replicas_in_sync=len(set(digests)) == 1, **self.faults.totals(),
+            replicas_in_sync=len(set(digests)) == 1,
+            data=describe_data(self.corpus, self.val_corpus, self.cfg.seq_len),
+            **self.faults.totals(),
             **self.auto.summary(records))
         self.faults.save()
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -260,12 +269,13 @@ class Trainer:
             self.metrics.close()
 
 
-def run_training(cfg: TrainConfig, env: DistEnv, store: dist.Store) -> Path:
+def run_training(cfg: TrainConfig, env: DistEnv, store: dist.Store,
+                 data: tuple[Corpus, Corpus | None]) -> Path:
     """Build, train, and leave the results in cfg.out; returns the run directory.
 
     `store` is the run-wide store (it outlives this attempt), where failed collectives are counted.
     """
-    trainer = Trainer(cfg, env, store)
+    trainer = Trainer(cfg, env, store, data)
     try:
         trainer.setup()
         trainer.run()
