@@ -23,7 +23,7 @@ from pathlib import Path
 
 from fatpipe.infra.errors import ConfigError
 from fatpipe.trainer.data import text_files
-from fatpipe.trainer.shards import LLMC_HEADER_BYTES, LLMC_MAGICS
+from fatpipe.trainer.shards import LLMC_HEADER_BYTES, LLMC_MAGICS, LLMC_UINT16, LLMC_UINT32
 
 SHARD_TOKENS = 100_000_000  # llm.c's fineweb shards hold 100M tokens
 MAX_BLOCK = 1 << 18  # characters tokenized at once: memory stays bounded whatever the input
@@ -148,9 +148,7 @@ class _ShardWriter:
     def __init__(self, folder: Path, prefix: str, vocab_size: int, shard_tokens: int):
         self.folder, self.prefix, self.shard_tokens = folder, prefix, shard_tokens
         wide = vocab_size > 1 << 16
-        self.magic = next(m for m, (_, width, _) in LLMC_MAGICS.items() if width == (4 if wide
-                                                                                     else 2))
-        self.typecode = "I" if wide else "H"
+        self.magic, self.typecode = (LLMC_UINT32, "I") if wide else (LLMC_UINT16, "H")
         self.split, self.chars, self.tokens = "val", 0, 0
         self.files: list[Path] = []
         self._file, self._split, self._count = None, None, 0

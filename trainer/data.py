@@ -2,10 +2,10 @@
 
 The corpus is one or more flat arrays of tokens (`shards.py`: nanoGPT's and llm.c's `.bin`;
 any other text is read as bytes, one token per byte), cut into non-overlapping windows of
-`seq_len + 1` tokens that never cross a shard's end. Every epoch the windows are shuffled by a generator seeded with (seed, epoch) and dealt
-round-robin to the ranks, so each rank reads only its own shard, all ranks take the same
-number of batches per epoch, and the position in the data is one small cursor
-(epoch, batch index) that a checkpoint can hold.
+`seq_len + 1` tokens that never cross a shard's end. Every epoch the windows are shuffled by a
+generator seeded with (seed, epoch) and dealt round-robin to the ranks, so each rank reads only
+its own windows, all ranks take the same number of batches per epoch, and the position in the
+data is one small cursor (epoch, batch index) that a checkpoint can hold.
 """
 
 from __future__ import annotations
@@ -58,12 +58,12 @@ def load_corpus(path: str | None) -> torch.Tensor:
     if p.is_file():
         size = p.stat().st_size
         if size == 0:
-            raise ValueError(f"--data {path}: the file is empty")
+            raise DataError(f"--data {path}: the file is empty")
         # A private mapping: pages load as rank's windows touch them, nothing is copied.
         return torch.from_file(str(p), shared=False, size=size, dtype=torch.uint8)
     files = text_files(p)
     if not files:
-        raise ValueError(f"--data {path}: no text files in that folder")
+        raise DataError(f"--data {path}: no text files in that folder")
     return _as_tensor(b"".join(_read_all(files, limit=None)))
 
 

@@ -24,8 +24,9 @@ from .config import ConfigError
 LLMC_HEADER_BYTES = 256 * 4
 GPT2_VOCAB = 50257  # GPT-2's tokenizer; 50304 once padded to a multiple of 64
 LLAMA3_VOCAB = 128256
+LLMC_UINT16, LLMC_UINT32 = 20240520, 20240801
 # magic -> (version, bytes per token, vocabulary without a meta.pkl), as llm.c's dev/data writes
-LLMC_MAGICS = {20240520: (1, 2, GPT2_VOCAB), 20240801: (7, 4, LLAMA3_VOCAB)}
+LLMC_MAGICS = {LLMC_UINT16: (1, 2, GPT2_VOCAB), LLMC_UINT32: (7, 4, LLAMA3_VOCAB)}
 # llm.c's shard names (fineweb_train_000001.bin, tiny_shakespeare_val.bin): always headered.
 _LLMC_NAME = re.compile(r".+_(train|val)(_\d+)?\.bin$")
 _VAL_NAME = re.compile(r"(^val\.bin$)|(.+_val(_\d+)?\.bin$)")
