@@ -55,8 +55,10 @@ def torchrun(tmp_path: Path, out: Path, *args: str) -> subprocess.Popen:
 
 
 def alone(tmp_path: Path, *args: str) -> subprocess.CompletedProcess:
+    # The whole venv: without numpy, torch itself warns on stderr at import.
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
     return subprocess.run([sys.executable, "-m", "fatpipe.trainer", *TINY, "--out",
-                           str(tmp_path / "run"), *args], env=_env(tmp_path),
+                           str(tmp_path / "run"), *args], env=env,
                           capture_output=True, text=True, timeout=JOIN_TIMEOUT_S)
 
 
