@@ -98,8 +98,9 @@ def prepare(src: Path, tokenizer: TextTokenizer, out: Path, val_share: float = 0
     tmp = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}."))
     try:
         writer = _ShardWriter(tmp, _prefix(src), tokenizer.vocab_size, shard_tokens)
-        # Pieces no longer than the validation share, so even a small text gets both splits.
-        block = min(MAX_BLOCK, max(_MIN_BLOCK, val_chars)) if val_chars else MAX_BLOCK
+        # Pieces of an eighth of the validation share at most: it overshoots by that much only,
+        # and even a small text gets both splits.
+        block = min(MAX_BLOCK, max(_MIN_BLOCK, val_chars // 8)) if val_chars else MAX_BLOCK
         for text, first in _blocks(files, block):
             writer.split = "val" if writer.chars < val_chars else "train"
             ids = tokenizer.encode(text)
