@@ -12,8 +12,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(argv)
         # Imported after parsing so a bad flag fails fast, before torch loads.
-        from .data import open_data
-        cfg, data = open_data(cfg)  # a bad shard fails here, before joining the group
+        from .data import load_data
+        cfg, data = load_data(cfg)  # a bad shard fails here, before joining the group
     except ConfigError as e:
         return _error(e)
     from .distenv import destroy_process_group, init_process_group, read_env

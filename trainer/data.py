@@ -116,7 +116,7 @@ def open_splits(path: str | None) -> tuple[Corpus, Corpus | None]:
     return Corpus([byte_shard(str(path), load_corpus(path))], 256, "bytes"), None
 
 
-def open_data(cfg: TrainConfig) -> tuple[TrainConfig, tuple[Corpus, Corpus | None]]:
+def load_data(cfg: TrainConfig) -> tuple[TrainConfig, tuple[Corpus, Corpus | None]]:
     """The run's data (train, validation) and `cfg` with its seq_len resolved: unset, it is
     the preset's context on this data (model.default_seq_len)."""
     train, val = open_splits(cfg.data)
@@ -224,13 +224,14 @@ class ShardedBatches:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cursor
         rows = self._shard(c.epoch)[c.index * self.batch_size:(c.index + 1) * self.batch_size]
-        chunk = torch.stack([self._window(int(w)) for w in rows])
+        chunk = torch.stack([self.window(int(w)) for w in rows])
         c.index += 1
         if c.index == self.batches_per_epoch:
             c.epoch, c.index = c.epoch + 1, 0
         return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
-    def _window(self, w: int) -> torch.Tensor:
+    def window(self, w: int) -> torch.Tensor:
+        """Window `w` of the whole corpus: its `seq_len + 1` tokens, as int64 ids."""
         k = int(torch.searchsorted(self._first, w, right=True)) - 1
         shard = self.corpus.shards[k]
         return shard.read((w - int(self._first[k])) * self.seq_len, self.seq_len + 1)

@@ -47,7 +47,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store,
                  data: tuple[Corpus, Corpus | None]):
         """`cfg` with its seq_len resolved; `data` the training corpus and validation split
-        (`trainer.data.open_splits`), opened before the process group so a bad file fails fast."""
+        (`trainer.data.load_data`), opened before the process group so a bad file fails fast."""
         self.cfg, self.env, self.device = cfg, env, env.device
         self.corpus, self.val_corpus = data
         self.run_dir = cfg.out_dir

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from fatpipe.trainer.config import TrainConfig
-from fatpipe.trainer.data import ShardedBatches, open_data, open_splits
+from fatpipe.trainer.data import ShardedBatches, load_data, open_splits
 from fatpipe.trainer.model import GPT, preset_config
 from fatpipe.trainer.shards import DataError
 
@@ -52,16 +52,16 @@ def test_nanogpt_bin_reads_uint16_ids_with_the_vocabulary_of_meta_pkl(tmp_path):
 
 def test_gpt2_tokens_give_124m_context_1024_and_vocab_50304(tmp_path):
     raw_bin(tmp_path / "train.bin", ids(5000, 50257))
-    cfg, (train, val) = open_data(TrainConfig(preset="124m", data=str(tmp_path)))
+    cfg, (train, val) = load_data(TrainConfig(preset="124m", data=str(tmp_path)))
     assert train.gpt2_tokens and val is None and cfg.seq_len == 1024
     with torch.device("meta"):
         model = GPT(preset_config("124m", cfg.seq_len, train.vocab_size))
     assert (model.cfg.vocab_size, model.cfg.block_size) == (50304, 1024)
     assert 123e6 < model.num_params() < 125e6  # GPT-2 small: 124M with its 1024 positions
     # Other presets keep 256 unless told; bytes stay bytes.
-    assert open_data(TrainConfig(preset="tiny", data=str(tmp_path)))[0].seq_len == 256
+    assert load_data(TrainConfig(preset="tiny", data=str(tmp_path)))[0].seq_len == 256
     (tmp_path / "t.txt").write_text("hello")
-    cfg, (text, _) = open_data(TrainConfig(preset="124m", data=str(tmp_path / "t.txt")))
+    cfg, (text, _) = load_data(TrainConfig(preset="124m", data=str(tmp_path / "t.txt")))
     assert (text.kind, text.vocab_size, cfg.seq_len) == ("bytes", 256, 256)
     assert preset_config("tiny", 64, 65).vocab_size == 128  # padded to a multiple of 64
 
