@@ -1,31 +1,9 @@
-"""bench/seed_table.py's figures: the per-configuration numbers, the ratios, the plot, and the
-loss of each final model on the same held-out batches."""
+"""bench/seed_table.py's figures: the per-configuration numbers, the ratios and the plot (the eval
+loss of each final model is its run's summary's, on the held-out windows)."""
 
 from __future__ import annotations
 
 import statistics
-
-EVAL_BATCHES = 16
-EVAL_SEED = 4242  # not the training seed: batches drawn in another order
-
-
-def evaluate(state: dict, seq_len: int, batch_size: int = 8) -> float:
-    """Mean loss of a final model on EVAL_BATCHES fixed batches, the same for every config."""
-    import torch
-
-    from fatpipe.trainer.data import DataCursor, ShardedBatches, load_corpus
-    from fatpipe.trainer.model import GPT, preset_config
-
-    model = GPT(preset_config("tiny", seq_len))
-    model.load_state_dict(state)
-    model.eval()
-    batches = ShardedBatches(load_corpus(None), seq_len, batch_size, 0, 1, EVAL_SEED, DataCursor())
-    losses = []
-    with torch.no_grad():
-        for _ in range(EVAL_BATCHES):
-            x, y = batches.next_batch()
-            losses.append(float(model(x, y)[1]))
-    return statistics.fmean(losses)
 
 
 def _pct(values: list[float], q: float) -> float:

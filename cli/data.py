@@ -1,26 +1,118 @@
-"""`fatpipe data`: the project's dataset. Each subcommand lives in a module of its own."""
+"""`fatpipe data prepare|push|verify`: text into token shards (`dataprep.py`); stage the declared
+dataset on every node, check it there.
+
+The group loads its subcommands lazily, like the root group: a subcommand is a module with a
+click command and one line in `SUBCOMMANDS` (`prepare` lives in a module of its own).
+"""
 
 from __future__ import annotations
 
 import importlib
+import sys
 
 import click
 
-# name -> "module:attribute", loaded when called (a command module imports no other one).
-SUBCOMMANDS = {"prepare": "fatpipe.cli.dataprep:prepare"}
+from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
+from .render import note
+from .steps import changing
+
+# name -> ("module:attribute", one-line help): add a data subcommand here.
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("fatpipe.cli.dataprep:prepare", "Text into token shards the trainer reads (llm.c format)."),
+    "push": ("fatpipe.cli.data:push", "Stage [data] on every node: once over the uplink, then node to node."),
+    "verify": ("fatpipe.cli.data:verify", "Check every node's data against the manifest."),
+}
 
 
-class _LazyData(click.Group):
+class LazyData(click.Group):
     def list_commands(self, ctx):
-        return sorted({*super().list_commands(ctx), *SUBCOMMANDS})
+        return list(SUBCOMMANDS)
 
     def get_command(self, ctx, name):
         if name not in SUBCOMMANDS:
-            return super().get_command(ctx, name)
-        module, attr = SUBCOMMANDS[name].split(":")
+            return None
+        module, attr = SUBCOMMANDS[name][0].split(":")
         return getattr(importlib.import_module(module), attr)
 
+    def format_commands(self, ctx, formatter):
+        with formatter.section("Commands"):
+            formatter.write_dl([(name, help_text) for name, (_, help_text) in SUBCOMMANDS.items()])
 
-@click.group(cls=_LazyData)
+
+@click.group(cls=LazyData)
 def data():
-    """Prepare the project's dataset."""
+    """Your dataset: prepared as token shards, staged on every node over the private links,
+    verified by hash."""
+
+
+@click.command()
+@cluster_argument
+@outputs_option
+@remote_python_option
+@pass_project
+def push(project, cluster, outputs_file, remote_python):
+    """Copy [data] to node 0 once (rsync, resumable), then node to node in a chain; skip what is there."""
+    from fatpipe.infra.runs import load_outputs
+
+    name = project.cluster(cluster).name
+    outputs = load_outputs(project, name, outputs_file)
+    out = console()
+    with changing(project, name, "data push"):
+        result = stage_with_progress(project, outputs, remote_python, out)
+    moved = sum(n["received"] for n in (result.fanout or {}).get("nodes", []))
+    uplink = "already on node 0" if result.uplink_s is None else f"uplink {result.uplink_s:.1f} s"
+    fanout = "nothing to fan out" if result.fanout is None else f"{moved} byte(s) moved node to node"
+    out.print(f"[green]staged[/] {result.manifest['path']} on {len(outputs.nodes)} node(s): "
+              f"{result.manifest['total_bytes']} bytes, {uplink}, {fanout} ({result.elapsed_s:.1f} s)")
+
+
+def stage_with_progress(project, outputs, remote_python, out):
+    """Run the push with a progress bar for the fan-out: bytes, rate per link against the tier, ETA."""
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+    from fatpipe.ops.stage import push_data
+
+    columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
+               TextColumn("{task.fields[rate]}"), TimeRemainingColumn()]
+    with Progress(*columns, console=out, transient=True) as bar:
+        task = bar.add_task(f"fan-out (tier {outputs.tier_gbps:g} Gbit/s per link)", total=None, rate="")
+        receivers = max(1, len(outputs.nodes) - 1)
+
+        def progress(done: int, total: int) -> None:
+            bar.update(task, completed=done, total=total or None)
+            elapsed = bar.tasks[task].elapsed or 0
+            if elapsed > 0:
+                gbps = done / receivers * 8 / elapsed / 1e9
+                bar.update(task, rate=f"{gbps:.2f} of {outputs.tier_gbps:g} Gbit/s per link")
+
+        return push_data(project, outputs, remote_python=remote_python, log=note(out), progress=progress)
+
+
+@click.command()
+@cluster_argument
+@outputs_option
+@remote_python_option
+@pass_project
+def verify(project, cluster, outputs_file, remote_python):
+    """Every node hashes what it holds against the manifest; exit 1 naming each node and file that differ."""
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.infra.runs import load_outputs
+    from fatpipe.ops.datacheck import check_data, declared_data, read_local_manifest
+
+    name = project.cluster(cluster).name
+    declared_data(project, name)
+    outputs = load_outputs(project, name, outputs_file)
+    manifest = read_local_manifest(project, name)
+    if manifest is None:
+        raise FatpipeError(f"nothing staged on cluster {name} yet: run `fatpipe data push {name}`")
+    out = console()
+    verdicts = check_data(project, outputs, manifest, remote_python)
+    for v in verdicts:
+        if v.problem:
+            out.print(f"[red]{v.node}[/]: {v.problem}", markup=True, highlight=False)
+        else:
+            out.print(f"[green]{v.node}[/]: {manifest['path']} matches ({manifest['fingerprint'][:12]})")
+    bad = [v.node for v in verdicts if v.problem]
+    if bad:
+        out.print(f"data differs on {', '.join(bad)}: `fatpipe data push {name}` fixes it")
+        sys.exit(1)

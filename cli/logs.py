@@ -6,7 +6,7 @@ import click
 
 from .options import cluster_argument, console, pass_project
 from .render import exit_table, log_sink
-from .steps import node_gone
+from .steps import node_gone, pull_results
 
 
 @click.command()
@@ -53,13 +53,20 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
                 sink(node.name, line)
         return
     from fatpipe.ops.noderun import LaunchResult
-    from fatpipe.ops.prepare import fetch_run
 
     try:
         codes = follow_nodes(nodes, sink, fail_grace_s=None)
     except KeyboardInterrupt:
         out.print(f"detached; run {run_id} goes on (fatpipe stop {name} ends it)")
+        pull_results(out, nodes, run_dir, run_id, name)  # what exists so far
         return
-    for node in nodes:
-        fetch_run(node, run_dir)
-    out.print(exit_table(LaunchResult(run_id, run_dir, codes)))
+    pull_results(out, nodes, run_dir, run_id, name)
+    result = LaunchResult(run_id, run_dir, codes)
+    out.print(exit_table(result))
+    from rich.markup import escape
+
+    from fatpipe.ops.failure import describe_failure
+
+    failure = describe_failure(result, nodes[0].rdzv, 0, project.root) if nodes else None
+    if failure:
+        out.print(f"[red]error[/]: {escape(failure)}", soft_wrap=True)  # the line launch prints

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from fatpipe.ops.netgate import fmt_size, link_cell, link_matrix
 
-PHASES = ("synth", "deploy", "wait", "netcheck", "rendezvous", "launch", "summary")
+PHASES = ("synth", "deploy", "wait", "netcheck", "data", "rendezvous", "launch", "summary")
 
 
 @dataclass
@@ -154,6 +154,7 @@ def summary_table(doc: dict):
     table.add_column("value")
     rows = [
         ("final loss", num(doc["final_loss"], ".4f")),
+        ("eval loss (held out)", num(doc.get("eval_loss"), ".4f")),
         ("steps", num(doc["steps"], "d")),
         ("tokens/s", num(doc["tokens_per_s"], ",.0f")),
         ("step time p50 / p95", f"{ms(doc['step_s_p50'])} / {ms(doc['step_s_p95'])}"),

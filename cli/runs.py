@@ -1,4 +1,5 @@
-"""`fatpipe runs [CLUSTER]` lists a cluster's runs; `fatpipe runs prune [CLUSTER] --keep N` removes older ones."""
+"""`fatpipe runs [CLUSTER]` lists a cluster's runs; `fatpipe runs prune [CLUSTER] --keep N` removes older ones;
+`fatpipe runs pull [CLUSTER] RUN [--checkpoints]` brings a run's results back from its nodes."""
 
 from __future__ import annotations
 
@@ -7,7 +8,7 @@ import json
 import click
 
 from .options import cluster_argument, console, pass_project
-from .steps import changing
+from .steps import changing, node_gone, pull_results
 
 
 class DefaultToList(click.Group):
@@ -21,7 +22,8 @@ class DefaultToList(click.Group):
 
 @click.group(cls=DefaultToList)
 def runs():
-    """List a cluster's runs (`fatpipe runs [CLUSTER]`), or prune old ones (`fatpipe runs prune`)."""
+    """List a cluster's runs (`fatpipe runs [CLUSTER]`), prune old ones (`fatpipe runs prune`), or pull
+    one's results from its nodes (`fatpipe runs pull`)."""
 
 
 @runs.command("list")
@@ -31,9 +33,11 @@ def runs():
 def list_runs(project, cluster: str | None, as_json: bool):
     """Every run, oldest first: outcome, steps, final loss, size on disk; * marks the latest."""
     from fatpipe.infra.runinfo import human_size, list_runs
+    from fatpipe.ops.progress import with_live_latest
 
     name = project.cluster(cluster).name
     found = list_runs(project, name)
+    with_live_latest(project, name, found)  # a detached run on ssh nodes, as node 0 has it
     if as_json:
         click.echo(json.dumps([{"id": r.id, "latest": r.latest, "outcome": r.outcome, "steps": r.last_step,
                                 "final_loss": r.final_loss, "size_bytes": r.size_bytes, "path": str(r.path)}
@@ -81,3 +85,44 @@ def prune(project, cluster: str | None, keep: int, checkpoints_only: bool):
     for run_id, size in freed:
         out.print(f"  removed {what}{run_id} ({human_size(size)})")
     out.print(f"{name}: removed {what}{len(freed)} run(s), {human_size(sum(s for _, s in freed))} freed")
+
+
+@runs.command("pull")
+@click.argument("names", nargs=-1, required=True, metavar="[CLUSTER] RUN")
+@click.option("--checkpoints", is_flag=True,
+              help="Bring the run's checkpoints/ too (they stay on the nodes otherwise); prints their size first.")
+@pass_project
+def pull(project, names, checkpoints: bool):
+    """Bring a run's results (logs, metrics, summary, events) back from its nodes; RUN may be `latest`.
+
+    The nodes keep everything: a pull never deletes there, and goes through a partial folder
+    here, so a failed one (named, exit 1) leaves the run folder as it was.
+    """
+    import sys
+
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.infra.runinfo import human_size
+    from fatpipe.ops.noderun import run_nodes
+    from fatpipe.ops.runsync import checkpoint_sizes
+
+    if len(names) > 2:
+        raise FatpipeError("runs pull takes [CLUSTER] RUN, e.g. `fatpipe runs pull demo latest`", exit_code=2)
+    cluster, run_id = names if len(names) == 2 else (None, names[0])
+    name = project.cluster(cluster).name
+    run_id, run_dir, nodes = run_nodes(project, name, None if run_id == "latest" else run_id)
+    out = console()
+    remote = [n for n in nodes if not n.transport.shares_fs and not node_gone(n)]
+    if not remote:
+        out.print(f"run {run_id}: its nodes share this machine's files; everything is in {run_dir}",
+                  highlight=False)
+        return
+    if checkpoints:
+        sizes = checkpoint_sizes(remote)
+        for node, size in sizes.items():
+            out.print(f"  {node:<20} checkpoints {'unknown' if size is None else human_size(size)}")
+        known = [size for size in sizes.values() if size is not None]
+        out.print(f"run {run_id}: {human_size(sum(known))} of checkpoints to pull", highlight=False)
+    pulled = pull_results(out, remote, run_dir, run_id, name, checkpoints=checkpoints)
+    if pulled.failed:
+        sys.exit(1)
+    out.print(f"pulled run {run_id} from {len(pulled.placed)} node(s) into {run_dir}", highlight=False)

@@ -22,6 +22,7 @@ def node_options(func):
         click.option("--bridge", default=""),
         click.option("--host-if", default=""),
         click.option("--transport", type=click.Choice(["netns", "ssh", "local"]), default="netns"),
+        click.option("--firewall", type=bool, default=True, help="transport ssh: the host firewall."),
         click.option("--project-id", default=None,
                      help="Whose node it is (default: the working folder's .fatpipe/project-id)."),
     ]
@@ -29,14 +30,14 @@ def node_options(func):
         func = option(func)
 
     @functools.wraps(func)
-    def wrapper(transport, **kwargs):
+    def wrapper(transport, firewall, **kwargs):
         from fatpipe.infra.project import project_id_at
         from fatpipe.stacks.simnet import SimNode
 
         # terraform runs the provisioners in the project folder (the stack's working_dir)
         kwargs["project_id"] = kwargs["project_id"] or project_id_at(Path.cwd())
         # Over ssh the node is a bare machine: the node profile tunes it through the ssh path.
-        return func(SimNode(**kwargs, tune=transport != "ssh"), transport)
+        return func(SimNode(**kwargs, tune=transport != "ssh"), transport, firewall)
 
     return wrapper
 
@@ -48,7 +49,7 @@ def sim():
 
 @sim.command("node-up")
 @node_options
-def node_up(node, transport):
+def node_up(node, transport, firewall):
     """Create one sim node and write its ready file; with transport ssh, start its sshd and tune
     it over SSH as a rented machine is tuned."""
     from fatpipe.stacks.simnet import node_down
@@ -58,7 +59,7 @@ def node_up(node, transport):
     ready = up(node, log=log)
     if transport == "ssh":
         try:
-            tune_over_ssh(node)
+            tune_over_ssh(node, firewall)
         except BaseException:
             node_down(node, log)
             raise
@@ -66,7 +67,7 @@ def node_up(node, transport):
     click.echo(f"{node.name}: up at {node.ip} on {ready['iface']} ({node.isolation}, {shaped}, {transport})")
 
 
-def tune_over_ssh(node) -> None:
+def tune_over_ssh(node, firewall: bool = True) -> None:
     """sshd in the node's namespace, then the node profile through the ssh provider's path."""
     import ipaddress
 
@@ -81,7 +82,8 @@ def tune_over_ssh(node) -> None:
     host_address(node.bridge, node.address)
     start_sshd(node.netns, node.ip, node.node_dir, key)
     network = str(ipaddress.IPv4Interface(node.address).network)
-    spec = SimCluster(provider="sim", name=node.cluster, tier=node.tier, private_cidr=network, nodes=1)
+    spec = SimCluster(provider="sim", name=node.cluster, tier=node.tier, private_cidr=network, nodes=1,
+                      firewall=firewall)
     sim = provider_for("sim")
     profile = profile_plan(spec, sim.mtu, sim.nccl_env(spec), packages=False)
     host = SshHost(node.name, node.ip, 22, "root", str(key))
@@ -90,7 +92,7 @@ def tune_over_ssh(node) -> None:
 
 @sim.command("node-down")
 @node_options
-def node_down(node, transport):
+def node_down(node, transport, firewall):  # firewall: node-up's option, unused here
     """Remove one sim node; succeeds when it is already gone."""
     from fatpipe.stacks.simnet import node_down as down
 

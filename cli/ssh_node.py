@@ -1,4 +1,7 @@
-"""Hidden `fatpipe ssh-node apply/revert`: what an ssh cluster's terraform provisioners run."""
+"""Hidden `fatpipe ssh-node apply/revert`: what an ssh cluster's terraform provisioners run.
+
+They run it without a shell and hand it the host as FATPIPE_HOST_* variables (stacks/providers/ssh_stack.py).
+"""
 
 from __future__ import annotations
 
@@ -9,17 +12,42 @@ from pathlib import Path
 
 import click
 
+from fatpipe.infra.hostvalues import check_address, check_login, check_node_name, check_path
+from fatpipe.infra.node import PROJECT_MARKER
+
+ENV_PREFIX = "FATPIPE_HOST_"  # the ssh stack passes every host value as FATPIPE_HOST_<KEY>
+
+
+def env_option(flag: str, check=None, **kwargs):
+    """`--flag`, or FATPIPE_HOST_<FLAG> when the flag is not given; `check` (infra.hostvalues)
+    refuses what a hand-edited stack could put there."""
+    def callback(ctx, param, value):
+        try:
+            return check(value) if check and value else value
+        except ValueError as e:
+            raise click.BadParameter(str(e)) from None
+
+    envvar = ENV_PREFIX + flag.removeprefix("--").replace("-", "_").upper()
+    return click.option(flag, envvar=envvar, callback=callback, **kwargs)
+
+
+PROJECT_FOLDER_NEWS = {  # what `down` did with the project folder, by ops.projectdir's answer
+    "removed": "removed the project folder {}",
+    "kept": "kept {}: fatpipe did not make it (no " + PROJECT_MARKER + " in it)",
+    "absent": "no project folder {} to remove",
+}
+
 
 def host_options(func):
     """The host as recorded in its terraform_data input; apply and revert take the same set."""
     options = [
-        click.option("--name", required=True),
-        click.option("--address", required=True),
-        click.option("--port", type=int, default=22),
-        click.option("--user", default="root"),
-        click.option("--key-file", default=""),
-        click.option("--known-hosts", type=click.Path(path_type=Path), required=True),
-        click.option("--private-ip", required=True),
+        env_option("--name", check_node_name, required=True),
+        env_option("--address", check_address, required=True),
+        env_option("--port", type=click.IntRange(1, 65535), default=22),
+        env_option("--user", check_login, default="root"),
+        env_option("--key-file", check_path, default=""),
+        env_option("--known-hosts", type=click.Path(path_type=Path), required=True),
+        env_option("--private-ip", required=True),
     ]
     for option in reversed(options):
         func = option(func)
@@ -57,11 +85,18 @@ def apply(host, known_hosts, private_ip):
 
 @ssh_node.command("revert")
 @host_options
-@click.option("--remote-dir", default="", help="The project folder fatpipe made there; removed too.")
-@click.option("--unit", required=True)
+@env_option("--remote-dir", default="", help="The project folder; removed when it carries fatpipe's marker.")
+@env_option("--unit", required=True)
 def revert(host, known_hosts, private_ip, remote_dir, unit):
     """Undo the node profile on the host and remove fatpipe's files there."""
     from fatpipe.ops.profile import revert_profile
+    from fatpipe.ops.projectdir import remove_project_dir
 
-    done = revert_profile(host, unit, [remote_dir] if remote_dir else [], known_hosts)
+    done = revert_profile(host, unit, known_hosts)
     click.echo(f"{host.where()}: " + ("handed back as it was" if done.get("reverted") else "nothing to revert"))
+    if done.get("firewall_restored") is False:  # someone changed the rules while fatpipe's were there
+        click.echo(f"{host.where()}: fatpipe's firewall is removed, but the ruleset differs from the one "
+                   "recorded before it (changes made since are kept)")
+    if remote_dir:  # as the login user, and only a folder that carries fatpipe's marker
+        removed = remove_project_dir(host.transport(known_hosts), remote_dir)
+        click.echo(f"{host.where()}: {PROJECT_FOLDER_NEWS[removed].format(remote_dir)}")

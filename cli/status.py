@@ -62,11 +62,14 @@ def _run_state(project, cluster: str) -> dict:
     from fatpipe.infra.defaults import SUMMARY_FILE
     from fatpipe.infra.runinfo import read_json_object, run_info
     from fatpipe.ops.noderun import node_states, run_nodes
+    from fatpipe.ops.progress import with_live_progress
 
     run_id, run_dir, nodes = run_nodes(project, cluster)
     info = run_info(run_dir, size=False)
     pending = [n for n in nodes if f"node-{n.plan.rank}" not in info.exits and not node_gone(n)]
     asked = dict(zip([n.name for n in pending], node_states(pending), strict=True))
+    info.running = "running" in asked.values()
+    live = None if not nodes or node_gone(nodes[0]) else with_live_progress(info, nodes)
     states = {}
     for node in nodes:
         key = f"node-{node.plan.rank}"
@@ -76,7 +79,7 @@ def _run_state(project, cluster: str) -> dict:
             states[node.name] = asked.get(node.name, "no exit recorded (node gone)")
     return {"id": run_id, "dir": str(run_dir), "nodes": states, "outcome": info.outcome,
             "last_step": info.last_step, "final_loss": info.final_loss,
-            "summary": read_json_object(run_dir / SUMMARY_FILE) or None}
+            "summary": read_json_object(run_dir / SUMMARY_FILE) or (live or {}).get("summary")}
 
 
 def _print(doc: dict) -> None:

@@ -94,6 +94,22 @@ def node_gone(node) -> bool:
     return node.plan.transport == "netns" and not netns_exists(node.plan.netns or "")
 
 
+def pull_results(out, nodes, run_dir, run_id: str, cluster: str, checkpoints: bool = False):
+    """Bring what the ssh nodes wrote for the run into its folder here; one line per node whose
+    pull failed (its files stay on the node). Returns the ops.runsync.Pulled."""
+    from rich.markup import escape
+
+    from fatpipe.ops.runsync import pull_runs
+
+    pulled = pull_runs(nodes, run_dir, checkpoints=checkpoints)
+    for failure in pulled.failed:
+        out.print(f"[yellow]warning[/]: {escape(failure)}", soft_wrap=True)
+    if pulled.placed and not checkpoints:
+        out.print(f"results of run {run_id} pulled from {len(pulled.placed)} node(s); checkpoints stay on "
+                  f"the nodes (fatpipe runs pull {cluster} {run_id} --checkpoints)", highlight=False)
+    return pulled
+
+
 def terraform_log(verbose: bool):
     """Echo engine output to stderr: every line with -v, else only what names a resource, and
     fatpipe's own lines about the deployment."""
@@ -173,10 +189,23 @@ def new_rendezvous(project, outputs, train=None, script=None, run=None):
     return rdzv, run_dir
 
 
+def require_firewall(project, outputs, out) -> None:
+    """Before the rendezvous port opens: refuse a node without its host firewall, naming it;
+    warn, at every launch, about a cluster that opted out (docs/ARCHITECTURE.md)."""
+    from rich.markup import escape
+
+    from fatpipe.ops.firewall_check import require_firewall as check
+
+    for warning in check(project, outputs):
+        out.print(f"[yellow]warning[/]: {escape(warning)}", soft_wrap=True)
+
+
 def run_netcheck(project, outputs, options, out, run_dir=None, sink=None, remote_python=None):
     """Run the link check, print its tables (also when the gate fails) and where it wrote them."""
     from fatpipe.ops.netcheck import NetcheckFailed
     from fatpipe.ops.netcheck import run_netcheck as measure
+
+    require_firewall(project, outputs, out)
 
     try:
         doc = measure(project, outputs, run_dir=run_dir, options=options, log=note(out), sink=sink,
@@ -208,14 +237,40 @@ def check_netchecks(project, name: str, since: float) -> None:
                                "measures the links anew", exit_code=2)
 
 
+def stage_data(project, outputs, phases, out) -> None:
+    """`up`'s data phase: stage the cluster's [data] on every node, skipping what is already there."""
+    from fatpipe.infra.dataspec import cluster_data
+    from fatpipe.ops.stage import push_data
+
+    data = cluster_data(project.spec, outputs.name)
+    if data is None:
+        phases.skip("data", "no [data] declared")
+        return
+    result = phases.run("data", f"stage {data.path} on every node", lambda: push_data(
+        project, outputs, remote_python=given_run_options().remote_python, log=note(out)))
+    moved = sum(n["received"] for n in (result.fanout or {}).get("nodes", []))
+    phases.get("data").note = f"{result.manifest['total_bytes']} bytes; {moved} moved node to node"
+
+
+def _checker_python(rdzv) -> str | None:
+    """The interpreter that hashes a node's data: the run's own when one was given, else python3."""
+    from fatpipe.infra.node import REMOTE_VENV
+
+    python = rdzv.nodes[0].python if rdzv.nodes else None
+    return None if python in (None, f"{REMOTE_VENV}/bin/python") else python
+
+
 def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False):
     """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult."""
     from rich.markup import escape
 
     from fatpipe.infra.runs import latest_run_id, mark_latest
+    from fatpipe.ops.datacheck import require_data
     from fatpipe.ops.launch import launch as launch_run
 
+    require_firewall(project, outputs, out)
     names = [n.name for n in rdzv.nodes]
+    require_data(project, outputs, _checker_python(rdzv))  # a node whose data differs: refused, named
     # The launched run becomes the latest (what status, logs and stop mean); one that never
     # started (nodes could not be prepared, a start refused) gives the mark back.
     before = latest_run_id(project, outputs.name)

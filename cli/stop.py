@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import cluster_argument, console, pass_project
-from .steps import node_gone
+from .steps import node_gone, pull_results
 
 
 @click.command()
@@ -13,7 +13,8 @@ from .steps import node_gone
 @click.option("--run", "run_id", default=None, help="Which run (default: the latest).")
 @pass_project
 def stop(project, cluster: str | None, run_id):
-    """Signal the run's torchrun on every node, wait for it to wind down, kill what is left.
+    """Signal the run's torchrun on every node, wait for it to wind down, kill what is left, and
+    bring back what the nodes wrote (checkpoints stay there: `fatpipe runs pull`).
 
     On a cluster that is down nothing can run: it says so, with how the run ended as its folder
     recorded it.
@@ -39,3 +40,4 @@ def stop(project, cluster: str | None, run_id):
     for node in nodes:
         out.print(f"  {node.name:<20} {states.get(node.name, 'gone')}")
     out.print(f"run {run_id} stopped")
+    pull_results(out, live, run_dir, run_id, name)

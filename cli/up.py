@@ -1,4 +1,4 @@
-"""`fatpipe up [CLUSTER]`: synth, deploy, wait, netcheck, rendezvous, launch, then a summary.
+"""`fatpipe up [CLUSTER]`: synth, deploy, wait, netcheck, data, rendezvous, launch, summary.
 
 Re-running `up` skips what is done: a deployment whose outputs match the cluster file and whose
 nodes all answer ready skips synth, deploy and wait; a netcheck that passed on this deployment
@@ -47,6 +47,7 @@ from .steps import (
     require_ready,
     run_netcheck,
     run_training,
+    stage_data,
     terraform_log,
     wait_ready,
 )
@@ -148,6 +149,7 @@ class Up:
         self.report["run_id"], self.report["run_dir"] = run_id, run_dir
         self.out.print(f"run [bold]{run_id}[/] in {run_dir.relative_to(self.project.root)}")
         self.netcheck(outputs, outputs_path, run_dir)
+        stage_data(self.project, outputs, self.phases, self.out)
         return self.train(outputs, (run_id, run_dir), train, script)
 
     def deployment(self):

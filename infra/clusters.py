@@ -8,6 +8,11 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .dataspec import DataSpec
+from .firewall import in_private_range, public_address_problem
+from .hostvalues import check_address, check_login, check_node_name, check_path
+from .node import remote_dir_problem
+from .nodespec import NodeSpec
 from .spec import (
     DIGITALOCEAN_REGIONS,
     NAME_PATTERN,
@@ -28,6 +33,7 @@ class SimCluster(ClusterBase):
     # over SSH exactly as it does a rented machine (netns isolation only).
     transport: Literal["netns", "ssh"] = "netns"
     ssh_user: str = ""
+    firewall: bool = True  # transport ssh: the host firewall rented machines get (infra/firewall.py)
     # Shape the links to this rate instead of the tier's (a time-scaled rehearsal: the link a
     # GPU node would see, slowed as much as this machine's compute is); the tier stays declared.
     link_gbps: float | None = Field(None, ge=0.001, le=100)
@@ -104,6 +110,15 @@ class SshHost(Strict):
     name: str | None = None  # default: <cluster>-<index>
     remote_dir: str | None = None  # the project folder there (default: ~/fatpipe/<cluster>)
 
+    @field_validator("remote_dir")
+    @classmethod
+    def _folder_of_its_own(cls, value: str | None) -> str | None:
+        # `down` removes this folder: never the home, / or a system folder (infra.node's rule).
+        problem = None if value is None else remote_dir_problem(value)
+        if problem:
+            raise ValueError(problem)
+        return value
+
     @field_validator("private_ip")
     @classmethod
     def _ipv4(cls, value: str) -> str:
@@ -111,6 +126,11 @@ class SshHost(Strict):
             return str(ipaddress.IPv4Address(value))
         except ValueError:
             raise ValueError(f"{value!r} is not an IPv4 address (the host's address on the private network)") from None
+
+    # Host values reach ssh, rsync and the provisioners: checked here (infra/hostvalues.py).
+    _address = field_validator("address")(check_address)
+    _login = field_validator("user")(lambda value: value if value is None else check_login(value))
+    _node_name = field_validator("name")(lambda value: value if value is None else check_node_name(value))
 
 
 class SshCluster(ClusterBase):
@@ -123,6 +143,20 @@ class SshCluster(ClusterBase):
     install_packages: bool = True  # apt-get the node tools (iperf3, rsync, ...) where apt exists
     mtu: int | None = Field(None, ge=576, le=9216)  # the private NIC's MTU; default: left as it is
     private_cidr: str | None = None  # default: the smallest network holding every private_ip
+    # The host firewall: the private network reaches every port, the world only SSH
+    # (docs/ARCHITECTURE.md, "The node firewall"); false opts out, with a warning at every launch.
+    firewall: bool = True
+    public_private_ips: bool = False  # private_ip outside RFC 1918 and 100.64.0.0/10 is meant
+
+    @field_validator("private_cidr")
+    @classmethod
+    def _private_ipv4_network(cls, value: str | None) -> str | None:
+        # Replaces ClusterBase's: which ranges are private is _addresses_private's, which knows
+        # public_private_ips.
+        return None if value is None else str(ipaddress.IPv4Network(value, strict=True))
+
+    _login = field_validator("ssh_user")(check_login)
+    _key_file = field_validator("ssh_key_file")(lambda value: value if value is None else check_path(value))
 
     @model_validator(mode="before")
     @classmethod
@@ -153,6 +187,17 @@ class SshCluster(ClusterBase):
                 seen[key] = i
             if ipaddress.IPv4Address(host.private_ip) not in net:
                 raise ValueError(f"hosts[{i}].private_ip {host.private_ip} is outside private_cidr {net}")
+        return self
+
+    @model_validator(mode="after")
+    def _addresses_private(self):
+        if self.public_private_ips:
+            return self
+        for i, host in enumerate(self.hosts):
+            if not in_private_range(host.private_ip):
+                raise ValueError(public_address_problem(f"hosts[{i}].private_ip", host.private_ip))
+        if self.private_cidr and not in_private_range(self.private_cidr):
+            raise ValueError(public_address_problem("private_cidr", self.private_cidr))
         return self
 
     @property
@@ -193,6 +238,8 @@ Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster | SshCluster, 
 class ProjectSpec(Strict):
     clusters: dict[str, Cluster] = Field(min_length=1)
     train: TrainSpec = Field(default_factory=TrainSpec)
+    node: NodeSpec = Field(default_factory=NodeSpec)  # every node's Python environment
+    data: DataSpec | None = None  # every cluster's dataset, unless a cluster declares its own
 
     @field_validator("clusters", mode="before")
     @classmethod

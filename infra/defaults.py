@@ -26,3 +26,4 @@ NETCHECK_FILE = "netcheck.json"
 FAULTS_FILE = "faults.json"  # the trainer's fault counts and failures (a copy of trainer.faults')
 NETCHECK_PLOT = "netcheck.png"
 UP_REPORT_FILE = "up.json"
+TORCHRUN_DIR = "torchrun"  # torchrun's --log-dir per node: each worker's error file (ops.rootcause)

@@ -1,5 +1,7 @@
 """What fatpipe writes on a node, by path: the node profile's files (`fatpipe wait` reads them) and
-the project folder that runs ship to."""
+the project folder that runs ship to, with the rule a project folder's path must follow."""
+
+from pathlib import PurePosixPath
 
 SYSCTL_FILE = "/etc/sysctl.d/60-fatpipe.conf"
 MODULES_FILE = "/etc/modules-load.d/fatpipe.conf"
@@ -19,3 +21,34 @@ UNIT_FILE = f"/etc/systemd/system/{UNIT}"
 DEFAULT_REMOTE_DIR = "fatpipe/{cluster}"
 REMOTE_VENV = ".fatpipe/venv"  # the venv holding torch, unless --remote-python names one
 REMOTE_PKG = ".fatpipe/pkg"  # the built-in trainer, shipped as fatpipe/trainer on PYTHONPATH
+# fatpipe's mark in a project folder it made (it holds the cluster's name): only a folder that
+# carries it is pushed into and removed by `down` (docs/ARCHITECTURE.md, "The project folder").
+PROJECT_MARKER = ".fatpipe-project"
+# An absolute project folder must lie below a folder of this name: no system folder has it.
+ABSOLUTE_PARENT = "fatpipe"
+
+
+def remote_dir_problem(value: str) -> str | None:
+    """Why `value` cannot be a project folder on a node (None: it can).
+
+    Relative (to the login's home) without `..`, naming a folder below the home; or absolute
+    below a folder named `fatpipe` (`/mnt/nvme/fatpipe/lab`). So never the home, `/`, `/srv`.
+    """
+    rule = ("a folder relative to the login's home without '..' (fatpipe/lab), "
+            f"or an absolute one below a folder named {ABSOLUTE_PARENT!r} (/mnt/nvme/fatpipe/lab)")
+    if not value.strip() or any(not ch.isprintable() for ch in value):
+        return f"{value!r} is not a folder name; use {rule}"
+    path = PurePosixPath(value)
+    if ".." in path.parts:
+        return f"{value!r} contains '..'; use {rule}"
+    if value.startswith("~"):
+        return f"{value!r} starts with '~', which is not expanded; use {rule}"
+    if value.startswith("-"):
+        return f"{value!r} starts with '-', which reads as an option; use {rule}"
+    if not path.is_absolute():
+        if path.parts == (ABSOLUTE_PARENT,):  # every cluster's default folder lies below it
+            return f"{value!r} holds every cluster's default folder; use one below it (fatpipe/lab)"
+        return None if path.parts else f"{value!r} is the login's home itself; use {rule}"
+    if ABSOLUTE_PARENT not in path.parts[1:-1]:
+        return f"{value!r} is an absolute folder not below one named {ABSOLUTE_PARENT!r}; use {rule}"
+    return None

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import FatpipeError
+from .hostvalues import check_address, check_login
 
 
 def _ipv4(value: str, what: str) -> str:
@@ -47,6 +48,10 @@ class NodeOutput(BaseModel):
     def _public_ipv4(cls, value: str | None) -> str | None:
         return _ipv4(value, "public_ip") if value else None
 
+    # What ssh dials and logs in as, from a file a user may edit: the model's rules (infra/hostvalues.py).
+    _ssh_host = field_validator("ssh_host")(lambda value: value and check_address(value))
+    _ssh_user = field_validator("ssh_user")(lambda value: value and check_login(value))
+
     @model_validator(mode="after")
     def _transport_has_its_address(self) -> NodeOutput:
         if self.transport == "ssh" and not (self.public_ip or self.ssh_host):
@@ -71,7 +76,12 @@ class ClusterOutputs(BaseModel):
     rdzv_port: int = Field(29400, ge=1, le=65535)
     isolation: Literal["netns", "loopback"] | None = None  # sim clusters: what `auto` resolved to
     nccl: dict[str, str] = Field(default_factory=dict)  # NCCL_* settings the nodes' runs get
+    # Machines fatpipe did not make: whether their host firewall is on (launch checks it, or
+    # warns when the cluster opted out); None where the provider's own firewall guards the nodes.
+    firewall: bool | None = None
     nodes: list[NodeOutput]
+
+    _ssh_user = field_validator("ssh_user")(lambda value: value and check_login(value))
 
     @field_validator("provider")
     @classmethod

@@ -213,15 +213,22 @@ def _describe(err: dict, data: dict) -> str:
 
 def _allowed_keys(loc: list[str], data: dict) -> list[str]:
     from .clusters import CLUSTER_MODELS
+    from .dataspec import DataSpec
     from .spec import Backend
 
     if loc[:1] == ["train"]:
         model = TrainSpec
+    elif loc[:1] == ["node"]:
+        from .nodespec import NodeSpec
+
+        model = NodeSpec
+    elif loc[:1] == ["data"]:
+        model = DataSpec
     elif loc[:1] == ["clusters"] and len(loc) >= 3:
         provider = data.get("clusters", {}).get(loc[1], {}).get("provider")
         model = CLUSTER_MODELS[provider]
-        if loc[2] == "backend":
-            model = Backend
+        if loc[2] in ("backend", "data") and len(loc) > 3:
+            model = Backend if loc[2] == "backend" else DataSpec
     else:
-        return ["clusters", "train"]
+        return ["clusters", "train", "node", "data"]
     return [name for name in model.model_fields if name != "name"]

@@ -32,15 +32,18 @@ class RunInfo:
     netcheck_passed: bool | None = None
     size_bytes: int = 0
     latest: bool = False
+    running: bool = False  # a node said so (ops.progress asks node 0 of a run on ssh nodes)
 
     @property
     def outcome(self) -> str:
-        """ok, failed (exit N), stopped, no exit recorded, netcheck passed/failed, or empty."""
+        """ok, failed (exit N), stopped, running, no exit recorded, netcheck passed/failed, or empty."""
         if self.kind == "netcheck":
             return {True: "netcheck passed", False: "netcheck failed"}.get(self.netcheck_passed, "netcheck cut short")
         if self.kind == "empty":
             return "never launched"
         codes = list(self.exits.values())
+        if self.running:
+            return "running"
         if not codes or all(c is None for c in codes):
             return "no exit recorded"
         bad = [c for c in codes if c not in (0, None)]

@@ -10,6 +10,8 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .dataspec import DataSpec
+from .hostvalues import check_login
 from .trainspec import Strict
 
 Tier = Literal["1g", "10g", "25g"]
@@ -72,6 +74,7 @@ class ClusterBase(Strict):
     private_cidr: str = "10.42.0.0/24"
     rdzv_port: int = Field(29400, ge=1024, le=65535)
     backend: Backend = Field(default_factory=Backend)
+    data: DataSpec | None = None  # this cluster's dataset ([clusters.<name>.data]); else [data]
 
     @field_validator("private_cidr")
     @classmethod
@@ -140,6 +143,7 @@ class CloudCluster(ClusterBase):
     ssh_cidr: str
     allow_ssh_from_anywhere: bool = False
     ssh_user: str = "ubuntu"
+    _login = field_validator("ssh_user")(check_login)  # it reaches ssh (infra/hostvalues.py)
 
     @field_validator("ssh_public_key")
     @classmethod

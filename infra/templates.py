@@ -79,6 +79,8 @@ ssh_user = "root"                     # the default login; a login that is not r
 # ssh_key_file = "~/.ssh/id_ed25519"  # default: what ssh itself uses (~/.ssh/config, agent)
 # mtu = 1400                          # default: the private NIC's MTU is left as it is
 # install_packages = true             # apt-get iperf3, rsync, python3-venv, ... where apt exists
+# firewall = true                     # only SSH from outside the private network; false opts out
+# public_private_ips = false          # true: a private_ip outside RFC 1918 and 100.64.0.0/10 is meant
 
 [[clusters.rented.hosts]]
 address = "203.0.113.10"              # what ssh dials: an IP, a name, or a ~/.ssh/config alias

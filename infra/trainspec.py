@@ -34,6 +34,9 @@ class TrainSpec(Strict):
     powersgd_rank: int = Field(4, ge=1)
     sync_every: int = Field(16, ge=1)  # diloco/localsgd: optimizer steps between syncs
     redecide: bool = True  # comm=auto: re-probe and maybe switch hooks when steps drift off
+    # comm=auto may pick diloco/localsgd, and only at an interval of MIN_AUTO_SYNC_EVERY (50)
+    # steps or more: they change the optimizer, so auto takes them only when asked.
+    auto_periodic: bool = False
 
     def trainer_args(self) -> list[str]:
         """The trainer's command-line flags for these settings."""

@@ -1,7 +1,9 @@
 """Why a run failed, in one line that names the node and the phase, from what its nodes left in
 the run folder.
 
-In order: the trainer's faults.json (each failed attempt with its phase, step and the nodes whose
+In order: the first error of the last attempt that is no consequence of another (ops.rootcause:
+each worker's torchrun error file, and torchrun's report of a worker that exited without one),
+with why a missing file was not copied to an ssh node (ops.notcopied); the trainer's faults.json (each failed attempt with its phase, step and the nodes whose
 ranks never reported the failure: cut off or dead), torchrun's rendezvous errors in the node
 logs, and last the nodes that failed on their own with their exit status.
 """
@@ -15,19 +17,29 @@ from pathlib import Path
 from fatpipe.infra.defaults import FAULTS_FILE
 
 from .noderun import LaunchResult
+from .notcopied import not_copied_hint
 from .rendezvous import Rendezvous
+from .rootcause import WorkerError, cause_line, first_cause, worker_errors
 from .summary import read_json
 
 # What torchrun's agent raises when the nodes never all meet (or the rendezvous was closed).
 RENDEZVOUS_ERRORS = ("RendezvousTimeoutError", "RendezvousClosedError")
+_MISSING = re.compile(r"No such file or directory:? '?([^']+)'?")  # ENOENT as text, e.g. from C++
 _ERROR_LINE = re.compile(r"^(?:\S+ \| )?([\w.]*(?:Error|Exception)): (\S.*)$")
 
 
-def describe_failure(result: LaunchResult, rdzv: Rendezvous, since: float) -> str | None:
+def describe_failure(result: LaunchResult, rdzv: Rendezvous, since: float,
+                     project_root: Path | None = None) -> str | None:
     """The one line to show for a run that failed on its own (not stopped, not timed out);
-    `since` is when the launch started (epoch seconds): older failures in the folder are not it."""
+    `since` is when the launch started (epoch seconds): older failures in the folder are not it.
+    With `project_root`, a file missing on an ssh node that exists here is explained."""
     if result.ok or result.interrupted or result.timed_out:
         return None
+    errors = worker_errors(Path(result.run_dir), [n.name for n in rdzv.nodes])
+    cause = first_cause(errors)
+    if cause:
+        hint = _missing_file_hint(cause, rdzv, project_root)
+        return cause_line(cause, errors) + (f"; {hint}" if hint else "")
     failure = last_failure(Path(result.run_dir), since)
     if failure:
         return _trainer_failure(failure, rdzv)
@@ -65,6 +77,18 @@ def _trainer_failure(failure: dict, rdzv: Rendezvous) -> str:
            else "every node saw it fail")
     error = failure.get("error")
     return f"the run failed in {where} ({tries}): {who}" + (f"; the error: {error}" if error else "")
+
+
+def _missing_file_hint(cause: WorkerError, rdzv: Rendezvous, project_root: Path | None) -> str | None:
+    """Why the file a worker could not find is missing on its ssh node, when it exists here."""
+    node = next((n for n in rdzv.nodes if n.name == cause.node), None)
+    if project_root is None or node is None or node.transport != "ssh":
+        return None  # sim nodes share this machine's files: nothing was left behind
+    filename = cause.filename
+    if filename is None and (cause.type == "FileNotFoundError" or "No such file" in cause.text):
+        m = _MISSING.search(cause.text)
+        filename = m.group(1) if m else None
+    return not_copied_hint(filename, project_root, node.workdir) if filename else None
 
 
 def _log(run_dir: Path, rank: int) -> str:

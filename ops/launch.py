@@ -13,6 +13,7 @@ from pathlib import Path
 from fatpipe.infra.errors import FatpipeError
 
 from .failure import describe_failure
+from .nodeenv import check_node_envs
 from .nodefiles import write_rendezvous
 from .noderun import (
     STOP_WAIT_S,
@@ -24,8 +25,9 @@ from .noderun import (
     node_states,
     run_nodes,
 )
-from .prepare import fetch_run, prepare_node
+from .prepare import prepare_node
 from .rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, plan_rendezvous
+from .runsync import pull_runs
 from .transport import fan_out
 
 # Once a node's torchrun has failed, the run cannot finish (the node count is fixed): its peers
@@ -109,6 +111,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
     started, since = time.monotonic(), time.time()
     try:
         fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
+        log(check_node_envs(nodes, run_dir))  # unequal nodes are refused before anything starts
         try:
             start_nodes(nodes)
         except KeyboardInterrupt:  # some nodes may have started already
@@ -130,8 +133,9 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
             result.interrupted = True
             stop_nodes(nodes)
             result.exit_codes = {n.name: n.exit_code() for n in nodes}
-        fan_out(lambda n: fetch_run(n, Path(run_dir)), nodes)
-        result.failure = describe_failure(result, rdzv, since)
+        for failure in pull_runs(nodes, Path(run_dir)).failed:
+            log(failure)
+        result.failure = describe_failure(result, rdzv, since, project.root)
     finally:
         result.elapsed_s = time.monotonic() - started
     return result

@@ -1,11 +1,13 @@
 """The node profile's applier, run on a machine fatpipe did not create (`ssh` clusters): apply, revert.
 
-Sent over SSH as a program (`python3 - apply|revert` as root), with `PROFILE = ...` and a call
-of `main()` appended: the files, sysctls and packages that cloud-init gets on clouds, from the
+Sent over SSH as a program (`python3 - apply|revert` as root) that loads this file and
+`node_firewall.py` as modules, sets `PROFILE` and calls `main()` (`ops.profile.agent_program`): the files, sysctls and packages that cloud-init gets on clouds, from the
 same renderer (`fatpipe.stacks.node_profile.profile_plan`).
 It needs Python's standard library alone. Everything it changes is recorded first in
 `/var/lib/fatpipe/restore.json` (original sysctl values, MTU, files it replaced), so `revert`
-hands the machine back as it was.
+hands the machine back as it was. On `ssh` clusters it also installs fatpipe's host firewall
+(`node_firewall.py`, sent beside this program): the ruleset is recorded with the rest, and
+`revert` takes out fatpipe's table or chain only, which hands the recorded ruleset back.
 
 With $FATPIPE_ROOT set (a sim node that shares its host's filesystem), files go below that
 folder, and nothing host-wide is touched: no apt, no kernel modules, no systemd.
@@ -21,6 +23,11 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+
+try:  # on the node: sent beside this program as a module of its own (ops/profile.py)
+    import node_firewall as firewall
+except ImportError:  # imported from the project
+    from fatpipe.ops import node_firewall as firewall
 
 ROOT = os.environ.get("FATPIPE_ROOT", "")
 SANDBOX = bool(ROOT)
@@ -69,7 +76,8 @@ def record_original(profile: dict) -> dict:
         if target.is_file():
             replaced[path] = base64.b64encode(target.read_bytes()).decode()
     record = {"sysctls": {n: read_sysctl(n) for n in profile["sysctls"]},
-              "iface": iface, "mtu": mtu, "replaced": replaced, "files": list(profile["files"])}
+              "iface": iface, "mtu": mtu, "replaced": replaced, "files": list(profile["files"]),
+              "firewall": firewall.snapshot()}
     STATE.mkdir(parents=True, exist_ok=True)
     RESTORE.write_text(json.dumps(record, indent=1) + "\n")
     return record
@@ -115,8 +123,42 @@ def install_packages(packages: list[str]) -> None:
             return
 
 
+def ssh_ports(declared: int | None) -> list[int]:
+    """The port the node is reached on: as declared, and as this session came in ($SSH_CONNECTION
+    of this process or the nearest ancestor holding it: sudo resets the environment)."""
+    ports, pid = {declared} if declared else set(), os.getpid()
+    for _ in range(16):
+        try:
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+            pid = int(Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, ValueError, IndexError):
+            break
+        found = [e.split(b"=", 1)[1].split() for e in env if e.startswith(b"SSH_CONNECTION=")]
+        if found and len(found[0]) == 4 and found[0][3].isdigit():
+            ports.add(int(found[0][3]))
+            break
+    return sorted(ports) or [22]
+
+
+def apply_firewall(profile: dict) -> str:
+    """fatpipe's host firewall as the profile asks (none: an opt-out, so any earlier one goes)."""
+    plan = profile.get("firewall")
+    if not plan:
+        try:
+            firewall.remove()  # an earlier one of fatpipe's, if any
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            print(f"fatpipe: an earlier firewall of fatpipe's could not be removed: {e}", file=sys.stderr)
+        return "off"
+    try:
+        return firewall.apply(plan, ssh_ports(profile.get("ssh_port")))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+        sys.exit(f"the host firewall could not be installed: {e} (firewall = false opts out, leaving "
+                 "the rendezvous and training ports open to whoever reaches the machine)")
+
+
 def apply(profile: dict) -> None:
     record_original(profile)
+    guarded = apply_firewall(profile)  # first: the node is closed before anything listens
     write_files(profile["files"])
     if not SANDBOX:
         for module in ("tcp_bbr", "sch_fq"):  # before the sysctls that need them
@@ -132,14 +174,23 @@ def apply(profile: dict) -> None:
         run([f"{ROOT}{profile['net_script']}"], check=True)
     run([sys.executable, f"{ROOT}{profile['ready_script']}"], check=True)
     refused = sorted(result["refused"]) + sorted(result["absent"])
-    print(json.dumps({"applied": len(result["applied"]), "not_applied": refused}))
+    print(json.dumps({"applied": len(result["applied"]), "not_applied": refused, "firewall": guarded}))
 
 
 def revert(profile: dict) -> None:
     if not RESTORE.exists():
+        try:
+            firewall.remove()  # only fatpipe's own table or chain, should one be left
+        except (RuntimeError, OSError, subprocess.SubprocessError) as e:
+            print(f"fatpipe: the firewall could not be removed: {e}", file=sys.stderr)
         print(json.dumps({"reverted": False}))  # never applied, or already reverted
         return
     record = json.loads(RESTORE.read_text())
+    try:
+        restored = firewall.revert(record.get("firewall"))
+    except (RuntimeError, OSError, subprocess.SubprocessError) as e:  # the rest is still handed back
+        print(f"fatpipe: the firewall could not be removed: {e}", file=sys.stderr)
+        restored = False
     for name, value in record["sysctls"].items():
         if value is not None and proc_sys(name).exists():
             try:
@@ -160,9 +211,9 @@ def revert(profile: dict) -> None:
     if environment.exists():
         kept = [line for line in environment.read_text().splitlines(keepends=True) if not line.startswith(ENV_KEYS)]
         environment.write_text("".join(kept))
-    for folder in [Path(f"{ROOT}/etc/fatpipe"), STATE, *map(Path, profile.get("remove", []))]:
+    for folder in (Path(f"{ROOT}/etc/fatpipe"), STATE):  # never the project folder: root removes nothing of a user's
         shutil.rmtree(folder, ignore_errors=True)
-    print(json.dumps({"reverted": True}))
+    print(json.dumps({"reverted": True, "firewall_restored": restored}))
 
 
 def main() -> None:

@@ -7,7 +7,7 @@ import shlex
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from fatpipe.infra.defaults import RENDEZVOUS_FILE
+from fatpipe.infra.defaults import RENDEZVOUS_FILE, TORCHRUN_DIR
 from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG
 
@@ -27,6 +27,26 @@ END { if (exact != "") print exact; else if (dev != "") print dev }
 
 
 
+USER_SCRIPT_MODULE = "fatpipe.trainer.userscript"  # runs a user script with per-rank error files
+
+
+def torchrun_log_dir(rdzv: Rendezvous, rank: int) -> str:
+    """torchrun's --log-dir for a node, relative to the project folder: every worker's error
+    file lands in the run folder (`<run>/torchrun/node-<rank>/<id>_*/attempt_<n>/<local rank>/error.json`)."""
+    return f"{rdzv.run_rel}/{TORCHRUN_DIR}/node-{rank}"
+
+
+def runs_trainer_module(entry: list[str]) -> bool:
+    """Whether `entry` is `-m fatpipe.trainer[.x]`, a module that records its own errors."""
+    return len(entry) > 1 and entry[0] == "-m" and entry[1].split(".")[:2] == ["fatpipe", "trainer"]
+
+
+def worker_entry(entry: list[str]) -> list[str]:
+    """What torchrun starts: a fatpipe.trainer module as it is (it records its own errors), any
+    other script or module through trainer.userscript, which records its first exception."""
+    return list(entry) if runs_trainer_module(entry) else ["-m", USER_SCRIPT_MODULE, *entry]
+
+
 def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
     """torchrun's arguments for one node (after the interpreter)."""
     # Only node 0 hosts the c10d store: on one machine (loopback nodes) torchrun's own guess
@@ -38,7 +58,8 @@ def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
         "--rdzv-backend", rdzv.rdzv_backend, "--rdzv-endpoint", rdzv.rdzv_endpoint,
         "--rdzv-id", rdzv.run_id, "--rdzv-conf", conf,
         "--max-restarts", str(rdzv.max_restarts), "--local-addr", node.private_ip,
-        *rdzv.entry,
+        "--log-dir", torchrun_log_dir(rdzv, node.rank),
+        *worker_entry(rdzv.entry),
     ]
 
 
@@ -57,9 +78,11 @@ def node_script_text(rdzv: Rendezvous, node: NodePlan) -> str:
     up = "/".join([".."] * depth)
     # One flag (with its value) per line, so the command reads like torchrun's docs.
     body = " \\\n  ".join(_group([shlex.quote(a) for a in node.command]))
-    pythonpath = ""
+    exports = ""
+    if rdzv.data_path:  # absolute on the node: a script may change its folder
+        exports = f'export FATPIPE_DATA="$PWD"/{shlex.quote(rdzv.data_path)}\n'
     if node.transport == "ssh" and rdzv.ships_trainer:
-        pythonpath = f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+        exports += f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
     return f"""#!/usr/bin/env bash
 # fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, rank {node.rank} of {rdzv.nnodes}.
 # Runnable by hand on that node, from the project folder: bash {rdzv.run_rel}/node-{node.rank}.sh
@@ -74,7 +97,9 @@ if [ -z "$IFACE" ]; then
 fi
 # NCCL reads its value as a prefix unless it starts with =; gloo takes one exact name.
 export NCCL_SOCKET_IFNAME="=$IFACE" GLOO_SOCKET_IFNAME="$IFACE"
-{pythonpath}PY="${{FATPIPE_PYTHON:-{node.python}}}"
+# This attempt's error files only: the ones a failure is named from (ops.rootcause).
+rm -rf {shlex.quote(torchrun_log_dir(rdzv, node.rank))}
+{exports}PY="${{FATPIPE_PYTHON:-{node.python}}}"
 exec "$PY" {body}
 """
 

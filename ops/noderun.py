@@ -86,8 +86,8 @@ class NodeRun:
     def __init__(self, rdzv: Rendezvous, plan: NodePlan, transport: Transport):
         self.rdzv, self.plan, self.transport = rdzv, plan, transport
         stem = f"{rdzv.run_rel}/node-{plan.rank}"
-        self.script, self.log, self.pid, self.exit, self.stop = (
-            shlex.quote(f"{stem}.{ext}") for ext in ("sh", "log", "pid", "exit", "stop")
+        self.script, self.log, self.pid, self.exit, self.stop, self.earlier = (
+            shlex.quote(f"{stem}.{ext}") for ext in ("sh", "log", "pid", "exit", "stop", "earlier.log")
         )
         self.name = plan.name
 
@@ -98,7 +98,9 @@ class NodeRun:
     def start_command(self) -> str:
         inner = self._wrapper()
         return self.sh(
-            f"rm -f {self.exit} {self.pid} {self.stop} && : > {self.log} && "
+            # A run started again (`launch --run ID`) keeps the earlier attempts' log beside it.
+            f"rm -f {self.exit} {self.pid} {self.stop} && "
+            f"{{ [ ! -s {self.log} ] || cat {self.log} >> {self.earlier}; }} && : > {self.log} && "
             f"setsid -f bash -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 && "
             f"for i in $(seq 100); do [ -s {self.pid} ] && exit 0; sleep 0.1; done; "
             'echo "fatpipe: the node process did not start" >&2; exit 1'

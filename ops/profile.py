@@ -1,14 +1,14 @@
 """Apply or revert the node profile on a machine over SSH (ssh clusters, and sim nodes with sshd).
 
-The applier (`node_agent.py`) travels as a program with the profile appended and runs as
-root (`sudo -n` when the login is not root). Every failure comes back as one line naming the
+The applier (`node_agent.py`) travels as a program with the profile appended, on the standard
+input of `python3 -` (no file on the node, where another login could swap it before it runs),
+and runs as root (`sudo -n` when the login is not root). Every failure comes back as one line naming the
 host: it does not answer, its host key changed, the login has no passwordless sudo, or the
 profile failed there.
 """
 
 from __future__ import annotations
 
-import base64
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -18,6 +18,7 @@ from fatpipe.infra.errors import FatpipeError
 from .transport import SshTransport
 
 AGENT = Path(__file__).with_name("node_agent.py")
+FIREWALL = Path(__file__).with_name("node_firewall.py")  # the agent imports it as `node_firewall`
 APPLY_TIMEOUT_S = 1800  # apt on a fresh machine can take minutes
 
 
@@ -39,20 +40,35 @@ class SshHost:
         return f"{self.name} ({self.user}@{self.address}:{self.port})"
 
 
-def agent_command(action: str, profile: dict, as_root: bool) -> str:
-    """The shell command that runs the applier on the node with `profile` for `action`."""
-    program = AGENT.read_text() + f"\nPROFILE = json.loads({json.dumps(json.dumps(profile))})\nmain()\n"
-    encoded = base64.b64encode(program.encode()).decode()
+def agent_program(profile: dict) -> str:
+    """The program sent: the firewall and the applier, each loaded as a module of its own (each
+    keeps its `from __future__` line first), then the applier's main with `profile`."""
+    return (
+        "import json, sys, types\n"
+        "def load(name, source):\n"
+        "    module = types.ModuleType(name)\n"
+        "    sys.modules[name] = module\n"
+        "    exec(compile(source, name, 'exec'), module.__dict__)\n"
+        "    return module\n"
+        f"load('node_firewall', {FIREWALL.read_text()!r})\n"
+        f"agent = load('node_agent', {AGENT.read_text()!r})\n"
+        f"agent.PROFILE = json.loads({json.dumps(json.dumps(profile))})\n"
+        "agent.main()\n"
+    )
+
+
+def agent_command(action: str, as_root: bool) -> str:
+    """The command on the node that runs the program on its standard input for `action`."""
     # sudo -n: never prompt; a login without passwordless sudo fails at once, and says so.
     python = "python3" if as_root else "sudo -n python3"
-    return f"echo {encoded} | base64 -d > /tmp/fatpipe-agent.$$ && {python} /tmp/fatpipe-agent.$$ {action}; " \
-           f"rc=$?; rm -f /tmp/fatpipe-agent.$$; exit $rc"
+    return f"{python} - {action}"
 
 
 def run_agent(host: SshHost, action: str, profile: dict, known_hosts: Path) -> dict:
     """Run the applier on `host`; its closing JSON line, or FatpipeError naming the host."""
     transport = host.transport(known_hosts)
-    result = transport.run(agent_command(action, profile, host.user == "root"), timeout=APPLY_TIMEOUT_S)
+    result = transport.run(agent_command(action, host.user == "root"), timeout=APPLY_TIMEOUT_S,
+                           stdin_text=agent_program(profile))
     if not result.ok:
         raise FatpipeError(f"host {host.where()}: {action} of the node profile failed: {explain(result)}")
     lines = [line for line in result.stdout.splitlines() if line.startswith("{")]
@@ -76,9 +92,10 @@ def explain(result) -> str:
 
 def apply_profile(host: SshHost, profile: dict, known_hosts: Path) -> dict:
     """Tune `host` as `profile` declares; returns what the kernel did not take (reported, not hidden)."""
-    return run_agent(host, "apply", profile, known_hosts)
+    # The port it is reached on stays open through the host firewall (docs/ARCHITECTURE.md).
+    return run_agent(host, "apply", {**profile, "ssh_port": host.port}, known_hosts)
 
 
-def revert_profile(host: SshHost, unit: str, remove: list[str], known_hosts: Path) -> dict:
-    """Undo what fatpipe changed on `host` and remove the folders in `remove`."""
-    return run_agent(host, "revert", {"unit": unit, "remove": remove}, known_hosts)
+def revert_profile(host: SshHost, unit: str, known_hosts: Path) -> dict:
+    """Undo what fatpipe changed on `host` (the project folder is `ops.projectdir`'s, as the login)."""
+    return run_agent(host, "revert", {"unit": unit}, known_hosts)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import shlex
 import sys
 import time
 from dataclasses import asdict, dataclass, field
@@ -73,11 +74,12 @@ class Rendezvous:
     run_rel: str
     entry: list[str]
     builtin_trainer: bool
-    ships_trainer: bool  # the entry runs a fatpipe.trainer module: ssh nodes get the package
+    ships_trainer: bool  # ssh nodes get the fatpipe.trainer package (always: scripts run through its wrapper and may use its api)
     tier_gbps: float
     created: str
     nodes: list[NodePlan]
     gpus_per_node: int = 0  # from the outputs: ssh nodes with GPUs get torch's CUDA build
+    data_path: str | None = None  # [data]'s path in the project folder: the run gets FATPIPE_DATA
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -95,11 +97,6 @@ def remote_dir(cluster: str, node: str, template: str | None = None) -> str:
         return template.format(cluster=cluster, node=node)
     except (KeyError, IndexError) as e:
         raise FatpipeError(f"remote dir {template!r}: unknown placeholder {e}; use {{cluster}} or {{node}}") from None
-
-
-def runs_trainer_module(entry: list[str]) -> bool:
-    """Whether `entry` is `-m fatpipe.trainer[.x]`: then ssh nodes need the package shipped."""
-    return len(entry) > 1 and entry[0] == "-m" and entry[1].split(".")[:2] == ["fatpipe", "trainer"]
 
 
 def trainer_entry(run_rel: str, train_args: list[str]) -> list[str]:
@@ -134,8 +131,9 @@ def plan_rendezvous(project, outputs, run_id: str, run_dir: Path, entry: list[st
     if run_rel.startswith(".."):
         raise FatpipeError(f"run folder {run_dir} must lie inside the project folder {project.root}")
     builtin = entry is None
+    train_args = train_args if train_args is not None else project.train.trainer_args()
     if builtin:
-        entry = trainer_entry(run_rel, train_args if train_args is not None else project.train.trainer_args())
+        entry = trainer_entry(run_rel, train_args)
     nproc = options.nproc_per_node or outputs.gpus_per_node or 1
     nnodes = len(outputs.nodes)
     nodes = [
@@ -147,11 +145,15 @@ def plan_rendezvous(project, outputs, run_id: str, run_dir: Path, entry: list[st
         nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint=outputs.rdzv_endpoint,
         max_restarts=options.max_restarts, join_timeout_s=options.join_timeout_s, run_rel=run_rel,
         entry=list(entry),
-        builtin_trainer=builtin, ships_trainer=runs_trainer_module(entry), tier_gbps=outputs.tier_gbps,
-        gpus_per_node=outputs.gpus_per_node, created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
+        # A script may import fatpipe.trainer.api: ssh nodes get the package for every run.
+        builtin_trainer=builtin, ships_trainer=True, tier_gbps=outputs.tier_gbps,
+        gpus_per_node=outputs.gpus_per_node, data_path=_data_path(project, outputs.name),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
     )
     for node in nodes:
         node.command = torchrun_command(rdzv, node)
+        if not builtin:  # where a script using fatpipe.trainer.api finds its run (trainer/api.py)
+            node.env |= {"FATPIPE_RUN_DIR": run_rel, "FATPIPE_TRAIN_ARGS": shlex.join(train_args)}
     return rdzv
 
 
@@ -183,6 +185,13 @@ def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str
     )
 
 
+def _data_path(project, cluster: str) -> str | None:
+    from fatpipe.infra.dataspec import cluster_data
+
+    data = cluster_data(project.spec, cluster)
+    return data.path if data else None
+
+
 def _tier_nccl(gbps: float) -> dict[str, str]:
     """NCCL socket settings of the tier (threads and sockets per peer): nodes of every provider get them."""
     return dict(tier_profile(tier_name(gbps)).nccl)
@@ -194,11 +203,11 @@ def make_rendezvous(project, outputs, run_id: str, run_dir: Path, train=None,
 
     `train` is the TrainSpec for the built-in trainer (default: the project's [train]).
     """
+    train_args = (train or project.train).trainer_args()  # a script's run settings too
+    entry = None
     if script:
         shared = all(node.transport in ("local", "netns") for node in outputs.nodes)
-        entry, train_args = script_entry(project.root, script, shared), None
-    else:
-        entry, train_args = None, (train or project.train).trainer_args()
+        entry = script_entry(project.root, script, shared)
     rdzv = plan_rendezvous(project, outputs, run_id, run_dir, entry=entry, train_args=train_args, options=options)
     write_rendezvous(rdzv, run_dir)
     return rdzv

@@ -23,6 +23,7 @@ def run_summary(run_dir: Path, tier_gbps: float) -> dict:
     return {
         "tier_gbps": tier_gbps,
         "final_loss": train.get("final_loss"),
+        "eval_loss": train.get("eval_loss"),  # on the held-out windows
         "steps": train.get("steps"),
         "tokens_per_s": train.get("tokens_per_s"),
         "step_s_p50": train.get("step_s_p50"),

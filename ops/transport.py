@@ -7,8 +7,10 @@ parallel threads, so a 64-node cluster costs one round trip, not 64.
 
 from __future__ import annotations
 
+import functools
 import os
 import shlex
+import stat
 import subprocess
 import tempfile
 from collections.abc import Callable, Iterable, Sequence
@@ -23,6 +25,7 @@ SSH_CONFIG_ENV = "FATPIPE_SSH_CONFIG"  # an ssh_config file used instead of ~/.s
 CONTROL_DIR_ENV = "FATPIPE_SSH_CONTROL_DIR"
 CONNECT_TIMEOUT_S = 10
 CONTROL_PERSIST_S = 120
+GITIGNORE_FILTER = "--filter=:- .gitignore"  # the project copy leaves out what .gitignore files do
 
 T = TypeVar("T")
 R = TypeVar("R")
@@ -49,12 +52,12 @@ class Result:
         return f"exit status {self.returncode}"
 
 
-def _run(argv: Sequence[str], timeout: float | None) -> Result:
+def _run(argv: Sequence[str], timeout: float | None, stdin_text: str | None = None) -> Result:
     try:
         # A session of its own: Ctrl-C reaches fatpipe alone, which then stops the nodes in order.
+        stdin = {"input": stdin_text} if stdin_text is not None else {"stdin": subprocess.DEVNULL}
         done = subprocess.run(
-            list(argv), capture_output=True, text=True, timeout=timeout,
-            start_new_session=True, stdin=subprocess.DEVNULL,
+            list(argv), capture_output=True, text=True, timeout=timeout, start_new_session=True, **stdin,
         )
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode(errors="replace") if isinstance(e.stdout, bytes) else e.stdout or ""
@@ -77,8 +80,9 @@ class Transport:
         """The local command line that runs the bash snippet `command` on the node."""
         raise NotImplementedError
 
-    def run(self, command: str, timeout: float | None = 60) -> Result:
-        return _run(self.argv(command), timeout)
+    def run(self, command: str, timeout: float | None = 60, stdin_text: str | None = None) -> Result:
+        """Run `command` on the node; `stdin_text` is its standard input (else none)."""
+        return _run(self.argv(command), timeout, stdin_text)
 
     def popen(self, command: str) -> subprocess.Popen:
         """Start `command` on the node with its stdout (and stderr) as one text pipe."""
@@ -92,8 +96,19 @@ class Transport:
         """Copy the folder `src` to `dest` on the node (relative to the node's home), deleting extras."""
         raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
 
-    def pull(self, src: str, dest: Path, timeout: float = 900) -> Result:
-        """Copy the folder `src` on the node into the local folder `dest` (nothing deleted)."""
+    def push_files(self, src: Path, dest: str, patterns: Iterable[str], timeout: float = 900) -> Result:
+        """Copy only the top-level files of `src` matching `patterns` to `dest` on the node;
+        nothing else there is touched (no deletes)."""
+        raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
+
+    def pull(self, src: str, dest: Path, excludes: Iterable[str] = (), timeout: float = 900,
+             link_dest: Path | None = None) -> Result:
+        """Copy the folder `src` on the node into the local folder `dest` (nothing deleted);
+        files equal to those in `link_dest` are hard links to them, not copies."""
+        raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
+
+    def copy_to(self, src: str, dest: str, extra: Iterable[str] = (), timeout: float = 900) -> Result:
+        """rsync `src` (a local path as rsync reads it) to `dest` on the node, with rsync options `extra`."""
         raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
 
     def describe(self) -> str:
@@ -172,38 +187,83 @@ class SshTransport(Transport):
     def argv(self, command: str) -> list[str]:
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         # The remote login shell may be sh or zsh: hand the snippet to bash explicitly.
-        return [*self.ssh_options(), self.host, "bash -c " + shlex.quote(command)]
+        # `--`: nothing after it is an option, whatever the host value holds.
+        return [*self.ssh_options(), "--", self.host, "bash -c " + shlex.quote(command)]
 
     def _rsync(self, src: str, dest: str, extra: list[str], timeout: float) -> Result:
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
-        argv = ["rsync", "-az", "--partial", "-e", shlex.join(self.ssh_options()), *extra, src, dest]
+        # -s: the remote path travels inside rsync's protocol, never through the node's shell.
+        argv = ["rsync", "-azs", "--partial", "-e", shlex.join(self.ssh_options()), *extra, "--", src, dest]
         return _run(argv, timeout)
 
     def push(self, src: Path, dest: str, excludes: Iterable[str] = (), timeout: float = 900) -> Result:
-        made = self.run(f"mkdir -p {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
+        made = self.run(f"mkdir -p -- {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
         if not made.ok:
             return made
         filters = [f"--exclude={pattern}" for pattern in excludes]
         # Honour the project's .gitignore files too: nothing a repository leaves out is shipped.
-        filters.append("--filter=:- .gitignore")
-        return self._rsync(f"{src}/", f"{self.host}:{dest}/", ["--delete", *filters], timeout)
+        filters.append(GITIGNORE_FILTER)
+        return self._rsync(f"{src}/", f"{self.remote_host()}:{dest}/", ["--delete", *filters], timeout)
 
-    def pull(self, src: str, dest: Path, timeout: float = 900) -> Result:
+    def push_files(self, src: Path, dest: str, patterns: Iterable[str], timeout: float = 900) -> Result:
+        made = self.run(f"mkdir -p -- {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
+        if not made.ok:
+            return made
+        return self._rsync(f"{src}/", f"{self.remote_host()}:{dest}/", only_filters(patterns), timeout)
+
+    def copy_to(self, src: str, dest: str, extra: Iterable[str] = (), timeout: float = 900) -> Result:
+        return self._rsync(src, f"{self.remote_host()}:{dest}", ["--partial", *extra], timeout)
+
+    def pull(self, src: str, dest: Path, excludes: Iterable[str] = (), timeout: float = 900,
+             link_dest: Path | None = None) -> Result:
         Path(dest).mkdir(parents=True, exist_ok=True)
-        return self._rsync(f"{self.host}:{src}/", f"{dest}/", [], timeout)
+        extra = [f"--exclude={pattern}" for pattern in excludes]
+        if link_dest is not None:
+            extra.append(f"--link-dest={Path(link_dest).resolve()}")
+        return self._rsync(f"{self.remote_host()}:{src}/", f"{dest}/", extra, timeout)
+
+    def remote_host(self) -> str:
+        """The host as an rsync remote spec names it: an IPv6 address in brackets."""
+        return f"[{self.host}]" if ":" in self.host else self.host
 
     def describe(self) -> str:
         return f"{self.node_name} (ssh {self.user + '@' if self.user else ''}{self.host})"
 
 
+def only_filters(patterns: Iterable[str]) -> list[str]:
+    """rsync filters that send the top-level files matching `patterns` and nothing else; no
+    --delete, so what the node made beside them stays."""
+    return [*(f"--include=/{pattern}" for pattern in patterns), "--exclude=*"]
+
+
 def control_dir() -> Path:
     """Where ssh's multiplexing sockets live: short (a socket path must fit in 108 bytes), private.
 
-    $FATPIPE_SSH_CONTROL_DIR overrides the default folder under the temp dir.
+    $FATPIPE_SSH_CONTROL_DIR overrides the default folder under the temp dir. A folder someone
+    else owns, or others may write (a socket planted there would carry our sessions), is never
+    used: this process makes a private one instead.
     """
     path = Path(os.environ.get(CONTROL_DIR_ENV) or Path(tempfile.gettempdir()) / f"fatpipe-ssh-{os.getuid()}")
-    path.mkdir(mode=0o700, parents=True, exist_ok=True)
-    return path
+    try:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    except OSError:
+        return private_control_dir()
+    return path if is_private_dir(path) else private_control_dir()
+
+
+def is_private_dir(path: Path) -> bool:
+    """A real folder (not a link) of this user that no one else may enter or write."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(info.st_mode) and info.st_uid == os.getuid() and not info.st_mode & 0o077
+
+
+@functools.cache
+def private_control_dir() -> Path:
+    """A fresh folder of this process's own (mode 0700), made once per process."""
+    return Path(tempfile.mkdtemp(prefix=f"fatpipe-ssh-{os.getuid()}-"))
 
 
 def transport_for(node, state_dir: Path, ssh_user: str = "") -> Transport:

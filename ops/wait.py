@@ -13,6 +13,7 @@ from fatpipe.infra.node import (
 )
 from fatpipe.infra.tiers import sysctl_mismatches, tier_name, tier_profile
 
+from .firewall_check import check_readiness
 from .transport import Transport, fan_out, transports_for
 
 MARK = "@@fatpipe"
@@ -33,12 +34,13 @@ class NodeReadiness:
     checked: int = 0  # how many sysctls were compared
     iface: str = ""
     mtu: int | None = None
+    firewall_ok: bool = True  # machines fatpipe did not make: their host firewall is in place
     reason: str = "not checked yet"
     marker: dict = field(default_factory=dict, repr=False)
 
     @property
     def ready(self) -> bool:
-        return self.reachable and self.booted and self.sysctls_ok
+        return self.reachable and self.booted and self.sysctls_ok and self.firewall_ok
 
 
 def probe_command(ready_file: str, names: list[str]) -> str:
@@ -151,7 +153,8 @@ def wait_for_nodes(project, outputs, timeout_s: float = 300, interval_s: float =
         todo = [i for i, s in enumerate(states) if not s.ready]
         probe_timeout = min(30.0, max(1.0, deadline - time.monotonic()))
         fresh = fan_out(
-            lambda i, t=probe_timeout: check_node(transports[i], outputs.nodes[i], declared, timeout=t), todo
+            lambda i, t=probe_timeout: check_readiness(check_node(transports[i], outputs.nodes[i], declared, timeout=t),
+                                                       transports[i], outputs.nodes[i], outputs, timeout=t), todo
         )
         for i, state in zip(todo, fresh, strict=True):
             states[i] = state

@@ -6,6 +6,7 @@ import json
 import shlex
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.firewall import trusted_sources
 from fatpipe.infra.node import (
     MODULES_FILE,
     NCCL_CONF,
@@ -194,6 +195,8 @@ def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool 
         "sysctls": tier_profile(cluster.tier).sysctls,
         "packages": list(installs),
         "unit": UNIT, "net_script": NET_SCRIPT, "ready_script": READY_SCRIPT,
+        # The host firewall (ops/node_firewall.py); None where the cluster opts out.
+        "firewall": {"trusted": trusted_sources(cluster)} if getattr(cluster, "firewall", False) else None,
     }
 
 

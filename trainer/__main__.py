@@ -15,7 +15,11 @@ def main(argv: list[str] | None = None) -> int:
         from .data import load_data
         cfg, data = load_data(cfg)  # a bad shard fails here, before joining the group
     except ConfigError as e:
-        return _error(e)
+        _error(e)
+        from .exiting import record_error
+
+        record_error(e)  # under torchrun: the cause the launcher names (loads torch, only here)
+        return 2
     from .distenv import destroy_process_group, init_process_group, read_env
     from .train import run_training
 
@@ -25,8 +29,8 @@ def main(argv: list[str] | None = None) -> int:
     env, store = init_process_group(env, cfg.timeout_s)
     try:
         run_training(cfg, env, store, data)
-    except ConfigError as e:  # the data, found wrong by every rank alike (ids past the vocabulary)
-        return _error(e)
+    except ConfigError as e:  # found once the data is read: another node's data, ids past the
+        return _error(e)      # vocabulary, a resume refused
     finally:
         destroy_process_group()
     return 0

@@ -16,6 +16,11 @@ ends. The hook's own work (casts, PowerSGD's matrix products and orthogonalisati
 hidden: on a CPU it competes with backward for the same cores. A hook qualifies when
 hook_s + exposed_s <= 20% of step_s. When none does, the fastest over the steps left wins
 (`run_step_s`: PowerSGD sends plain gradients until its start step, at the plain step's cost).
+
+The periodic methods (DiLoCo, local SGD) change the optimizer, not only the wire: they are
+always priced and logged, but taken only when the caller allows it (`[train] auto_periodic`),
+at an interval of MIN_AUTO_SYNC_EVERY steps or more. Otherwise the reason says which periodic
+choice auto would have made and why it did not.
 """
 
 from __future__ import annotations
@@ -31,7 +36,7 @@ import torch
 from .allreduce import measure_allreduce, timed_allreduce
 from .bandwidth import bus_factor
 from .config import HOOK_NAMES
-from .periodic import predict_periodic
+from .periodic import MIN_AUTO_SYNC_EVERY, predict_periodic
 
 log = logging.getLogger(__name__)
 
@@ -90,7 +95,8 @@ class CommDecision:
                          f"{p['compute_s'] * 1e3:6.1f} + hook {p['hook_s'] * 1e3:6.1f} + exposed "
                          f"{p['exposed_s'] * 1e3:7.1f} (comm {p['comm_s'] * 1e3:7.1f}) = step "
                          f"{p['step_s'] * 1e3:7.1f} ms ({p['share']:.0%} overhead); "
-                         f"{p['run_step_s'] * 1e3:.1f} ms/step over the steps left")
+                         f"{p['run_step_s'] * 1e3:.1f} ms/step over the steps left"
+                         + (f", every {p['sync_every']} steps" if "sync_every" in p else ""))
         return "\n".join(lines)
 
 
@@ -196,8 +202,9 @@ def run_step(predicted: dict, name: str, cost: HookCost) -> float:
 
 def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, traffic: GradTraffic,
                 world_size: int, hooks: tuple[str, ...] = HOOK_NAMES,
-                cost: HookCost | None = None) -> CommDecision:
-    """Apply the model above to each of `hooks` and pick the least lossy one within budget.
+                cost: HookCost | None = None, auto_periodic: bool = False) -> CommDecision:
+    """Apply the model above to each of `hooks` and pick the least lossy one within budget;
+    the periodic methods among `hooks` only with `auto_periodic`.
 
     Needs world_size > 1: a single process has nothing to send (the trainer decides that itself).
     """
@@ -223,20 +230,47 @@ def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, traffic: 
             compute_s, comm_s, hideable, n_buckets, cost.hook_s.get(name, 0.0))}
     for name in candidates:
         predicted[name]["run_step_s"] = run_step(predicted, name, cost)
-    # Then the methods that sync every H steps (trainer/periodic.py): logged, and candidates
-    # when the steps left hold two of the intervals they need.
+    # Then the methods that sync every H steps (trainer/periodic.py): always priced and logged;
+    # candidates with auto_periodic, when the steps left hold two of their intervals.
     periodic = {name: p for name, p in predict_periodic(
-        link, compute_s, grad_bytes, world_size, EXPOSED_BUDGET, cost.steps_left).items()
-        if name in hooks}
+        link, compute_s, grad_bytes, world_size, EXPOSED_BUDGET, cost.steps_left,
+        MIN_AUTO_SYNC_EVERY).items() if name in hooks}
     predicted.update(periodic)
-    candidates += [name for name, p in periodic.items() if p["usable"]]
+    usable = [name for name, p in periodic.items() if p["usable"]]
+    name, reason = _pick(candidates + usable if auto_periodic else candidates, predicted)
+    would, _ = _pick(candidates + usable, predicted)
+    if name in periodic:
+        reason += _interval_note(periodic[name])
+    elif would in periodic:
+        p = periodic[would]
+        reason += (f"; {would} every {p['sync_every']} steps would be faster "
+                   f"({p['run_step_s'] * 1e3:.0f} ms/step), not taken: it changes the optimizer, "
+                   f"and [train] auto_periodic is off")
+    elif periodic and not usable and predicted[name]["share"] > EXPOSED_BUDGET:
+        p = next(iter(periodic.values()))
+        off = "" if auto_periodic else ", and [train] auto_periodic is off"
+        every = max(p["sync_every_needed"], MIN_AUTO_SYNC_EVERY)
+        reason += (f"; no periodic method either: syncing every {every} steps (the budget "
+                   f"needs {p['sync_every_needed']}, auto's shortest interval is "
+                   f"{MIN_AUTO_SYNC_EVERY}) needs two intervals in the {cost.steps_left} steps "
+                   f"left{off}")
+    return CommDecision(name, reason, predicted=predicted, **common)
+
+
+def _pick(candidates: list[str], predicted: dict) -> tuple[str, str]:
+    """The least lossy candidate within budget, else the fastest over the steps left."""
     for name in candidates:
         if predicted[name]["share"] <= EXPOSED_BUDGET:
-            reason = (f"least lossy hook with predicted hook + exposed comm "
-                      f"{predicted[name]['share']:.0%} <= {EXPOSED_BUDGET:.0%} of the step")
-            return CommDecision(name, reason, predicted=predicted, **common)
+            return name, (f"least lossy hook with predicted hook + exposed comm "
+                          f"{predicted[name]['share']:.0%} <= {EXPOSED_BUDGET:.0%} of the step")
     best = min(candidates, key=lambda n: predicted[n]["run_step_s"])
-    reason = (f"no hook keeps hook + exposed comm within {EXPOSED_BUDGET:.0%}; "
-              f"{best} is fastest over the steps left "
-              f"({predicted[best]['run_step_s'] * 1e3:.0f} ms/step)")
-    return CommDecision(best, reason, predicted=predicted, **common)
+    return best, (f"no hook keeps hook + exposed comm within {EXPOSED_BUDGET:.0%}; "
+                  f"{best} is fastest over the steps left "
+                  f"({predicted[best]['run_step_s'] * 1e3:.0f} ms/step)")
+
+
+def _interval_note(p: dict) -> str:
+    if p["sync_every_needed"] >= MIN_AUTO_SYNC_EVERY:
+        return f" (every {p['sync_every']} steps)"
+    return (f" (every {p['sync_every']} steps: the budget needs {p['sync_every_needed']}, but "
+            f"auto's shortest interval is {MIN_AUTO_SYNC_EVERY}, where the outer step is tuned)")

@@ -53,6 +53,15 @@ def decide_comm(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, grad_byt
     if env.world_size == 1:
         return CommDecision("none", "single process, nothing to send").to_dict()
     compute_s = measure_compute(model, cfg, env.device)
+    return decide_measured(cfg, env, model, compute_s)
+
+
+def decide_measured(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, compute_s: float,
+                    step: int = 0, hooks: tuple[str, ...] | None = None) -> dict:
+    """Collective: comm=auto's decision at `step` for a measured compute time (the built-in
+    trainer measures its model's; a script using `trainer.api`, its own first steps): each
+    hook's cost and the link (netcheck.json, else a short probe) are measured here."""
+    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     hook_s = measure_hook_costs(model, candidate_hooks(), cfg.powersgd_rank, env.device)
     # netcheck.json may exist on rank 0's disk only.
     link = broadcast_object(read_netcheck(cfg.out_dir) if env.is_main else None, 0,
@@ -62,7 +71,7 @@ def decide_comm(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, grad_byt
         link = replace(link, half_rate=probe_half_rates(env.device, size))
     else:
         link = probe_link(env.device, grad_bytes)
-    return _decide(cfg, env, model, Measured(link, compute_s, hook_s), step=0)
+    return _decide(cfg, env, model, Measured(link, compute_s, hook_s), step=step, hooks=hooks)
 
 
 @dataclass(frozen=True)
@@ -100,8 +109,9 @@ def _decide(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, m: Measured,
     cost = HookCost(m.hook_s, {"powersgd": plain_steps(cfg, step, current)}, cfg.steps - step)
     decision = choose_comm(m.link, m.compute_s, cfg.grad_accum, traffic,
                            world_size=env.world_size, cost=cost,
-                           # periodic.py: torch only
-                           hooks=hooks or candidate_hooks() + PERIODIC_NAMES)
+                           # periodic.py: torch only; priced always, taken only when allowed
+                           hooks=hooks or candidate_hooks() + PERIODIC_NAMES,
+                           auto_periodic=cfg.auto_periodic)
     if env.is_main:
         log.info("%s", decision.describe())
     return broadcast_object(decision.to_dict(), 0, env.device)  # one hook on every rank

@@ -29,6 +29,10 @@ COMMS = ("auto", *HOOK_NAMES, *PERIODIC_NAMES)
 class ConfigError(ValueError):
     """A bad value given by the user; the entry point turns it into a one-line error."""
 
+    def __init__(self, message: str, filename: str | None = None):
+        super().__init__(message)
+        self.filename = filename  # a path that does not exist: the launcher may say why
+
 
 @dataclass(frozen=True)
 class TrainConfig:
@@ -51,6 +55,7 @@ class TrainConfig:
     sync_every: int = 16  # comm=diloco/localsgd: steps between syncs (auto picks its own)
     node_metrics_every: int = 10  # steps per node-metrics window (nodes.jsonl, events.jsonl); 0: off
     redecide: bool = True  # comm=auto: re-probe and maybe switch hooks when steps drift off
+    auto_periodic: bool = False  # comm=auto may pick diloco/localsgd (every >= 50 steps)
     out: str = "run"  # run directory: metrics, summary, checkpoints, tb/
     deterministic: bool = False  # deterministic kernels, for bitwise-reproducible runs
     timeout_s: float = 300.0  # process-group timeout: a lost peer fails the run instead of hanging
@@ -71,7 +76,7 @@ class TrainConfig:
             if not getattr(self, name) > 0:
                 raise ConfigError(f"--{_flag(name)} must be > 0, got {getattr(self, name)}")
         if self.data is not None and not Path(self.data).exists():
-            raise ConfigError(f"--data {self.data}: no such file or folder")
+            raise ConfigError(f"--data {self.data}: no such file or folder", filename=self.data)
 
     @property
     def out_dir(self) -> Path:
@@ -118,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sync-every", type=int, default=d.sync_every)
     p.add_argument("--node-metrics-every", type=int, default=d.node_metrics_every)
     p.add_argument("--redecide", action=argparse.BooleanOptionalAction, default=d.redecide)
+    p.add_argument("--auto-periodic", action=argparse.BooleanOptionalAction,
+                   default=d.auto_periodic)
     p.add_argument("--out", metavar="RUN_DIR", default=d.out)
     p.add_argument("--deterministic", action="store_true", default=d.deterministic)
     p.add_argument("--timeout-s", type=float, default=d.timeout_s)

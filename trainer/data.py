@@ -5,12 +5,16 @@ any other text is read as bytes, one token per byte), cut into non-overlapping w
 `seq_len + 1` tokens that never cross a shard's end. Every epoch the windows are shuffled by a
 generator seeded with (seed, epoch) and dealt round-robin to the ranks, so each rank reads only
 its own windows, all ranks take the same number of batches per epoch, and the position in the
-data is one small cursor (epoch, batch index) that a checkpoint can hold.
+data is one small cursor (epoch, batch index) that a checkpoint can hold. Without a validation
+split the last windows are held out (`split_windows`): never trained on, they measure the eval
+loss.
 """
 
 from __future__ import annotations
 
+import ctypes
 import dataclasses
+import hashlib
 import os
 import sysconfig
 from dataclasses import dataclass
@@ -37,6 +41,11 @@ from .shards import (
 _SKIP_DIRS = {"site-packages", "dist-packages", "test", "tests", "idlelib", "turtledemo",
               "lib2to3", "ensurepip", "__pycache__"}
 _DEFAULT_CORPUS_BYTES = 16 << 20
+# The share of windows held out for the eval loss (at least one window).
+HELDOUT_SHARE = 0.05
+# Data up to this size is hashed whole; above it, FINGERPRINT_SAMPLES evenly spaced slices.
+FINGERPRINT_FULL_BYTES = 64 << 20
+FINGERPRINT_SAMPLES, FINGERPRINT_SAMPLE_BYTES = 256, 64 << 10
 _TEXT_SUFFIXES = {".txt", ".md", ".rst", ".py", ".json", ".toml", ".csv", ".html", ".xml", ".c",
                   ".h", ".sh", ".yaml", ".yml", ".tex", ".js", ".ts", ".go", ".rs", ".java"}
 
@@ -188,20 +197,40 @@ class DataCursor:
         return {"epoch": self.epoch, "index": self.index}
 
 
+class Windows:
+    """A corpus cut into windows of `seq_len + 1` tokens that never cross a shard's end."""
+
+    def __init__(self, corpus: Corpus, seq_len: int):
+        self.corpus, self.seq_len = corpus, seq_len
+        # Window w of the whole corpus is window w - _first[k] of shard k.
+        per_shard = torch.tensor([max(0, (len(s) - 1) // seq_len) for s in corpus.shards])
+        self._first = torch.cumsum(per_shard, 0) - per_shard
+        self.count = int(per_shard.sum())
+
+    def window(self, w: int) -> torch.Tensor:
+        """Window `w` of the whole corpus: its `seq_len + 1` tokens, as int64 ids."""
+        k = int(torch.searchsorted(self._first, w, right=True)) - 1
+        shard = self.corpus.shards[k]
+        return shard.read((w - int(self._first[k])) * self.seq_len, self.seq_len + 1)
+
+
 class ShardedBatches:
-    """One rank's stream of (input, target) batches of shape (batch_size, seq_len)."""
+    """One rank's stream of (input, target) batches of shape (batch_size, seq_len).
+
+    `holdout`: train on the windows `split_windows` leaves for training (the data has no
+    validation split); False trains on every window.
+    """
 
     def __init__(self, tokens: torch.Tensor | Corpus, seq_len: int, batch_size: int, rank: int,
-                 world_size: int, seed: int, cursor: DataCursor | None = None):
+                 world_size: int, seed: int, cursor: DataCursor | None = None,
+                 holdout: bool = True):
         if isinstance(tokens, torch.Tensor):
             tokens = Corpus([byte_shard("tokens", tokens)], 256, "bytes")
         self.corpus, self.seq_len, self.batch_size = tokens, seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.cursor = cursor or DataCursor()
-        # Window w of the whole corpus is window w - _first[k] of shard k.
-        per_shard = torch.tensor([max(0, (len(s) - 1) // seq_len) for s in tokens.shards])
-        self._first = torch.cumsum(per_shard, 0) - per_shard
-        n_windows = int(per_shard.sum())
+        self.windows = Windows(tokens, seq_len)
+        n_windows = split_windows(self.windows.count)[0] if holdout else self.windows.count
         # Equal shares per rank, so every rank reaches the end of an epoch at the same step.
         self.batches_per_epoch = n_windows // world_size // batch_size
         if self.batches_per_epoch < 1:
@@ -209,14 +238,14 @@ class ShardedBatches:
             raise DataError(
                 f"corpus of {len(tokens)} {unit} is too small for {world_size} rank(s) x "
                 f"batch {batch_size} x seq_len {seq_len}")
-        self._n_windows = n_windows
+        self.train_windows = n_windows
         self._order_epoch, self._order = -1, torch.empty(0, dtype=torch.long)
 
     def _shard(self, epoch: int) -> torch.Tensor:
         if epoch != self._order_epoch:
             # hash() of a tuple of ints is stable across processes (no hash randomisation).
             g = torch.Generator().manual_seed(hash((self.seed, epoch)) % (1 << 63))
-            perm = torch.randperm(self._n_windows, generator=g)
+            perm = torch.randperm(self.train_windows, generator=g)
             take = self.batches_per_epoch * self.batch_size
             self._order, self._order_epoch = perm[self.rank::self.world_size][:take], epoch
         return self._order
@@ -224,14 +253,38 @@ class ShardedBatches:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cursor
         rows = self._shard(c.epoch)[c.index * self.batch_size:(c.index + 1) * self.batch_size]
-        chunk = torch.stack([self.window(int(w)) for w in rows])
+        chunk = torch.stack([self.windows.window(int(w)) for w in rows])
         c.index += 1
         if c.index == self.batches_per_epoch:
             c.epoch, c.index = c.epoch + 1, 0
         return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
-    def window(self, w: int) -> torch.Tensor:
-        """Window `w` of the whole corpus: its `seq_len + 1` tokens, as int64 ids."""
-        k = int(torch.searchsorted(self._first, w, right=True)) - 1
-        shard = self.corpus.shards[k]
-        return shard.read((w - int(self._first[k])) * self.seq_len, self.seq_len + 1)
+
+def split_windows(n_windows: int) -> tuple[int, range]:
+    """(training windows, held-out windows) of a corpus of `n_windows` windows.
+
+    The last HELDOUT_SHARE (at least one) are held out and never trained on. One window between
+    them is used by neither: neighbouring windows share their edge token (the last target of one
+    is the first input of the next), so the gap keeps every held-out token out of training.
+    """
+    held = max(1, int(n_windows * HELDOUT_SHARE))
+    return max(0, n_windows - held - 1), range(max(0, n_windows - held), n_windows)
+
+
+def fingerprint(tokens: torch.Tensor) -> str:
+    """sha256 of the data's dtype, length and content: all of it up to FINGERPRINT_FULL_BYTES,
+    else FINGERPRINT_SAMPLES evenly spaced slices (the last one at the very end)."""
+    flat = tokens.reshape(-1).contiguous()
+    nbytes = flat.numel() * flat.element_size()
+    h = hashlib.sha256(f"{flat.dtype} {flat.numel()}".encode())
+    # The tensor's memory read in place (torch alone: no numpy to make a buffer of it).
+    raw = (ctypes.c_char * nbytes).from_address(flat.data_ptr()) if nbytes else b""
+    view = memoryview(raw).cast("B")
+    if nbytes <= FINGERPRINT_FULL_BYTES:
+        h.update(view)
+    else:
+        last = nbytes - FINGERPRINT_SAMPLE_BYTES
+        for i in range(FINGERPRINT_SAMPLES):
+            start = last * i // (FINGERPRINT_SAMPLES - 1)
+            h.update(view[start:start + FINGERPRINT_SAMPLE_BYTES])
+    return h.hexdigest()

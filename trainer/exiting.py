@@ -32,6 +32,15 @@ def exit_process(code: int) -> NoReturn:
     os._exit(code)
 
 
+def record_error(error: BaseException) -> None:
+    """Under torchrun, the exception into this worker's error file, which names the cause of a
+    failed run (trainer.errorfile)."""
+    if os.environ.get("TORCHELASTIC_ERROR_FILE"):
+        from .errorfile import RankErrorHandler
+
+        RankErrorHandler().record_exception(error)
+
+
 def run_and_exit(main: Callable[[], int]) -> NoReturn:
     """Run an entry point's main() and exit with its status; an exception prints and exits 1."""
     try:
@@ -42,8 +51,9 @@ def run_and_exit(main: Callable[[], int]) -> NoReturn:
         code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
     except KeyboardInterrupt:
         code = 130
-    except BaseException:  # noqa: BLE001 - reported here, since the process ends without finalization
+    except BaseException as e:  # noqa: BLE001 - reported here, since the process ends without finalization
         traceback.print_exc()
+        record_error(e)
         code = 1
     if "torch.distributed" not in sys.modules:  # a bad flag: torch never loaded, a normal exit
         sys.exit(code)

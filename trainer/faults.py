@@ -154,10 +154,11 @@ class FaultLedger:
             delta, self.pushed = ISSUED.count - self.pushed, ISSUED.count
             self._call(lambda: self.store.add(self._key("issued", self.attempt), delta), 0)
 
-    def record_failure(self, error: BaseException) -> None:
-        """A collective raised or timed out on this rank: mark this attempt as failed."""
+    def record_failure(self, error: BaseException, point: tuple[str, int | None] | None = None) -> None:
+        """A collective raised or timed out on this rank: mark this attempt as failed. `point`
+        is (phase, step) when the caller knows it (a script using trainer.api)."""
         self.failed_here = True
-        phase, step = failure_point(error)
+        phase, step = point or failure_point(error)
         log.warning("collective failed in %s (attempt %d) on %s: %s", where(phase, step),
                     self.attempt, self.node, short_error(error))
         started = time.monotonic()

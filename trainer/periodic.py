@@ -48,6 +48,10 @@ OUTER_LR = 0.7
 OUTER_MOMENTUM = 0.9
 # The longest interval comm=auto picks: DiLoCo's own runs use H = 500 (its paper's default).
 MAX_SYNC_EVERY = 500
+# The shortest interval comm=auto picks (and only with [train] auto_periodic = true): the outer
+# learning rate and momentum above were tuned for H near 500, and 50 is the smallest interval
+# the DiLoCo paper studies. A shorter one is the user's to ask for (--comm diloco --sync-every).
+MIN_AUTO_SYNC_EVERY = 50
 
 
 class Periodic:
@@ -194,21 +198,22 @@ def make_periodic(trainer, ckpt: dict | None, mine: dict | None) -> Periodic | N
 
 
 def predict_periodic(link, compute_s: float, param_bytes: int, world_size: int,
-                     budget: float, steps_left: int = 0) -> dict[str, dict]:
+                     budget: float, steps_left: int = 0, min_every: int = 2) -> dict[str, dict]:
     """comm=auto's model for the periodic methods: one prediction per name in PERIODIC_NAMES.
 
     `link` has busbw_gbps and latency_s (autocomm.LinkEstimate). One sync all-reduces the
     parameters and overlaps nothing: sync_s = latency + bytes x 2(n-1)/n / busbw, all of it
     exposed, once per H steps. H is the smallest interval (>= 2) whose exposed time per step,
     sync_s / H, stays within `budget` of the step: H >= sync_s (1 - budget) / (budget x
-    compute_s), at most MAX_SYNC_EVERY. `usable` is false when the steps left are fewer than
-    two such intervals: the run would be replicas trained apart and averaged once, not periodic
-    training (H is then shown at half the steps left). The other keys are the hooks'.
+    compute_s) (`sync_every_needed`), raised to `min_every`, at most MAX_SYNC_EVERY. `usable`
+    is false when the steps left are fewer than two such intervals: the run would be replicas
+    trained apart and averaged once, not periodic training (H is then shown at half the steps
+    left). The other keys are the hooks'.
     """
     bytes_per_s = max(link.busbw_gbps, 1e-9) * 1e9 / 8
     sync_s = link.latency_s + param_bytes * bus_factor(world_size) / bytes_per_s
     need = max(2, math.ceil(sync_s * (1 - budget) / (budget * max(compute_s, 1e-9)) - 1e-9))
-    wanted = min(need, MAX_SYNC_EVERY)
+    wanted = min(max(need, min_every), MAX_SYNC_EVERY)
     h = max(2, min(wanted, steps_left // 2)) if steps_left else wanted
     exposed = sync_s / h
     step = compute_s + exposed

@@ -23,10 +23,12 @@ from .checkpoint import load_agreed_checkpoint, load_rank_state, rank_folder, sa
 from .collectives import all_gather_objects
 from .commsetup import decide_comm
 from .config import HOOK_NAMES, TrainConfig
-from .data import Corpus, DataCursor, ShardedBatches, check_token_ids, describe_data
+from .data import Corpus, describe_data
+from .datacheck import open_data
 from .distenv import DistEnv
 from .faults import FaultLedger, is_collective_failure
 from .files import write_text_atomic
+from .heldout import heldout_loss, heldout_windows
 from .hooks import TimedCommHook, load_powersgd_state, make_powersgd_state, powersgd_state_dict
 from .metrics import MetricsLog, read_metrics, summarize
 from .model import GPT, preset_config
@@ -67,6 +69,9 @@ class Trainer:
                          ).to(self.device)
         self.grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
+        # The same data on every rank, and the checkpoint's data position remapped or refused
+        # (trainer/resume.py) before anything is measured or written.
+        self.data, self.layout = open_data(cfg, env, ckpt, (self.corpus, self.val_corpus))
         mine = load_rank_state(self.run_dir / "checkpoints", ckpt, self.device)
         self.start_step = ckpt["step"] if ckpt else 0
         if ckpt:
@@ -79,17 +84,12 @@ class Trainer:
         self._install_hook(mine)
         self.optimizer = build_optimizer(self.model, cfg.lr, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
-        cursor = DataCursor()
         if ckpt:
             self.optimizer.load_state_dict(ckpt["optimizer"])
             self.scheduler.load_state_dict(ckpt["scheduler"])
-            cursor = DataCursor(**ckpt["data_cursor"])
             if mine:
                 set_rng_state(mine["rng"], self.device)
         self.periodic = make_periodic(self, ckpt, mine)  # localsgd, diloco
-        check_token_ids((self.corpus, self.val_corpus), env.rank, env.world_size, self.device)
-        self.data = ShardedBatches(self.corpus, cfg.seq_len, cfg.batch_size,
-                                   env.rank, env.world_size, cfg.seed, cursor)
         self.nic = NicMeter(traffic_interface())
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks (%s), comm %s, NIC %s, attempt %d, "
@@ -226,6 +226,7 @@ class Trainer:
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
             "data_cursor": self.data.cursor.to_dict(),
+            "data_layout": self.layout.record(self.data.cursor),
             "comm_decision": self.decision,
             "periodic": self.periodic.shared_state() if self.periodic else None,
             "config": self.cfg.to_dict(),
@@ -247,19 +248,23 @@ class Trainer:
         if len(set(digests)) != 1:
             log.error("replicas diverged: parameter digests differ across ranks")
         records = read_metrics(self.metrics.path)
+        held = heldout_windows(self.corpus, self.val_corpus, self.cfg.seq_len)
+        eval_loss, eval_windows = heldout_loss(self.model, *held, self.cfg.batch_size, self.device)
         summary = summarize(
             records, self.tokens_per_step,
             comm=self.comm, comm_decision=self.decision, restarts=self.env.restarts,
             world_size=self.env.world_size, preset=self.cfg.preset,
             params=self.model.num_params(), param_digests=digests,
-            replicas_in_sync=len(set(digests)) == 1,
+            replicas_in_sync=len(set(digests)) == 1, eval_loss=eval_loss,
+            eval_windows=eval_windows,
             data=describe_data(self.corpus, self.val_corpus, self.cfg.seq_len),
             **self.faults.totals(),
             **self.auto.summary(records))
         self.faults.save()
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        log.info("summary: loss %.4f, %.0f tokens/s, step p50 %.1f ms, sync p50 %.1f ms -> %s",
-                 summary["final_loss"] or float("nan"), summary["tokens_per_s"],
+        log.info("summary: loss %.4f, eval loss %.4f (held out), %.0f tokens/s, step p50 %.1f ms, "
+                 "sync p50 %.1f ms -> %s",
+                 summary["final_loss"] or float("nan"), eval_loss, summary["tokens_per_s"],
                  summary["step_s_p50"] * 1e3, summary["sync_s_p50"] * 1e3,
                  self.run_dir / "summary.json")
 

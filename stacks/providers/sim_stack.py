@@ -50,6 +50,8 @@ def node_input(cluster, index: int, isolation: str) -> dict:
         "host_if": "",
         "transport": cluster.transport if isolation == "netns" else "local",
     }
+    if node["transport"] == "ssh":  # a stand-in for a rented machine: its host firewall too
+        node["firewall"] = cluster.firewall
     if isolation == "netns":
         prefix = cluster.private_cidr.split("/")[1]
         node.update(link_names(cluster.name, index), address=f"{cluster.private_ip(index)}/{prefix}")
@@ -58,11 +60,11 @@ def node_input(cluster, index: int, isolation: str) -> dict:
     return node
 
 
-def node_command(action: str) -> str:
+def node_command(action: str, extra: tuple[str, ...] = ()) -> str:
     """`<python> -m fatpipe.cli sim node-<action>` with every option taken from self.input."""
     # node-down needs no transport: leaving it out keeps nodes deployed before it existed
-    # (their state has no such input key) removable.
-    keys = NODE_KEYS if action == "up" else tuple(k for k in NODE_KEYS if k != "transport")
+    # (their state has no such input key) removable. `extra`: keys only some nodes have.
+    keys = (*NODE_KEYS, *extra) if action == "up" else tuple(k for k in NODE_KEYS if k != "transport")
     options = " ".join(f"--{key.replace('_', '-')}=${{self.input.{key}}}" for key in keys)
     # The interpreter's absolute path is baked in at synth time: fine for a stack that only
     # ever runs on the machine that synthesized it.
@@ -103,7 +105,7 @@ class SimClusterConstruct(ClusterConstruct):
                 self, f"node-{index}",
                 terraform_resource_type="terraform_data",
                 provisioners=[
-                    LocalExecProvisioner(type="local-exec", command=node_command("up"),
+                    LocalExecProvisioner(type="local-exec", command=node_command("up", ("firewall",) if "firewall" in node else ()),
                                          working_dir=ROOT_FROM_STACK_DIR),
                     LocalExecProvisioner(type="local-exec", command=node_command("down"),
                                          when="destroy", working_dir=ROOT_FROM_STACK_DIR),
@@ -114,4 +116,5 @@ class SimClusterConstruct(ClusterConstruct):
             resource.add_override("triggers_replace", literal_map(node))
             self.nodes.append(resource)
             outputs.append(node_output(cluster, project, node))
-        self.output = cluster.output(outputs, isolation=isolation)
+        guarded = {"firewall": cluster.firewall} if isolation == "netns" and cluster.transport == "ssh" else {}
+        self.output = cluster.output(outputs, isolation=isolation, **guarded)

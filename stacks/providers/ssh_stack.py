@@ -1,5 +1,6 @@
 """The ssh cluster construct: one built-in `terraform_data` per host whose provisioners apply the
-node profile over SSH (`fatpipe ssh-node apply`) and revert it on destroy.
+node profile over SSH (`fatpipe ssh-node apply`) and revert it on destroy. The host's values
+reach them as environment (FATPIPE_HOST_*), never as shell text.
 
 Why OpenSSH (through local-exec) and not Terraform's own SSH communicator: the communicator
 skips host-key checking unless each key is typed in, and ignores ~/.ssh/config, so jump hosts
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import shlex
 import sys
 from pathlib import Path
 
@@ -22,14 +22,21 @@ from ..toolkit import LocalExecProvisioner, TerraformResource
 from .construct import ClusterConstruct
 from .sim_stack import ROOT_FROM_STACK_DIR
 
-# Each input key becomes the ssh-node option --<key with dashes>.
+# Each input key reaches `fatpipe ssh-node` as the variable FATPIPE_HOST_<KEY>. Host values
+# travel as environment, never as command text: the command is a constant run without a shell.
 HOST_KEYS = ("name", "address", "port", "user", "key_file", "known_hosts", "private_ip")
+HOST_ENV_PREFIX = "FATPIPE_HOST_"
 PROFILE_ENV = "FATPIPE_NODE_PROFILE"
 
 
-def host_command(action: str, keys: tuple[str, ...]) -> str:
-    options = " ".join(f"--{key.replace('_', '-')}=${{self.input.{key}}}" for key in keys)
-    return f"{literal(shlex.quote(sys.executable))} -m fatpipe.cli ssh-node {action} {options}"
+def host_interpreter() -> list[str]:
+    """What local-exec runs with the action as its last argument: argv, no /bin/sh -c."""
+    return [literal(sys.executable), "-m", "fatpipe.cli", "ssh-node"]
+
+
+def host_environment(keys: tuple[str, ...]) -> dict[str, str]:
+    """Each host value as a reference to the resource's own input (destroy may read only self)."""
+    return {f"{HOST_ENV_PREFIX}{key.upper()}": f"${{self.input.{key}}}" for key in keys}
 
 
 class SshClusterConstruct(ClusterConstruct):
@@ -52,12 +59,14 @@ class SshClusterConstruct(ClusterConstruct):
             resource = TerraformResource(
                 self, f"host-{index}", terraform_resource_type="terraform_data",
                 provisioners=[
-                    LocalExecProvisioner(type="local-exec", command=host_command("apply", HOST_KEYS),
+                    LocalExecProvisioner(type="local-exec", command="apply", interpreter=host_interpreter(),
                                          working_dir=ROOT_FROM_STACK_DIR,
-                                         environment={PROFILE_ENV: literal(json.dumps(profile))}),
-                    LocalExecProvisioner(type="local-exec", when="destroy", working_dir=ROOT_FROM_STACK_DIR,
-                                         command=host_command("revert", (*HOST_KEYS, "remote_dir"))
-                                         + f" --unit={UNIT}"),
+                                         environment={**host_environment(HOST_KEYS),
+                                                      PROFILE_ENV: literal(json.dumps(profile))}),
+                    LocalExecProvisioner(type="local-exec", when="destroy", command="revert",
+                                         interpreter=host_interpreter(), working_dir=ROOT_FROM_STACK_DIR,
+                                         environment={**host_environment((*HOST_KEYS, "remote_dir")),
+                                                      f"{HOST_ENV_PREFIX}UNIT": literal(UNIT)}),
                 ],
             )
             resource.add_override("input", literal_map(values))
@@ -68,4 +77,4 @@ class SshClusterConstruct(ClusterConstruct):
                           "ssh_host": host.address, "ssh_port": host.port, "ssh_user": values["user"],
                           "ssh_key_file": values["key_file"] or None, "remote_dir": remote_dir,
                           "transport": "ssh"})
-        self.output = cluster.output(nodes)
+        self.output = cluster.output(nodes, firewall=cluster.firewall)

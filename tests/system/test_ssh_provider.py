@@ -34,7 +34,7 @@ PROFILE_SYSCTLS = ("net.ipv4.tcp_rmem", "net.ipv4.tcp_wmem", "net.ipv4.tcp_conge
 def write_project(folder: Path, port_of_first: int = 22) -> None:
     hosts = "\n".join(
         f'[[clusters.{RENTED}.hosts]]\naddress = "10.{OCTET}.0.{10 + i}"\nprivate_ip = "10.{OCTET}.0.{10 + i}"\n'
-        f'port = {port_of_first if i == 0 else 22}\nremote_dir = "{folder}/remote/{i}"\n' for i in range(NODES))
+        f'port = {port_of_first if i == 0 else 22}\nremote_dir = "{folder}/fatpipe/{i}"\n' for i in range(NODES))
     (folder / "fatpipe.toml").write_text(f"""\
 [clusters.{HOSTS}]          # the "rented" machines: bare, reachable over ssh
 provider = "sim"
@@ -55,6 +55,8 @@ rdzv_port = {free_port()}
 
 {hosts}
 """)
+    # The nodes share this machine's files and their folders lie in the project: never ship them.
+    (folder / ".gitignore").write_text("/fatpipe/\n")
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -85,7 +87,7 @@ def fatpipe_files(folder: Path, index: int) -> list[str]:
     """What fatpipe left on node `index`: its files below the node's root, its project folder."""
     root = folder / ".fatpipe" / HOSTS / "nodes" / f"{HOSTS}-{index}" / "root"
     found = [str(p.relative_to(root)) for p in root.rglob("*") if p.is_file() and p.stat().st_size]
-    remote = folder / "remote" / str(index)
+    remote = folder / "fatpipe" / str(index)
     return found + ([str(remote)] if remote.exists() else [])
 
 

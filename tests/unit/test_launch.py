@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fatpipe.ops.launch import follow_nodes, stop_nodes
 from fatpipe.ops.noderun import LaunchResult, NodeRun, worst_status
-from fatpipe.ops.prepare import venv_command, venv_stamp
+from fatpipe.ops.nodevenv import NodeVenv, venv_command, venv_stamp
 from fatpipe.ops.rendezvous import NodePlan, Rendezvous
 from fatpipe.ops.transport import LocalTransport
 
@@ -75,14 +75,14 @@ def test_worst_status_prefers_the_cause():
 
 def test_venv_is_reused_while_its_inputs_stay_the_same(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
-    stamp = venv_stamp(tmp_path, "torch==2.13.0", "https://download.pytorch.org/whl/cpu")
-    assert stamp == venv_stamp(tmp_path, "torch==2.13.0", "https://download.pytorch.org/whl/cpu")
-    assert stamp != venv_stamp(tmp_path, "torch==2.12.0", "https://download.pytorch.org/whl/cpu")
-    (tmp_path / "requirements.txt").write_text("numpy\n")
-    assert stamp != venv_stamp(tmp_path, "torch==2.13.0", "https://download.pytorch.org/whl/cpu")
+    venv = NodeVenv("torch==2.13.0", "https://download.pytorch.org/whl/cpu")
+    stamp = venv_stamp(tmp_path, venv)
+    assert stamp == venv_stamp(tmp_path, venv)
+    assert stamp != venv_stamp(tmp_path, NodeVenv("torch==2.12.0", venv.index))
+    (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
+    assert stamp != venv_stamp(tmp_path, venv)
 
-    command = venv_command(stamp, "torch==2.13.0", "https://download.pytorch.org/whl/cpu")
-    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0" in command
+    command = venv_command(stamp, venv)
     # With a matching stamp the command returns at once: nothing is built or downloaded.
     (tmp_path / ".fatpipe/venv").mkdir(parents=True)
     (tmp_path / ".fatpipe/venv/.fatpipe-stamp").write_text(stamp + "\n")

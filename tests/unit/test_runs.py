@@ -164,3 +164,16 @@ def test_a_refused_script_leaves_no_run_and_moves_nothing(project_dir, run_cli):
     assert result.exit_code == 1 and "no_such_script.py: no such script" in result.output
     assert latest_run_id(project, "demo") == run_id
     assert [p.name for p in (project.state_dir("demo") / "runs").iterdir() if p.is_dir()] == [run_id]
+
+
+def test_runs_pull_takes_cluster_and_run(project_dir, run_cli):
+    project = load_project()
+    run_id, _ = a_run(project, exits=(0, 0))
+    mark_latest(project, "demo", run_id)
+    shared = run_cli("runs", "pull", "demo", "latest")
+    assert shared.exit_code == 0 and f"run {run_id}: its nodes share this machine's files" in shared.output
+    assert run_cli("runs", "pull", run_id).exit_code == 0
+    extra = run_cli("runs", "pull", "demo", run_id, "more")
+    assert extra.exit_code == 2 and "runs pull takes [CLUSTER] RUN" in extra.output
+    missing = run_cli("runs", "pull", "demo", "20990101-000000-beef")
+    assert missing.exit_code == 2 and "no run 20990101-000000-beef" in missing.output

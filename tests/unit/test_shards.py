@@ -88,7 +88,7 @@ def test_windows_stay_inside_a_shard_and_cover_every_shard(tmp_path):
     llmc_bin(tmp_path / "d_train_000000.bin", [1] * 101)
     llmc_bin(tmp_path / "d_train_000001.bin", [2] * 201)
     train, _ = open_splits(str(tmp_path))
-    batches = ShardedBatches(train, 10, 1, 0, 1, seed=3)
+    batches = ShardedBatches(train, 10, 1, 0, 1, seed=3, holdout=False)
     assert batches.batches_per_epoch == 30  # 10 windows + 20 windows
     seen = [batches.next_batch() for _ in range(30)]
     rows = [torch.cat([x[0], y[0, -1:]]) for x, y in seen]

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
-import base64
-import re
-
 import pytest
 
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.project import parse_project
-from fatpipe.ops.profile import SshHost, agent_command, explain
+from fatpipe.ops.profile import SshHost, agent_command, agent_program, explain
 from fatpipe.ops.transport import Result
 
 HOSTS = """
@@ -52,13 +49,14 @@ def test_bad_ssh_clusters_are_one_line_naming_the_key(extra, hosts, message):
     assert len(problems) == 1 and message in problems[0], str(e.value)  # that one, no follow-on noise
 
 
-def test_the_applier_travels_whole_and_runs_as_root():
+def test_the_applier_travels_whole_on_stdin_and_runs_as_root():
     profile = {"files": {}, "sysctls": {"net.ipv4.tcp_rmem": "4096 131072 8388608"}, "unit": "u"}
-    command = agent_command("apply", profile, as_root=False)
-    program = base64.b64decode(re.search(r"echo (\S+) \|", command).group(1)).decode()
+    program = agent_program(profile)
     assert program.rstrip().endswith("main()") and 'net.ipv4.tcp_rmem' in program
     compile(program, "agent", "exec")  # one valid program
-    assert "sudo -n python3" in command and "sudo" not in agent_command("revert", profile, as_root=True)
+    # The command reads it from stdin: nothing lands in a file on the node (no /tmp path to swap).
+    assert agent_command("apply", as_root=False) == "sudo -n python3 - apply"
+    assert agent_command("revert", as_root=True) == "python3 - revert"
 
 
 @pytest.mark.parametrize("stderr,code,words", [

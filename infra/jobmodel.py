@@ -1,0 +1,167 @@
+"""The job `fatpipe plan` prices: what one step computes per node, and what each link carries.
+
+Pure arithmetic on published figures, before anything is deployed:
+
+- compute: an accelerator's tokens/s for GPT-2 124M, scaled to another model by parameter
+  count (training compute ~ 6 x params x tokens, so tokens/s ~ 1 / params);
+- the link: a machine type's **baseline** bandwidth from its catalog (never the burst), capped
+  by what the planned flows can carry (AWS caps one TCP flow; gloo opens one flow per peer,
+  NCCL's socket transport as many as the tier's profile sets);
+- the traffic: a ring all-reduce of the gradient sends 2 x (N-1)/N x bytes per node.
+
+The comm method, its exposed share and the step time come from the trainer's own comm=auto
+model, applied by `ops.plan` (the model layer imports no trainer, docs/ARCHITECTURE.md, "Layers").
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .catalog import MachineType
+from .errors import ConfigError
+from .tiers import NCCL_SOCKETS
+
+# llm.c's GPT-2 124M (vocabulary padded to 50,304): the model every throughput below was measured on.
+REFERENCE_PARAMS = 124_475_904
+# llm.c's GPT-2 124M batch: 0.5M tokens per optimizer step, shared by every node.
+DEFAULT_TOKENS_PER_STEP = 524_288
+
+
+@dataclass(frozen=True)
+class Accelerator:
+    """What computes on one node, and its sourced training throughput on REFERENCE_PARAMS."""
+
+    name: str
+    tokens_per_s: float  # per GPU, or per vCPU when per_vcpu
+    source: str
+    gpus: int = 1  # GPUs a machine type must have (0: the CPU case)
+    per_vcpu: bool = False
+
+    def node_tokens_per_s(self, params: int, machine: MachineType | None = None) -> float:
+        """Tokens/s of one node training a model of `params`: compute ~ 6 x params x tokens."""
+        rate = self.tokens_per_s * REFERENCE_PARAMS / params
+        if machine is None:
+            return rate
+        # A node computes with all its GPUs (data parallel inside it too), or all its vCPUs;
+        # a node of unknown size (a --link) counts as one.
+        return rate * max(machine.vcpus if self.per_vcpu else machine.gpus, 1)
+
+
+# The figures docs/BENCHMARKS.md cites ("The seed's table, time-scaled").
+ACCELERATORS: dict[str, Accelerator] = {
+    "rtx4090": Accelerator(
+        "RTX 4090", 220.7e3 / 2,
+        "llm.c's PyTorch GPT-2 trainer on 2x RTX 4090: 220.7k tokens/s (T. Romero, NanoGPT "
+        "Speedrun Living Worklog, record 1)"),
+    "h100": Accelerator(
+        "H100 SXM", 10e9 / (45 * 60) / 8,
+        "llm.c GPT-2 124M on 8x H100: 10B tokens in 45 minutes"),
+    # The seed table's sim: the `tiny` preset (829,750 parameters, 3.319 MB of gradients) at
+    # 98.6 ms per step of 512 tokens per rank, 4 ranks on 2 vCPUs: 10,385 tokens/s per vCPU,
+    # i.e. 69 tokens/s per vCPU on REFERENCE_PARAMS. A CPU node's rate grows with its vCPUs.
+    "cpu": Accelerator(
+        "CPU", 4 * 512 / 0.0986 / 2 * 829_750 / REFERENCE_PARAMS,
+        "docs/BENCHMARKS.md, the seed table's sim compute: tiny preset, 98.6 ms/step, 4 ranks "
+        "on 2 vCPUs, torch 2.13 CPU", gpus=0, per_vcpu=True),
+}
+
+
+def accelerator(name: str, tokens_per_s: float | None = None) -> Accelerator:
+    """The named accelerator; `tokens_per_s` (the user's own figure, for GPT-2 124M) replaces its own."""
+    if name not in ACCELERATORS:
+        raise ConfigError(f"unknown accelerator {name!r}; known: {', '.join(ACCELERATORS)}")
+    found = ACCELERATORS[name]
+    if tokens_per_s is None:
+        return found
+    if not tokens_per_s > 0 or math.isinf(tokens_per_s):
+        raise ConfigError(f"--tokens-per-s must be a positive number, not {tokens_per_s!r}")
+    return Accelerator(found.name, tokens_per_s, "given (--tokens-per-s)", found.gpus,
+                       found.per_vcpu)
+
+
+@dataclass(frozen=True)
+class Job:
+    """A training job: the model's size, how many tokens, how many per optimizer step."""
+
+    params: int
+    tokens: int  # to train on, in all
+    tokens_per_step: int = DEFAULT_TOKENS_PER_STEP  # global batch, shared by every node
+
+    def __post_init__(self):
+        for name in ("params", "tokens", "tokens_per_step"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ConfigError(f"job: {name} must be a positive integer, not {value!r}")
+
+    @property
+    def steps(self) -> int:
+        return math.ceil(self.tokens / self.tokens_per_step)
+
+    @property
+    def grad_bytes(self) -> int:
+        return 4 * self.params  # float32 gradients, as DDP's buckets hold them
+
+    def compute_s(self, accel: Accelerator, nodes: int, machine: MachineType | None = None) -> float:
+        """One step's compute on each node: its share of the batch at its tokens/s."""
+        return self.tokens_per_step / nodes / accel.node_tokens_per_s(self.params, machine)
+
+
+def ring_allreduce_bytes(grad_bytes: int, nodes: int) -> float:
+    """Bytes each node sends (and receives) in a ring all-reduce: 2 x (N-1)/N x the message."""
+    return 2 * (nodes - 1) / nodes * grad_bytes if nodes > 1 else 0.0
+
+
+# -- the link -------------------------------------------------------------------------------------
+
+# AWS caps one TCP flow at 5 Gbit/s between instances outside a cluster placement group and
+# 10 Gbit/s inside one ("Amazon EC2 instance network bandwidth", EC2 User Guide). fatpipe puts
+# AWS nodes in a cluster placement group when the type may join one (`cluster_placement`).
+# DigitalOcean documents no per-flow limit.
+AWS_FLOW_GBPS = {True: 10.0, False: 5.0}
+
+
+def flow_cap_gbps(provider: str, machine: MachineType) -> float | None:
+    """The most one TCP flow carries between two nodes of this type; None: no published cap."""
+    if provider == "aws":
+        return AWS_FLOW_GBPS[machine.cluster_placement]
+    return None
+
+
+# NCCL recognises AWS's ENA and opens 2 threads x 8 sockets per peer by itself; fatpipe leaves
+# NCCL's socket settings alone there (stacks/providers/aws.py), and sets the tier's elsewhere.
+AWS_NCCL_FLOWS = 2 * 8
+
+
+def flows_per_peer(accel: Accelerator, tier: str, provider: str = "") -> int:
+    """Flows one node opens to its ring neighbour: gloo (CPU) one; NCCL its sockets."""
+    if accel.gpus == 0:
+        return 1
+    if provider == "aws":
+        return AWS_NCCL_FLOWS
+    threads, sockets = NCCL_SOCKETS[tier]
+    return threads * sockets
+
+
+@dataclass(frozen=True)
+class Link:
+    """What a node pair sustains: the baseline, capped by the flows the job opens."""
+
+    gbps: float  # what the all-reduce gets
+    baseline_gbps: float
+    flow_cap_gbps: float | None  # the cap of all the flows together; None: none published
+    burst_only: bool  # the advertised rate is mostly burst: baseline under half of it
+    tier_unreachable: bool  # the planned flows cannot carry the tier's rate
+
+
+def plan_link(provider: str, machine: MachineType, accel: Accelerator, tier: str,
+              tier_gbps: float) -> Link:
+    """The link a job gets between two nodes of `machine` at `tier` (baseline, never burst)."""
+    if machine.baseline_gbps is None:
+        raise ConfigError(f"{provider} {machine.name}: the catalog has no baseline bandwidth")
+    baseline = machine.baseline_gbps
+    one_flow = flow_cap_gbps(provider, machine)
+    cap = one_flow * flows_per_peer(accel, tier, provider) if one_flow is not None else None
+    gbps = min(baseline, cap) if cap is not None else baseline
+    burst_only = bool(machine.peak_gbps) and baseline < 0.5 * machine.peak_gbps
+    return Link(gbps, baseline, cap, burst_only, cap is not None and cap < tier_gbps)

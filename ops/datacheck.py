@@ -1,0 +1,131 @@
+"""Check every node's copy of the cluster's dataset against the operator's manifest.
+
+Each ssh node gets the trainer package (whose `manifest` module hashes with the standard library
+alone) and the manifest, then hashes what it holds; nodes that share this machine's files are
+checked once, here. docs/ARCHITECTURE.md, "The data contract".
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from fatpipe.infra.dataspec import LOCAL_MANIFEST, DataSpec, cluster_data
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.files import write_json_atomic
+from fatpipe.infra.node import REMOTE_PKG
+from fatpipe.trainer.manifest import first_difference
+
+from .rendezvous import remote_dir
+from .transport import Transport, fan_out, transports_for
+
+MANIFEST_DIR = ".fatpipe/data"  # on a node, inside its project folder: the manifest it is checked against
+CHECK_TIMEOUT_S = 3600  # hashing a large dataset on a slow disk
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """One node's verdict: None when its data matches the manifest, else the first difference."""
+
+    node: str
+    problem: str | None
+
+
+def declared_data(project, cluster: str) -> DataSpec:
+    data = cluster_data(project.spec, cluster)
+    if data is None:
+        raise FatpipeError(f"{project.label}: no [data] for cluster {cluster}; declare one "
+                           "([data] source = \"data/train\", or [clusters.<name>.data])", exit_code=2)
+    return data
+
+
+def data_excludes(project, cluster: str) -> tuple[str, ...]:
+    """rsync patterns, anchored at the project folder, for the staged data and what travels with it."""
+    data = cluster_data(project.spec, cluster)
+    if data is None:
+        return ()
+    return (f"/{data.path}", f"/{data.path}.fatpipe-*", f"/{MANIFEST_DIR}")
+
+
+def local_manifest_path(project, cluster: str) -> Path:
+    return project.state_dir(cluster) / "data" / LOCAL_MANIFEST
+
+
+def read_local_manifest(project, cluster: str) -> dict | None:
+    path = local_manifest_path(project, cluster)
+    try:
+        return json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except ValueError:
+        raise FatpipeError(f"{path}: unreadable (not JSON); `fatpipe data push {cluster}` writes it again",
+                           exit_code=2) from None
+
+
+def save_local_manifest(project, cluster: str, manifest: dict) -> Path:
+    return write_json_atomic(local_manifest_path(project, cluster), manifest)
+
+
+def node_workdir(outputs, node) -> str:
+    """The project folder on an ssh node, as runs use it (relative to the login's home unless absolute)."""
+    return node.remote_dir or remote_dir(outputs.name, node.name)
+
+
+def ship_checker(project, cluster: str, t: Transport, workdir: str) -> None:
+    """The trainer package and the manifest folder onto one ssh node."""
+    from .prepare import SYNC_EXCLUDES, trainer_package_dir
+
+    steps = (
+        ("copy the trainer", trainer_package_dir(), f"{workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES),
+        ("copy the manifest", local_manifest_path(project, cluster).parent, f"{workdir}/{MANIFEST_DIR}", ()),
+    )
+    for what, src, dest, excludes in steps:
+        done = t.push(Path(src), dest, excludes, timeout=600)
+        if not done.ok:
+            raise FatpipeError(f"{t.describe()}: {what} failed: {done.reason()}")
+
+
+def check_node(project, outputs, node, t: Transport, python: str) -> NodeData:
+    workdir = node_workdir(outputs, node)
+    ship_checker(project, outputs.name, t, workdir)
+    command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {shlex.quote(python)} -m "
+               f"fatpipe.trainer.manifest check {MANIFEST_DIR}/{LOCAL_MANIFEST} .")
+    done = t.run(command, timeout=CHECK_TIMEOUT_S)
+    if done.ok:
+        return NodeData(node.name, None)
+    if done.returncode == 1 and done.stdout.strip():
+        return NodeData(node.name, done.stdout.strip().splitlines()[-1])
+    raise FatpipeError(f"{t.describe()}: could not check its data: {done.reason()}")
+
+
+def check_data(project, outputs, manifest: dict, python: str | None = None) -> list[NodeData]:
+    """Every node's verdict, in node order (nodes sharing this machine's files: one check for all)."""
+    transports = transports_for(outputs, project.state_dir(outputs.name))
+    if all(t.shares_fs for t in transports):
+        problem = first_difference(manifest, project.root)
+        return [NodeData(node.name, problem) for node in outputs.nodes]
+    if any(t.shares_fs for t in transports):
+        raise FatpipeError(f"cluster {outputs.name} mixes ssh nodes with local ones; data staging needs one kind")
+    pairs = list(zip(outputs.nodes, transports, strict=True))
+    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3"), pairs)
+
+
+def require_data(project, outputs, python: str | None = None) -> dict | None:
+    """Refuse, in one line naming the node and the file, when a node's data differs from the manifest.
+
+    Returns the manifest checked against; None when the cluster declares no [data].
+    """
+    if cluster_data(project.spec, outputs.name) is None:
+        return None
+    manifest = read_local_manifest(project, outputs.name)
+    if manifest is None:
+        raise FatpipeError(f"cluster {outputs.name} declares [data] but none was staged: run "
+                           f"`fatpipe data push {outputs.name}`")
+    bad = [v for v in check_data(project, outputs, manifest, python) if v.problem]
+    if bad:
+        shown = "; ".join(f"node {v.node}: {v.problem}" for v in bad)
+        raise FatpipeError(f"data differs from the manifest on {shown} (`fatpipe data push {outputs.name}` "
+                           "fixes it)")
+    return manifest

@@ -1,0 +1,86 @@
+"""The venv an ssh node runs in: what it holds (`[node]` resolved), its stamp, the command that builds it.
+
+docs/ARCHITECTURE.md, "The node environment": torch and numpy in one pip call, then the project's
+requirements; the stamp covers the whole declaration, so the venv is rebuilt exactly when it changes.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shlex
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.node import REMOTE_VENV
+from fatpipe.infra.nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, requirement
+
+TORCH_SPEC_ENV = "FATPIPE_TORCH"  # what the node venv installs for torch (default: this torch's version)
+TORCH_INDEX_ENV = "FATPIPE_TORCH_INDEX_URL"
+STAMP_FILE = f"{REMOTE_VENV}/.fatpipe-stamp"
+
+
+@dataclass(frozen=True)
+class NodeVenv:
+    """The resolved declaration: every value is checked and reaches pip as one quoted argument."""
+
+    torch: str  # a requirement naming torch, e.g. torch==2.13.0
+    index: str  # torch's index URL; "" is pip's default (PyPI: CUDA builds on Linux)
+    packages: tuple[str, ...] = ()
+    requirements: str | None = None  # a file in the project folder, which travels with it
+
+
+def torch_spec() -> str:
+    """The torch requirement node venvs install by default: $FATPIPE_TORCH, else this machine's version."""
+    if os.environ.get(TORCH_SPEC_ENV):
+        try:
+            return requirement(os.environ[TORCH_SPEC_ENV])
+        except ValueError as e:
+            raise FatpipeError(f"${TORCH_SPEC_ENV}: {e}", exit_code=2) from None
+    from importlib.metadata import version
+
+    return "torch==" + version("torch").split("+")[0]
+
+
+def node_venv(project, gpus: int) -> NodeVenv:
+    """The project's `[node]` table with its defaults filled in for nodes with `gpus` GPUs each."""
+    spec = project.spec.node
+    index = spec.torch_index
+    if index is None:
+        index = os.environ.get(TORCH_INDEX_ENV, "" if gpus else CPU_TORCH_INDEX)
+    requirements = spec.requirements
+    if requirements is None:
+        requirements = DEFAULT_REQUIREMENTS if (project.root / DEFAULT_REQUIREMENTS).is_file() else None
+    elif not (project.root / requirements).is_file():
+        raise FatpipeError(f"[node] requirements = {requirements!r}: no such file in {project.root}", exit_code=2)
+    return NodeVenv(spec.torch or torch_spec(), index, tuple(spec.packages), requirements)
+
+
+def venv_stamp(project_root: Path, venv: NodeVenv) -> str:
+    """What a node venv was built from: the declaration, pyproject.toml and the requirements file."""
+    digest = hashlib.sha256(json.dumps(asdict(venv), sort_keys=True).encode())
+    for name in ("pyproject.toml", venv.requirements):
+        path = project_root / name if name else None
+        digest.update(path.read_bytes() if path and path.is_file() else b"-")
+    return digest.hexdigest()[:16]
+
+
+def venv_command(stamp: str, venv: NodeVenv) -> str:
+    """Make or reuse the project venv on a node; torch (pinned) and numpy first, then the rest.
+
+    numpy comes in the same pip call as torch: PowerSGD needs it, and one resolve keeps the pair
+    compatible. Another stamp rebuilds the venv from empty, so what the declaration dropped goes.
+    """
+    py = f"{REMOTE_VENV}/bin/python"
+    index_flag = f"--index-url {shlex.quote(venv.index)} " if venv.index else ""
+    extra = [*(["-r", venv.requirements] if venv.requirements else []), *venv.packages]
+    rest = f"{py} -m pip install -q {shlex.join(extra)}; " if extra else ""
+    return (
+        f"have=; [ -f {STAMP_FILE} ] && read -r have < {STAMP_FILE}; "
+        f'[ "$have" = {stamp} ] && exit 0; set -e; '
+        f"python3 -m venv --clear {REMOTE_VENV}; {py} -m pip install -q --upgrade pip; "
+        f"{py} -m pip install -q {index_flag}{shlex.quote(venv.torch)} numpy; "
+        f"{rest}echo {stamp} > {STAMP_FILE}"
+    )

@@ -1,0 +1,204 @@
+"""`fatpipe plan`: predict each candidate cluster's step, comm method, hours and dollars.
+
+The candidates are the catalogs' machine types at each tier and node count; the job model
+(`infra.jobmodel`) gives each one's compute and link; the trainer's own comm=auto model
+(`trainer.autocomm.choose_comm`, the same code the run will use, docs/ARCHITECTURE.md, "Data
+flow") picks the method and predicts the step from a synthetic "measured" link: the catalog's
+baseline, capped by the flows, at default hook costs (none measured yet: 0 s).
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+
+from fatpipe.infra.catalog import MachineType, load_catalog
+from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.jobmodel import Accelerator, Job, Link, plan_link, ring_allreduce_bytes
+from fatpipe.infra.spec import TIER_GBPS
+from fatpipe.trainer.autocomm import (
+    GradTraffic,
+    HookCost,
+    LinkEstimate,
+    choose_comm,
+    powersgd_wire_elements,
+)
+from fatpipe.trainer.bandwidth import MiB
+from fatpipe.trainer.config import HOOK_NAMES, PERIODIC_NAMES, PRESETS, TrainConfig
+
+# One hop of a ring step inside a region: in-region round trips are 0.05-2 ms (infra/tiers.py),
+# one way about half; a ring all-reduce takes 2 x (N-1) such steps.
+HOP_LATENCY_S = 100e-6
+PROVIDERS = ("aws", "digitalocean")
+_DEFAULTS = TrainConfig()  # the trainer's own bucket size, PowerSGD rank and LR warmup
+
+
+@dataclass(frozen=True)
+class ModelTraffic:
+    """A model's size and what PowerSGD at the trainer's default rank would send of it."""
+
+    params: int
+    powersgd_bytes: int
+
+
+@lru_cache(maxsize=8)
+def _preset_traffic(preset: str) -> ModelTraffic:
+    import torch
+
+    from fatpipe.trainer.model import GPT, preset_config
+
+    with torch.device("meta"):  # shapes alone: no memory, no initialisation cost
+        model = GPT(preset_config(preset, block_size=1024))
+    shapes = [p.shape for p in model.parameters()]
+    params = sum(p.numel() for p in model.parameters())
+    return ModelTraffic(params, powersgd_wire_elements(shapes, _DEFAULTS.powersgd_rank) * 4)
+
+
+def parse_count(text: str) -> int:
+    """A count from `124000000`, `124M`, `1.5B` or `350k`."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([kKmMbBgG]?)\s*", str(text))
+    if not m:
+        raise ConfigError(f"{text!r} is not a count such as 124M, 1.5B or 350000000")
+    scale = {"": 1, "k": 1e3, "m": 1e6, "b": 1e9, "g": 1e9}[m.group(2).lower()]
+    return int(float(m.group(1)) * scale)
+
+
+def model_traffic(model: str) -> ModelTraffic:
+    """A trainer preset's exact shapes, or a parameter count shaped like GPT-2 124M (whose
+    PowerSGD compression ratio it takes)."""
+    if model in PRESETS:
+        return _preset_traffic(model)
+    params = parse_count(model)
+    if params <= 0:
+        raise ConfigError(f"--model: {model!r} is not a preset ({', '.join(PRESETS)}) or a parameter count")
+    ref = _preset_traffic("124m")
+    return ModelTraffic(params, int(params * ref.powersgd_bytes / ref.params))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    provider: str
+    machine: MachineType
+    tier: str
+    nodes: int
+    extras_hourly: float = 0.0  # per node, besides the machine: public IPv4 and the like
+    measured: LinkEstimate | None = None  # a declared cluster's netcheck: beats the catalog
+
+
+@dataclass(frozen=True)
+class Prediction:
+    candidate: Candidate
+    link: Link
+    compute_s: float
+    step_s: float  # mean over the job's steps, on the method chosen
+    plain_step_s: float  # the same step with plain DDP (comm = "none"): what auto saves
+    method: str
+    exposed_share: float  # hook + exposed communication over the step
+    ring_bytes: float  # per node and step, plain gradients
+    hours: float
+    dollars: float | None  # None: no price in the catalog
+    reason: str
+
+    def to_dict(self) -> dict:
+        c, link = self.candidate, self.link
+        return {
+            "provider": c.provider, "machine": c.machine.name, "tier": c.tier, "nodes": c.nodes,
+            "baseline_gbps": link.baseline_gbps, "link_gbps": link.gbps,
+            "flow_cap_gbps": link.flow_cap_gbps, "burst_only": link.burst_only,
+            "tier_unreachable": link.tier_unreachable, "compute_s": self.compute_s,
+            "step_s": self.step_s, "plain_step_s": self.plain_step_s, "method": self.method, "exposed_share": self.exposed_share,
+            "ring_bytes": self.ring_bytes, "hours": self.hours, "dollars": self.dollars,
+            "hourly": _hourly(c), "reason": self.reason,
+            "link_source": c.measured.source if c.measured else "catalog baseline",
+        }
+
+
+def _hourly(c: Candidate) -> float | None:
+    if c.machine.price_hourly is None:
+        return None
+    return (c.machine.price_hourly + c.extras_hourly) * c.nodes
+
+
+def predict(job: Job, accel: Accelerator, traffic: ModelTraffic, cand: Candidate,
+            auto_periodic: bool = False) -> Prediction:
+    """One candidate's step as comm=auto would run it, and the job's hours and dollars."""
+    n = cand.nodes
+    if n < 2:
+        raise ConfigError("a plan needs 2 nodes or more: one node sends nothing")
+    if cand.measured is not None:  # what netcheck measured already holds every cap
+        measured = cand.measured
+        link = Link(measured.busbw_gbps, measured.busbw_gbps, None, False,
+                    measured.busbw_gbps < TIER_GBPS[cand.tier])
+    else:
+        link = plan_link(cand.provider, cand.machine, accel, cand.tier, TIER_GBPS[cand.tier])
+        measured = LinkEstimate(link.gbps, 2 * (n - 1) * HOP_LATENCY_S, "catalog baseline")
+    compute_s = job.compute_s(accel, n, cand.machine)
+    grad_bytes = 4 * traffic.params
+    grads = GradTraffic(grad_bytes, max(1, math.ceil(grad_bytes / (_DEFAULTS.bucket_cap_mb * MiB))),
+                        traffic.powersgd_bytes,
+                        powersgd_buckets=1 if accel.gpus == 0 else None)  # gloo: one bucket
+    cost = HookCost({}, {"powersgd": max(2, _DEFAULTS.warmup_steps)}, job.steps)
+    decision = choose_comm(measured, compute_s, 1, grads, n, hooks=HOOK_NAMES + PERIODIC_NAMES,
+                           cost=cost, auto_periodic=auto_periodic)
+    chosen = decision.predicted[decision.comm]
+    step_s = chosen["run_step_s"]
+    hours = job.steps * step_s / 3600
+    hourly = _hourly(cand)
+    return Prediction(cand, link, compute_s, step_s, decision.predicted["none"]["step_s"],
+                      decision.comm, chosen["share"],
+                      ring_allreduce_bytes(grad_bytes, n), hours,
+                      hours * hourly if hourly is not None else None, decision.reason)
+
+
+def candidates(accel: Accelerator, nodes: range, providers=PROVIDERS, tiers=tuple(TIER_GBPS),
+               root: Path | None = None) -> list[Candidate]:
+    """Every priced type of each catalog at the highest of `tiers` its baseline reaches."""
+    found = []
+    for provider in providers:
+        catalog = load_catalog(provider, None, root)
+        extras = sum(catalog.per_node_extras.values())
+        placed: dict[str, str] = {}
+        for tier in sorted(tiers, key=TIER_GBPS.get):
+            for machine in catalog.qualifying(TIER_GBPS[tier], accel.gpus):
+                placed[machine.name] = tier
+        for name, tier in sorted(placed.items()):
+            found += [Candidate(provider, catalog.types[name], tier, n, extras) for n in nodes]
+    return found
+
+
+def link_candidates(gbps: list[float], nodes: range) -> list[Candidate]:
+    """Machines the catalogs do not hold (rented nodes, the seed's 1 vs 10 Gbit/s): a link of
+    `gbps` each, no published flow cap, no price, at the highest tier it reaches."""
+    found = []
+    for rate in gbps:
+        if not 0 < rate < math.inf:
+            raise ConfigError(f"--link must be a positive rate in Gbit/s, not {rate!r}")
+        tier = max((t for t, g in TIER_GBPS.items() if g <= rate), key=TIER_GBPS.get, default="1g")
+        link = MachineType(f"{rate:g} Gbit/s link", rate, rate, 0, 0.0, gpus=1)
+        found += [Candidate("link", link, tier, n) for n in nodes]
+    return found
+
+
+def rank(predictions: list[Prediction], by: str = "time") -> list[Prediction]:
+    """Fastest first (`time`), or cheapest first (`cost`); the other breaks ties. Steps within
+    1% of each other count as the same time: the model is not that precise, the price is."""
+    if by not in ("time", "cost"):
+        raise ConfigError(f"--by must be time or cost, not {by!r}")
+
+    def cost(p: Prediction) -> float:
+        return p.dollars if p.dollars is not None else math.inf
+
+    def time(p: Prediction) -> int:
+        return round(math.log(max(p.step_s, 1e-9)) / math.log(1.01))
+
+    key = (lambda p: (time(p), cost(p))) if by == "time" else (lambda p: (cost(p), p.step_s))
+    return sorted(predictions, key=key)
+
+
+def plan(job: Job, accel: Accelerator, traffic: ModelTraffic, cands: list[Candidate],
+         by: str = "time", auto_periodic: bool = False) -> list[Prediction]:
+    """Every candidate predicted and ranked."""
+    return rank([predict(job, accel, traffic, c, auto_periodic) for c in cands], by)

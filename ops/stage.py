@@ -1,0 +1,185 @@
+"""`fatpipe data push`: the dataset goes once over the operator's uplink, then node to node.
+
+1. Hash the source into the manifest (files whose size and mtime did not change keep their hashes).
+2. Every node checks what it holds (`ops.datacheck`); when all match, nothing moves.
+3. rsync over the cluster's ssh transport to node 0 (`--partial --checksum`: an interrupted copy
+   resumes, a file that matches is skipped), unless node 0 already matches.
+4. `trainer.stage` through the launch path (as netcheck runs its benchmark): a pipelined chain of
+   chunks over the private links, carrying only the chunks some node lacks.
+Nodes that share this machine's files get one local copy. docs/ARCHITECTURE.md, "The data contract".
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import subprocess
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.trainer.manifest import (
+    MANIFEST_NAME,
+    PARTIAL_SUFFIX,
+    build_manifest,
+    manifest_target,
+    write_manifest,
+)
+
+from .datacheck import (
+    NodeData,
+    check_data,
+    declared_data,
+    local_manifest_path,
+    node_workdir,
+    read_local_manifest,
+    save_local_manifest,
+)
+from .transport import transports_for
+
+STAGE_MODULE = "fatpipe.trainer.stage"
+RESULT_PREFIX, PROGRESS_PREFIX = "STAGE_JSON ", "STAGE_PROGRESS "  # as trainer.stage prints them
+STARTUP_ALLOWANCE_S = 180
+UPLINK_TIMEOUT_S = 24 * 3600
+
+Log = Callable[[str], None]
+Progress = Callable[[int, int], None]  # (bytes moved over the private links, bytes to move)
+
+
+@dataclass
+class PushResult:
+    manifest: dict
+    before: list[NodeData]  # what each node held when the push began
+    uplink_s: float | None = None  # None: node 0 already held it
+    fanout: dict | None = None  # trainer.stage's report; None: no other node lacked anything
+    elapsed_s: float = 0.0
+    notes: list[str] = field(default_factory=list)
+
+
+def make_manifest(project, cluster: str) -> tuple[dict, Path]:
+    """The manifest of the cluster's declared source (kept in .fatpipe/<cluster>/data/), and the source."""
+    spec = declared_data(project, cluster)
+    source = spec.source_path(project.root)
+    if not source.exists():
+        raise FatpipeError(f"data source {spec.source}: no such file or folder ({source})", exit_code=2)
+    if not (source.is_file() or source.is_dir()):
+        raise FatpipeError(f"data source {spec.source}: neither a file nor a folder", exit_code=2)
+    manifest = build_manifest(source, spec.chunk_size, spec.path, previous=read_local_manifest(project, cluster))
+    save_local_manifest(project, cluster, manifest)
+    return manifest, source
+
+
+def push_data(project, outputs, *, remote_python: str | None = None, log: Log = lambda _: None,
+              progress: Progress | None = None) -> PushResult:
+    """Stage the cluster's [data] on every node, skipping what is there; raise naming a node that failed."""
+    started = time.monotonic()
+    manifest, source = make_manifest(project, outputs.name)
+    log(f"manifest: {len(manifest['files'])} file(s), {manifest['total_bytes']} bytes, "
+        f"fingerprint {manifest['fingerprint'][:12]}")
+    transports = transports_for(outputs, project.state_dir(outputs.name))
+    if all(t.shares_fs for t in transports):
+        return _stage_here(project, manifest, source, outputs, started)
+    before = check_data(project, outputs, manifest, remote_python)
+    result = PushResult(manifest, before)
+    if before[0].problem:
+        log(f"{outputs.nodes[0].name}: {before[0].problem}: copying over the uplink")
+        workdir = node_workdir(outputs, outputs.nodes[0])
+        result.uplink_s = _uplink(transports[0], workdir, source, manifest)
+        _place_manifest(project, outputs.name, transports[0], workdir, manifest)
+        log(f"{outputs.nodes[0].name}: uplink copy done ({result.uplink_s:.1f} s)")
+    if any(v.problem for v in before[1:]):
+        result.fanout = fan_out_chain(project, outputs, manifest, remote_python, log, progress)
+    result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def _stage_here(project, manifest: dict, source: Path, outputs, started: float) -> PushResult:
+    """Nodes that share this machine's files: one copy into the project folder, when it lies elsewhere."""
+    target = project.root / manifest["path"]
+    if source != target.resolve():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        src = f"{source}/" if source.is_dir() else str(source)
+        done = subprocess.run(["rsync", "-a", "--partial", "--checksum", src, str(target)],
+                              capture_output=True, text=True)
+        if done.returncode:
+            raise FatpipeError(f"copying {source} to {target} failed: {done.stderr.strip()[-300:]}")
+    write_manifest(manifest, project.root)
+    verdict = check_data(project, outputs, manifest)
+    return PushResult(manifest, verdict, elapsed_s=time.monotonic() - started)
+
+
+def _uplink(t, workdir: str, source: Path, manifest: dict) -> float:
+    """rsync the source to node 0 once: resumable (--partial), matching files skipped (--checksum)."""
+    started = time.monotonic()
+    dest = f"{workdir}/{manifest['path']}"
+    parent = dest.rsplit("/", 1)[0]
+    made = t.run(f"mkdir -p {shlex.quote(parent)}", timeout=60)
+    if not made.ok:
+        raise FatpipeError(f"{t.describe()}: cannot make {parent}: {made.reason()}")
+    src = f"{source}/" if manifest["kind"] == "folder" else str(source)
+    if manifest["kind"] == "folder":
+        dest += "/"
+    # Random data does not compress: --no-z saves the CPU; --checksum finds a corrupted file of
+    # the right size and time; the manifest and partial chain copies stay out of it.
+    extra = ["--no-z", "--checksum", f"--exclude={MANIFEST_NAME}", f"--exclude=*{PARTIAL_SUFFIX}"]
+    done = t.copy_to(src, dest, extra, timeout=UPLINK_TIMEOUT_S)
+    if not done.ok:
+        raise FatpipeError(f"{t.describe()}: copying the data failed: {done.reason()} (run the push "
+                           "again: it resumes)")
+    return time.monotonic() - started
+
+
+def _place_manifest(project, cluster: str, t, workdir: str, manifest: dict) -> None:
+    """Node 0's copy of the manifest, beside its data (the chain writes the others' copies)."""
+    rel = manifest_target(manifest, Path(".")).as_posix()
+    done = t.copy_to(str(local_manifest_path(project, cluster)), f"{workdir}/{rel}", ["--no-z"], timeout=120)
+    if not done.ok:
+        raise FatpipeError(f"{t.describe()}: writing the manifest failed: {done.reason()}")
+
+
+def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, log: Log,
+                  progress: Progress | None) -> dict:
+    """Run trainer.stage on every node through the launch path; returns rank 0's report."""
+    from fatpipe.infra.defaults import BENCH_MAX_RESTARTS
+    from fatpipe.infra.files import write_json_atomic
+    from fatpipe.infra.runs import new_run_id
+
+    from .launch import run_on_all_nodes
+    from .rendezvous import RunOptions
+
+    run_dir = project.state_dir(outputs.name) / "stage" / new_run_id()
+    run_dir.mkdir(parents=True)
+    manifest_rel = write_json_atomic(run_dir / "manifest.json", manifest).relative_to(project.root).as_posix()
+    found: list[dict] = []
+    moved: dict[str, tuple[int, int]] = {}
+
+    def catch(node: str, line: str) -> None:
+        # Found anywhere in the line: torchrun may prefix a worker's output.
+        result_at, progress_at = line.find(RESULT_PREFIX), line.find(PROGRESS_PREFIX)
+        if result_at >= 0:
+            found.append(json.loads(line[result_at + len(RESULT_PREFIX):]))
+        elif progress_at >= 0:
+            _rank, done, total = (int(x) for x in line[progress_at + len(PROGRESS_PREFIX):].split())
+            moved[node] = (done, total)
+            if progress:
+                progress(sum(d for d, _ in moved.values()), sum(t for _, t in moved.values()))
+        elif line.strip():
+            log(f"{node}: {line}")
+
+    link_s = manifest["total_bytes"] * 8 / (outputs.tier_gbps * 1e9)
+    timeout = STARTUP_ALLOWANCE_S + 4 * link_s + 2 * len(outputs.nodes) * manifest["chunk_size"] * 8 / 1e8
+    log(f"fan-out: {len(outputs.nodes)} nodes in a chain over the private links, up to {timeout:.0f} s")
+    options = RunOptions(nproc_per_node=1, max_restarts=BENCH_MAX_RESTARTS, remote_python=remote_python)
+    result = run_on_all_nodes(project, outputs, ["-m", STAGE_MODULE, "--manifest", manifest_rel],
+                              run_dir=run_dir, options=options, timeout_s=timeout, sink=catch, log=log)
+    report = found[-1] if found else None
+    problems = [f"{n['node']}: {n['problem']}" for n in (report or {}).get("nodes", []) if n.get("problem")]
+    if problems or not result.ok or report is None:
+        why = "; ".join(problems) or ("interrupted" if result.interrupted else result.failure) or \
+            f"exit status {result.exit_code}"
+        logs = run_dir.relative_to(project.root)
+        raise FatpipeError(f"data fan-out failed: {why} (node logs in {logs}/node-<rank>.log; run the push "
+                           "again: it resumes)", exit_code=result.exit_code or 1)
+    return report

@@ -1,0 +1,103 @@
+"""trainer.stage's chain on its own: four real processes on gloo over loopback sockets, each in a
+project folder of its own, holding different parts of the data; only what each lacks travels.
+And nodes that share this machine's files: one local copy, checked before a launch."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from fatpipe.trainer.manifest import PARTIAL_SUFFIX, build_manifest, first_difference
+
+from .conftest import free_port
+
+CHUNK = 1 << 20
+WORLD = 4
+
+
+def start_ranks(tmp_path: Path, manifest_file: Path, port: int) -> list[subprocess.Popen]:
+    procs = []
+    for rank in range(WORLD):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo",
+               "FATPIPE_NODE_NAME": f"n{rank}"}
+        procs.append(subprocess.Popen([sys.executable, "-m", "fatpipe.trainer.stage", "--manifest",
+                                       str(manifest_file), "--timeout-s", "120"], cwd=tmp_path / f"node{rank}",
+                                      env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    return procs
+
+
+def test_the_chain_fills_each_node_with_only_what_it_lacks(tmp_path):
+    source = tmp_path / "node0" / "data" / "set"
+    source.mkdir(parents=True)
+    (source / "big.bin").write_bytes(os.urandom(6 * CHUNK + 999))
+    (source / "small.txt").write_bytes(os.urandom(50))
+    (source / "empty").write_bytes(b"")
+    manifest = build_manifest(source, CHUNK, "data/set")
+    big = (source / "big.bin").read_bytes()
+    for rank in range(1, WORLD):
+        (tmp_path / f"node{rank}" / "data" / "set").mkdir(parents=True)
+    node1 = tmp_path / "node1" / "data" / "set"
+    (node1 / ("big.bin" + PARTIAL_SUFFIX)).write_bytes(big[:2 * CHUNK + 5])  # an interrupted copy
+    (node1 / "small.txt").write_bytes((source / "small.txt").read_bytes())
+    node2 = tmp_path / "node2" / "data" / "set"
+    corrupt = bytearray(big)
+    corrupt[4 * CHUNK + 1] ^= 0xFF
+    (node2 / "big.bin").write_bytes(bytes(corrupt))  # one bad chunk, else complete
+    (node2 / "small.txt").write_bytes((source / "small.txt").read_bytes())
+    (node2 / "empty").write_bytes(b"")
+    manifest_file = tmp_path / "manifest.json"
+    manifest_file.write_text(json.dumps(manifest))
+
+    procs = start_ranks(tmp_path, manifest_file, free_port())
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0] * WORLD, "\n".join(outs)
+    result = json.loads(next(line for line in outs[0].splitlines() if line.startswith("STAGE_JSON "))[11:])
+    received = {n["node"]: n["received"] for n in result["nodes"]}
+    # n1 lacks big.bin's chunks 2..6; n2 relays those and receives its bad chunk 4; n3 gets everything.
+    assert received == {"n0": 0, "n1": len(big) - 2 * CHUNK, "n2": len(big) - 2 * CHUNK,
+                        "n3": len(big) + 50}
+    for rank in range(WORLD):
+        assert first_difference(manifest, tmp_path / f"node{rank}") is None, rank
+        assert (tmp_path / f"node{rank}" / "data" / "set" / ".fatpipe-manifest.json").is_file()
+        assert not list((tmp_path / f"node{rank}").rglob(f"*{PARTIAL_SUFFIX}"))
+    assert any(line.startswith("STAGE_PROGRESS 3 ") for line in outs[3].splitlines())
+
+
+def local_outputs(port: int) -> dict:
+    return {"name": "demo", "provider": "sim", "tier_gbps": 1, "private_cidr": "10.42.0.0/24", "rdzv_port": port,
+            "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}", "transport": "local"}
+                      for i in range(2)]}
+
+
+def test_nodes_sharing_this_machine_get_one_copy_and_launch_refuses_a_difference(run_cli, project_dir, tmp_path_factory):
+    corpus = tmp_path_factory.mktemp("corpus") / "corpus.bin"  # outside the project: an absolute source
+    corpus.write_bytes(os.urandom(CHUNK + 10))
+    (project_dir / "fatpipe.toml").write_text('[clusters.demo]\nprovider = "sim"\nnodes = 2\n'
+                                              f'[data]\nsource = "{corpus}"\npath = "data/corpus.bin"\nchunk_mib = 1\n')
+    (project_dir / "outputs.json").write_text(json.dumps(local_outputs(free_port())))
+    (project_dir / "job.py").write_text("import os; print('data at', os.environ['FATPIPE_DATA'])\n")
+    common = ["--outputs", "outputs.json"]
+
+    refused = run_cli("launch", "demo", *common, "--max-restarts", "0", "--", "job.py")
+    assert refused.exit_code == 1 and "none was staged: run `fatpipe data push demo`" in refused.output
+
+    pushed = run_cli("data", "push", "demo", *common)
+    assert pushed.exit_code == 0, pushed.output
+    assert (project_dir / "data" / "corpus.bin").read_bytes() == corpus.read_bytes()
+    assert (project_dir / "data" / "corpus.bin.fatpipe-manifest.json").is_file()
+    assert run_cli("data", "verify", "demo", *common).output.count("matches") == 2
+
+    (project_dir / "data" / "corpus.bin").write_bytes(corpus.read_bytes()[:-1])
+    verify = run_cli("data", "verify", "demo", *common)
+    assert verify.exit_code == 1 and f"demo-1: data/corpus.bin: {CHUNK + 9} bytes, the manifest says" in verify.output
+    refused = run_cli("launch", "demo", *common, "--max-restarts", "0", "--", "job.py")
+    assert refused.exit_code == 1 and "node demo-0: data/corpus.bin:" in refused.output
+    assert "data at" not in refused.output
+
+    assert run_cli("data", "push", "demo", *common).exit_code == 0
+    launched = run_cli("launch", "demo", *common, "--max-restarts", "0", "--timeout", "150", "--", "job.py")
+    assert launched.exit_code == 0 and f"data at {project_dir}/data/corpus.bin" in launched.output, launched.output

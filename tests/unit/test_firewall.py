@@ -1,0 +1,125 @@
+"""The host firewall without machines: the cluster keys, the rules rendered, the listings judged."""
+
+from __future__ import annotations
+
+import pytest
+
+from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.outputs import parse_outputs
+from fatpipe.infra.project import parse_project
+from fatpipe.ops.firewall_check import listing_problem, require_firewall
+from fatpipe.ops.node_firewall import iptables_rules, nft_ruleset, normal_save
+from fatpipe.ops.profile import agent_program
+from fatpipe.stacks.node_profile import profile_plan
+
+
+def ssh_cluster(ips=("10.0.0.10", "10.0.0.11"), extra: str = ""):
+    hosts = "".join(f'[[clusters.r.hosts]]\naddress = "h{i}"\nprivate_ip = "{ip}"\n' for i, ip in enumerate(ips))
+    return parse_project(f'[clusters.r]\nprovider = "ssh"\n{extra}\n{hosts}', "fatpipe.toml").clusters["r"]
+
+
+def test_the_firewall_is_on_by_default_and_trusts_the_private_network():
+    c = ssh_cluster()
+    assert c.firewall is True and c.public_private_ips is False
+    assert profile_plan(c, None, {})["firewall"] == {"trusted": ["10.0.0.8/30"]}
+    assert profile_plan(ssh_cluster(extra="firewall = false"), None, {})["firewall"] is None
+    sim = parse_project('[clusters.s]\nprovider = "sim"\ntransport = "ssh"\n', "f.toml").clusters["s"]
+    assert sim.firewall and profile_plan(sim, None, {})["firewall"] == {"trusted": ["10.42.0.0/24"]}
+
+
+@pytest.mark.parametrize("ips", [("100.64.3.1", "100.64.3.2"), ("172.20.0.5", "172.20.0.6"),
+                                 ("192.168.7.1", "192.168.7.2")])
+def test_rfc1918_and_shared_space_are_private(ips):
+    assert ssh_cluster(ips).private_cidr
+
+
+@pytest.mark.parametrize("ips,extra,key", [
+    (("203.0.113.10", "203.0.113.11"), "", "hosts[0].private_ip 203.0.113.10"),
+    (("10.0.0.10", "8.8.8.8"), "", "hosts[1].private_ip 8.8.8.8"),
+    (("169.254.0.10", "169.254.0.11"), "", "hosts[0].private_ip 169.254.0.10"),
+    (("10.0.0.10", "192.168.0.10"), "", "private_cidr 0.0.0.0/0"),  # one network over both: the world
+])
+def test_a_public_private_ip_is_refused_in_one_line_with_the_reason(ips, extra, key):
+    with pytest.raises(ConfigError) as e:
+        ssh_cluster(ips, extra)
+    text = str(e.value)
+    assert "\n" not in text and key in text and "outside the private ranges" in text
+    assert "public_private_ips = true" in text and "rendezvous" in text
+
+
+def test_public_private_ips_trusts_only_the_nodes_themselves():
+    c = ssh_cluster(("203.0.113.10", "203.0.113.11"), "public_private_ips = true")
+    assert profile_plan(c, None, {})["firewall"] == {"trusted": ["203.0.113.10/32", "203.0.113.11/32"]}
+
+
+def test_the_nft_table_drops_all_but_ssh_from_outside():
+    text = nft_ruleset(["10.9.0.0/24"], [2222, 22, 22])
+    assert text.startswith("table inet fatpipe {") and "hook input priority 0; policy drop;" in text
+    assert 'iif "lo" accept' in text and "ct state established,related accept" in text
+    assert "ip saddr { 10.9.0.0/24 } accept" in text and "tcp dport { 22, 2222 } accept" in text
+    assert "29400" not in text  # the rendezvous port is reachable from the trusted network only
+
+
+def test_the_iptables_chain_ends_in_drop_and_trusts_ipv4_only():
+    v4 = iptables_rules(["10.9.0.0/24"], [22], v6=False)
+    v6 = iptables_rules(["10.9.0.0/24"], [22], v6=True)
+    assert v4[0] == ["-i", "lo", "-j", "ACCEPT"] and v4[-1] == ["-j", "DROP"] and v6[-1] == ["-j", "DROP"]
+    assert ["-s", "10.9.0.0/24", "-j", "ACCEPT"] in v4 and not any("-s" in r for r in v6)
+    assert ["-p", "tcp", "--dport", "22", "-j", "ACCEPT"] in v6
+
+
+NFT_LISTED = """table inet fatpipe {
+\tchain input {
+\t\ttype filter hook input priority filter; policy drop;
+\t\tiif "lo" accept
+\t\tct state established,related accept
+\t\tip saddr 10.9.0.0/24 accept
+\t\ttcp dport { 22, 2222 } accept
+\t\tmeta l4proto { icmp, ipv6-icmp } accept
+\t}
+}
+"""
+IPT_LISTED = """-P INPUT ACCEPT
+-A INPUT -j FATPIPE-INPUT
+-N FATPIPE-INPUT
+-A FATPIPE-INPUT -i lo -j ACCEPT
+-A FATPIPE-INPUT -s 10.9.0.0/24 -j ACCEPT
+-A FATPIPE-INPUT -p tcp -m tcp --dport 22 -j ACCEPT
+-A FATPIPE-INPUT -j DROP
+"""
+
+
+def test_wait_judges_the_listing_as_nft_and_iptables_print_it():
+    assert listing_problem(NFT_LISTED, 2222) is None and listing_problem(NFT_LISTED, 22) is None
+    assert "SSH port 2200" in listing_problem(NFT_LISTED, 2200)
+    assert "policy drop" in listing_problem(NFT_LISTED.replace("policy drop", "policy accept"), 22)
+    assert listing_problem(IPT_LISTED, 22) is None
+    assert "jump from INPUT" in listing_problem(IPT_LISTED.replace("-A INPUT -j FATPIPE-INPUT\n", ""), 22)
+    assert listing_problem("", 22).startswith("no firewall")
+
+
+def outputs(firewall):
+    doc = {"name": "r", "provider": "ssh", "tier_gbps": 1, "private_cidr": "10.9.0.0/24", "firewall": firewall,
+           "nodes": [{"name": "r-0", "private_ip": "10.9.0.10", "transport": "ssh", "ssh_host": "h0"}]}
+    return parse_outputs(doc)
+
+
+def test_an_opted_out_cluster_warns_at_launch_and_others_are_not_probed():
+    [warning] = require_firewall(None, outputs(False))
+    assert "firewall = false" in warning and "29400" in warning and "\n" not in warning
+    assert require_firewall(None, outputs(None)) == []  # clouds: their security group/firewall
+    assert parse_outputs({k: v for k, v in outputs(True).model_dump().items() if k != "firewall"}).firewall is None
+
+
+def test_an_empty_table_the_kernel_keeps_counts_as_no_table():
+    before = "# Generated by iptables-save\n"
+    after = "*filter\n:INPUT ACCEPT [3:120]\n:FORWARD ACCEPT [0:0]\n:OUTPUT ACCEPT [0:0]\nCOMMIT\n"
+    assert normal_save(before) == normal_save(after) == []
+    theirs = "*filter\n:INPUT DROP [0:0]\n-A INPUT -p tcp --dport 80 -j ACCEPT\nCOMMIT\n"
+    assert normal_save(theirs) == ["*filter", ":INPUT DROP", "-A INPUT -p tcp --dport 80 -j ACCEPT", "COMMIT"]
+
+
+def test_the_agent_program_compiles_with_the_firewall_beside_it():
+    program = agent_program({"firewall": {"trusted": ["10.9.0.0/24"]}})
+    compile(program, "agent", "exec")
+    assert "load('node_firewall'" in program and program.rstrip().endswith("agent.main()")

@@ -1,0 +1,207 @@
+"""A run folder between this machine and its nodes: a push sends only the inputs and deletes
+nothing; a pull goes through a partial folder, is checked, and never lets one node's files
+replace another's."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from fatpipe.ops import runsync
+from fatpipe.ops.transport import LocalTransport, Result, SshTransport, only_filters
+
+RUN_REL = ".fatpipe/c/runs/r1"
+
+
+class FolderTransport(LocalTransport):
+    """A node whose files live in a folder of this machine, reached as a remote node is (copies):
+    `pull` copies as `rsync -a` does (modification times kept), or fails as told."""
+
+    shares_fs = False
+
+    def __init__(self, name: str, home: Path, fail: str | None = None):
+        super().__init__(name)
+        self.home, self.fail = home, fail
+        self.pulls: list[tuple[str, tuple]] = []
+
+    def argv(self, command: str) -> list[str]:
+        return ["bash", "-c", f"cd {self.home} && {command}"]
+
+    def pull(self, src, dest, excludes=(), timeout=900, link_dest=None) -> Result:
+        self.pulls.append((src, tuple(excludes)))
+        ignore = shutil.ignore_patterns("checkpoints") if "/checkpoints/" in excludes else None
+        shutil.copytree(self.home / src, dest, dirs_exist_ok=True, ignore=ignore)
+        if self.fail:
+            return Result(23, "", self.fail)
+        return Result(0, "", "")
+
+
+def node(name: str, rank: int, home: Path, fail: str | None = None):
+    return SimpleNamespace(name=name, transport=FolderTransport(name, home, fail),
+                           plan=SimpleNamespace(rank=rank, workdir="proj"),
+                           rdzv=SimpleNamespace(run_rel=RUN_REL, run_id="r1"))
+
+
+def write(path: Path, text: str, age_s: float = 0.0) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    if age_s:
+        then = path.stat().st_mtime - age_s
+        os.utime(path, (then, then))
+    return path
+
+
+@pytest.fixture
+def cluster(tmp_path):
+    """Two nodes' run folders as training left them, and this machine's run folder."""
+    homes = [tmp_path / "n0", tmp_path / "n1"]
+    runs = [home / "proj" / RUN_REL for home in homes]
+    write(runs[0] / "rendezvous.json", "node copy")
+    write(runs[0] / "node-0.log", "log of node 0")
+    write(runs[0] / "node-0.exit", "143\n")
+    write(runs[0] / "node-1.log", "a stale copy of node 1's log", age_s=3600)
+    write(runs[0] / "metrics.jsonl", '{"step": 30}\n')
+    write(runs[0] / "summary.json", "{}")
+    write(runs[0] / "checkpoints" / "step-00000030.pt", "shared part")
+    write(runs[0] / "checkpoints" / "rank-0" / "step-00000030.pt", "rank 0 part")
+    write(runs[1] / "node-1.log", "log of node 1")
+    write(runs[1] / "node-1.exit", "143\n")
+    write(runs[1] / "metrics.jsonl", '{"step": 10}\n', age_s=3600)  # stale: older than node 0's
+    write(runs[1] / "checkpoints" / "rank-1" / "step-00000030.pt", "rank 1 part")
+    local = tmp_path / "local" / RUN_REL
+    write(local / "rendezvous.json", "this machine's copy")
+    return SimpleNamespace(homes=homes, local=local)
+
+
+def test_a_pull_places_each_nodes_own_files_and_leaves_checkpoints_on_the_nodes(cluster):
+    nodes = [node("c-0", 0, cluster.homes[0]), node("c-1", 1, cluster.homes[1])]
+    pulled = runsync.pull_runs(nodes, cluster.local)
+    assert pulled.ok and set(pulled.placed) == {"c-0", "c-1"}
+    local = cluster.local
+    assert (local / "node-0.log").read_text() == "log of node 0"
+    assert (local / "node-1.log").read_text() == "log of node 1"  # not node 0's stale copy
+    assert (local / "metrics.jsonl").read_text() == '{"step": 30}\n'  # the newer copy wins
+    assert (local / "rendezvous.json").read_text() == "this machine's copy"  # inputs stay ours
+    assert not (local / "checkpoints").exists()
+    assert all(excludes == ("/checkpoints/",) for n in nodes for _, excludes in n.transport.pulls)
+    assert not list(local.glob(".pull-*"))
+
+
+def test_a_pull_with_checkpoints_brings_every_ranks_part(cluster):
+    nodes = [node("c-0", 0, cluster.homes[0]), node("c-1", 1, cluster.homes[1])]
+    assert runsync.pull_runs(nodes, cluster.local, checkpoints=True).ok
+    ckpt = cluster.local / "checkpoints"
+    assert (ckpt / "step-00000030.pt").read_text() == "shared part"
+    assert (ckpt / "rank-0" / "step-00000030.pt").read_text() == "rank 0 part"
+    assert (ckpt / "rank-1" / "step-00000030.pt").read_text() == "rank 1 part"
+
+
+def test_a_failed_pull_is_named_and_changes_nothing_here(cluster):
+    write(cluster.local / "node-1.log", "the log pulled last time")
+    nodes = [node("c-0", 0, cluster.homes[0]),
+             node("c-1", 1, cluster.homes[1], fail="rsync error: some files could not be transferred")]
+    pulled = runsync.pull_runs(nodes, cluster.local)
+    [line] = pulled.failed
+    assert line.startswith("c-1 (local): could not pull run r1 (rsync error") and "\n" not in line
+    assert (cluster.local / "node-1.log").read_text() == "the log pulled last time"
+    assert (cluster.local / "node-0.log").read_text() == "log of node 0"  # the other node's came
+    assert not list(cluster.local.glob(".pull-*"))
+
+
+def test_a_pull_without_the_nodes_log_is_a_failure(cluster):
+    (cluster.homes[1] / "proj" / RUN_REL / "node-1.log").unlink()
+    pulled = runsync.pull_runs([node("c-1", 1, cluster.homes[1])], cluster.local)
+    assert pulled.failed == ["c-1 (local): could not pull run r1 (node-1.log is missing there); "
+                             "its files stay on the node"]
+    assert not (cluster.local / "node-1.exit").exists()
+
+
+@pytest.mark.parametrize(("rel", "rank", "elsewhere"), [
+    ("rendezvous.json", 0, True), ("node-1.env", 1, True), ("node-1.sh", 1, True),
+    ("netcheck.json", 0, True), ("node-1.log", 0, True), ("node-12.exit", 1, True),
+    ("netcheck/node-1.log", 0, True), ("node-0.log", 0, False), ("node-1.earlier.log", 1, False),
+    ("metrics.jsonl", 1, False), ("checkpoints/rank-1/step-00000010.pt", 0, False),
+    ("tb/events.out.tfevents.1.host.1.0", 0, False), ("summary.json", 0, False),
+])
+def test_what_a_node_brings(rel, rank, elsewhere):
+    assert runsync.belongs_elsewhere(Path(rel), rank) is elsewhere
+
+
+def test_checkpoint_sizes_are_measured_on_the_node(cluster):
+    nodes = [node("c-0", 0, cluster.homes[0]), node("c-1", 1, cluster.homes[1])]
+    shutil.rmtree(cluster.homes[1] / "proj" / RUN_REL / "checkpoints")
+    sizes = runsync.checkpoint_sizes(nodes)
+    assert sizes["c-0"] >= len("shared part") + len("rank 0 part") and sizes["c-1"] == 0
+
+
+# ---- pushes -------------------------------------------------------------------------------
+
+
+def test_the_push_filters_send_inputs_only_and_delete_nothing(tmp_path):
+    """The filters a run push uses, applied by real rsync between two folders."""
+    if not shutil.which("rsync"):
+        pytest.skip("needs rsync (make system-packages)")
+    here, there = tmp_path / "here", tmp_path / "there"
+    for name in ("rendezvous.json", "node-0.env", "node-0.sh", "node-1.sh", "netcheck.json"):
+        write(here / name, f"new {name}")
+    write(here / "metrics.jsonl", "this machine's stale copy")
+    write(here / "node-0.log", "this machine's copy")
+    write(here / "checkpoints" / "step-00000005.pt", "old local checkpoint")
+    write(there / "rendezvous.json", "old")
+    write(there / "metrics.jsonl", "the node's metrics")
+    write(there / "node-0.log", "the node's log")
+    write(there / "checkpoints" / "step-00000050.pt", "the node's checkpoint")
+    subprocess.run(["rsync", "-a", *only_filters(runsync.RUN_INPUTS), f"{here}/", f"{there}/"], check=True)
+    assert (there / "rendezvous.json").read_text() == "new rendezvous.json"
+    assert (there / "node-1.sh").read_text() == "new node-1.sh"
+    assert (there / "netcheck.json").read_text() == "new netcheck.json"
+    assert (there / "metrics.jsonl").read_text() == "the node's metrics"
+    assert (there / "node-0.log").read_text() == "the node's log"
+    assert sorted(p.name for p in (there / "checkpoints").iterdir()) == ["step-00000050.pt"]
+
+
+def test_a_run_push_over_ssh_never_deletes(tmp_path, monkeypatch):
+    calls = []
+    monkeypatch.setattr("fatpipe.ops.transport._run", lambda argv, timeout, stdin_text=None: calls.append(argv) or Result(0, "", ""))
+    t = SshTransport("n0", "10.0.0.5", tmp_path / "known_hosts", config="/dev/null")
+    assert t.push_files(tmp_path, "proj/run", runsync.RUN_INPUTS).ok
+    rsync = calls[-1]
+    assert rsync[0] == "rsync" and "--delete" not in rsync
+    assert "--exclude=*" in rsync and rsync[-2:] == [f"{tmp_path}/", "10.0.0.5:proj/run/"]
+    assert "--include=/rendezvous.json" in rsync and "--include=/node-*.sh" in rsync
+
+
+def test_the_project_push_deletes_code_but_never_a_run(tmp_path, monkeypatch):
+    """prepare_node's project push, its rsync filters applied by real rsync: a file removed here
+    goes on the node too, a run folder there (here one a user put in the project) stays."""
+    if not shutil.which("rsync"):
+        pytest.skip("needs rsync (make system-packages)")
+    from fatpipe.ops.prepare import prepare_node
+
+    project, there, run_rel = tmp_path / "project", tmp_path / "node", "myruns/r2"
+    write(project / "train.py", "new code")
+    write(project / run_rel / "rendezvous.json", "{}")
+    write(there / "old.py", "removed here since")
+    write(there / run_rel / "checkpoints" / "step-00000005.pt", "the node's checkpoint")
+    write(there / run_rel / "metrics.jsonl", "the node's metrics")
+    calls = []
+    monkeypatch.setattr("fatpipe.ops.transport._run", lambda argv, timeout, stdin_text=None: calls.append(argv) or Result(0, "", ""))
+    monkeypatch.setattr("fatpipe.ops.prepare.claim_project_dir", lambda *args: None)  # tests/system/test_down_safe.py
+    monkeypatch.setattr("fatpipe.ops.prepare.data_excludes", lambda *args: ())  # no [data] here
+    ssh = SshTransport("n0", "10.0.0.5", tmp_path / "known_hosts", config="/dev/null")
+    node_run = SimpleNamespace(name="n0", transport=ssh, sh=lambda snippet: snippet,
+                               plan=SimpleNamespace(workdir="proj", python="/usr/bin/python3"),
+                               rdzv=SimpleNamespace(run_rel=run_rel, ships_trainer=False, cluster="c"))
+    prepare_node(SimpleNamespace(root=project), node_run, project / run_rel, 0, lambda _: None)
+    [code] = [argv for argv in calls if argv[0] == "rsync" and argv[-2] == f"{project}/"]
+    assert "--delete" in code
+    filters = code[code.index("-e") + 2:-2]
+    subprocess.run(["rsync", "-a", *filters, f"{project}/", f"{there}/"], check=True, cwd=project)
+    assert (there / "train.py").read_text() == "new code" and not (there / "old.py").exists()
+    assert (there / run_rel / "checkpoints" / "step-00000005.pt").read_text() == "the node's checkpoint"
+    assert (there / run_rel / "metrics.jsonl").read_text() == "the node's metrics"

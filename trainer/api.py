@@ -1,0 +1,176 @@
+"""fatpipe for your own DDP script: the run's comm choice and its measurements, in three lines.
+
+    import fatpipe.trainer.api as fatpipe
+    model = fatpipe.wrap(model)                    # instead of DistributedDataParallel(model, ...)
+    fatpipe.step(loss, tokens=x.numel())           # every step, after optimizer.step()
+
+`wrap` returns torch's own DistributedDataParallel with one comm hook registered (or `attach`
+registers it on a DDP model you built): the comm the run asks for (`[train] comm`, `--comm`),
+comm=auto's choice from the run's netcheck.json and the script's own first steps, or a named
+hook. The periodic methods (diloco, localsgd) change what the optimizer step means, so they run
+only with `allow_periodic=True`. `step` records the step into the run folder as the built-in
+trainer does (metrics.jsonl, nodes.jsonl, events.jsonl, faults.json; summary.json at the end),
+which `fatpipe top`, `fatpipe report` and the run's summary read.
+
+The run is found through what `fatpipe launch` puts in every node's environment
+(FATPIPE_RUN_DIR, FATPIPE_TRAIN_ARGS: ops.rendezvous). Outside fatpipe (plain torchrun) `wrap`
+is plain DDP and `step` records nothing, unless `run_dir` names a folder to record into; in one
+process without a process group `wrap` returns the model as it is.
+"""
+
+from __future__ import annotations
+
+import atexit
+import dataclasses
+import datetime
+import logging
+import os
+import shlex
+import sys
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .config import TrainConfig, build_parser
+from .distenv import DistEnv, join_counter
+from .faults import is_collective_failure
+from .hooks import powersgd_available
+from .scriptrun import ScriptRun
+
+RUN_DIR_ENV = "FATPIPE_RUN_DIR"  # the run folder, relative to the project folder on the node
+TRAIN_ARGS_ENV = "FATPIPE_TRAIN_ARGS"  # the run's [train] settings, as the trainer's flags
+
+log = logging.getLogger(__name__)
+_run: ScriptRun | None = None
+_group: tuple[DistEnv, dist.Store] | None = None  # from init_process_group, when the script used it
+
+
+def init_process_group(timeout_s: float = 1800.0) -> None:
+    """Optional, instead of dist.init_process_group(): the trainer's own join
+    (`distenv.init_process_group`), which keeps each torchrun attempt's rendezvous apart, so the
+    group forms again after a restart (a plain init may read the killed attempt's addresses)."""
+    global _group
+    from .distenv import init_process_group as join
+    from .distenv import read_env
+
+    _group = join(read_env(), timeout_s)
+
+
+def run_config(run_dir: str | os.PathLike | None = None, steps: int | None = None,
+               comm: str | None = None, environ: dict[str, str] | None = None) -> TrainConfig | None:
+    """The run's settings from the node's environment (or `run_dir`); None outside a run."""
+    environ = os.environ if environ is None else environ
+    folder = run_dir or environ.get(RUN_DIR_ENV)
+    if not folder:
+        return None
+    args = vars(build_parser().parse_args(shlex.split(environ.get(TRAIN_ARGS_ENV, ""))))
+    # `data` names the built-in trainer's corpus: a script reads its own.
+    args |= {"data": None, "out": str(folder)}
+    args |= {k: v for k, v in (("steps", steps), ("comm", comm)) if v is not None}
+    return TrainConfig(**args)
+
+
+def _dist_env(device: torch.device) -> DistEnv:
+    return DistEnv(rank=dist.get_rank(), local_rank=int(os.environ.get("LOCAL_RANK", 0)),
+                   world_size=dist.get_world_size(),
+                   restarts=int(os.environ.get("TORCHELASTIC_RESTART_COUNT", 0)),
+                   device=device, backend=dist.get_backend())
+
+
+def wrap(model: torch.nn.Module, *, allow_periodic: bool = False, steps: int | None = None,
+         comm: str | None = None, run_dir: str | os.PathLike | None = None, **ddp_kwargs):
+    """`model` in torch's DDP with the run's comm hook; `ddp_kwargs` go to DDP as they are.
+
+    `steps` (the script's optimizer steps, when known) makes the last step close the periodic
+    methods' and the node metrics' last interval; `comm` overrides the run's choice.
+    """
+    if not dist.is_initialized():
+        return model  # one process: nothing to synchronise
+    device = next(model.parameters()).device
+    cfg = run_config(run_dir, steps, comm)
+    if device.type == "cuda":
+        ddp_kwargs.setdefault("device_ids", [device.index])
+    if cfg is None:
+        return DDP(model, **ddp_kwargs)
+    grad_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
+    if "bucket_cap_mb" not in ddp_kwargs:
+        cap = cfg.bucket_cap_mb
+        if (dist.get_backend() == "gloo" and cfg.comm in ("auto", "powersgd")
+                and powersgd_available()):
+            cap = grad_mb + 1  # PowerSGD on gloo: one bucket, or its callbacks interleave
+        ddp_kwargs["bucket_cap_mb"] = cap
+    cfg = dataclasses.replace(cfg, bucket_cap_mb=ddp_kwargs["bucket_cap_mb"])
+    ddp_kwargs.setdefault("gradient_as_bucket_view", True)
+    return _start(cfg, DDP(model, **ddp_kwargs), allow_periodic)
+
+
+def attach(ddp_model: DDP, *, allow_periodic: bool = False, steps: int | None = None,
+           comm: str | None = None, run_dir: str | os.PathLike | None = None) -> DDP:
+    """Register the run's comm hook on a DDP model the script built (before its first step)."""
+    cfg = run_config(run_dir, steps, comm)
+    if cfg is None:
+        return ddp_model
+    cfg = dataclasses.replace(cfg, bucket_cap_mb=ddp_model.bucket_bytes_cap / 2**20)
+    return _start(cfg, ddp_model, allow_periodic)
+
+
+def _run_store(env: DistEnv, timeout_s: float) -> tuple[DistEnv, dist.Store]:
+    """The run-wide store, where fault counts outlive an attempt, and the attempt agreed by all.
+
+    Under torchrun that is the agent's store, reached as `distenv.init_process_group` reaches
+    it (the default group's store is the same one under the group's own prefix), and the attempt
+    is counted there: TORCHELASTIC_RESTART_COUNT is per node, not agreed (`distenv.join_counter`).
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return env, dist.distributed_c10d._get_default_store()
+    store = dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]),
+                          env.world_size, is_master=False,
+                          timeout=datetime.timedelta(seconds=timeout_s))
+    return dataclasses.replace(env, restarts=join_counter(store, env.rank) - 1), store
+
+
+def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool) -> DDP:
+    global _run
+    if _run is not None:
+        raise RuntimeError("fatpipe measures one DDP model per process: wrap() was called before")
+    env, store = _group or _run_store(_dist_env(next(ddp.module.parameters()).device),
+                                      cfg.timeout_s)
+    cfg.out_dir.mkdir(parents=True, exist_ok=True)
+    if env.is_main and not logging.getLogger().handlers and not log.parent.handlers:
+        log.parent.addHandler(logging.StreamHandler(sys.stderr))  # the comm decision's lines
+        log.parent.setLevel(logging.INFO)
+    _run = ScriptRun(cfg, env, store, ddp, allow_periodic)
+    atexit.register(finish)
+    _previous_hook = sys.excepthook
+
+    def record_failure(kind, error, tb):
+        if _run is not None:
+            _run.failed = True  # no summary.json for a run that failed
+            if is_collective_failure(error):  # in the step after the last one recorded
+                _run.faults.record_failure(error, ("training", _run.step_no + 1))
+        _previous_hook(kind, error, tb)
+
+    sys.excepthook = record_failure
+    return ddp
+
+
+def step(loss, tokens: int = 0, lr: float | None = None) -> dict | None:
+    """Call once per optimizer step, after optimizer.step() (and before zero_grad): records the
+    step (`tokens`: this rank's tokens in it) and runs a periodic method's sync when one is due.
+    Returns the step's record; None outside a fatpipe run."""
+    return _run.record(loss, tokens, lr) if _run is not None else None
+
+
+def finish() -> None:
+    """Write the run's summary.json (rank 0). Runs by itself when the script exits."""
+    global _run
+    if _run is not None:
+        run, _run = _run, None
+        run.finish()
+
+
+def run_dir() -> Path | None:
+    """The run folder this process records into (a place for the script's own files too)."""
+    return _run.cfg.out_dir if _run is not None else None

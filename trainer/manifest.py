@@ -1,0 +1,149 @@
+"""A staged dataset's manifest: size and sha256 per file and per chunk, made and checked by streaming.
+
+The format is docs/ARCHITECTURE.md, "The data contract". Pure Python (hashlib): the operator's
+machine builds it and every node checks against it, with no torch. Memory stays at one read
+buffer whatever the file size. `python -m fatpipe.trainer.manifest check MANIFEST ROOT` prints
+the first difference as one line and exits 1.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import sys
+from pathlib import Path
+
+VERSION = 1
+MANIFEST_NAME = ".fatpipe-manifest.json"  # infra.dataspec keeps the same name
+PARTIAL_SUFFIX = ".fatpipe-partial"  # a file being received; renamed once its hash matches
+READ_SIZE = 1 << 20
+
+
+def chunk_count(size: int, chunk_size: int) -> int:
+    return -(-size // chunk_size)
+
+
+def hash_file(path: Path, chunk_size: int, limit: int | None = None) -> tuple[str, list[str]]:
+    """(sha256 of the file, sha256 of each chunk), read in 1 MiB pieces; `limit` bytes at most."""
+    whole, chunks = hashlib.sha256(), []
+    part, in_part = hashlib.sha256(), 0
+    left = limit if limit is not None else -1
+    with open(path, "rb") as f:
+        while left != 0:
+            want = READ_SIZE if left < 0 else min(READ_SIZE, left)
+            block = f.read(min(want, chunk_size - in_part))
+            if not block:
+                break
+            whole.update(block)
+            part.update(block)
+            in_part += len(block)
+            left = left - len(block) if left > 0 else left
+            if in_part == chunk_size:
+                chunks.append(part.hexdigest())
+                part, in_part = hashlib.sha256(), 0
+    if in_part:
+        chunks.append(part.hexdigest())
+    return whole.hexdigest(), chunks
+
+
+def data_files(source: Path) -> list[tuple[str, Path]]:
+    """(name in the manifest, path) of every file of a folder, sorted; a file source is itself."""
+    source = Path(source)
+    if source.is_file():
+        return [(source.name, source)]
+    found = []
+    for folder, _dirs, files in os.walk(source):
+        for name in files:
+            path = Path(folder) / name
+            if name == MANIFEST_NAME or name.endswith(PARTIAL_SUFFIX) or not path.is_file():
+                continue
+            found.append((path.relative_to(source).as_posix(), path))
+    return sorted(found)
+
+
+def build_manifest(source: Path, chunk_size: int, path: str, previous: dict | None = None) -> dict:
+    """The manifest of a local file or folder; files whose size and mtime match `previous` keep its hashes."""
+    known = {f["name"]: f for f in (previous or {}).get("files", [])
+             if (previous or {}).get("chunk_size") == chunk_size}
+    files = []
+    for name, file in data_files(source):
+        stat = file.stat()
+        old = known.get(name)
+        if old and old["size"] == stat.st_size and old.get("mtime_ns") == stat.st_mtime_ns:
+            files.append(old)
+            continue
+        sha, chunks = hash_file(file, chunk_size)
+        files.append({"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha,
+                      "chunks": chunks})
+    fingerprint = hashlib.sha256("".join(f"{f['name']}\0{f['sha256']}\n" for f in files).encode())
+    return {"version": VERSION, "kind": "file" if Path(source).is_file() else "folder", "path": path,
+            "chunk_size": chunk_size, "total_bytes": sum(f["size"] for f in files),
+            "fingerprint": fingerprint.hexdigest(), "files": files}
+
+
+def file_target(manifest: dict, root: Path, name: str) -> Path:
+    """Where a manifest file lives under `root` (the project folder)."""
+    base = Path(root) / manifest["path"]
+    return base if manifest["kind"] == "file" else base / name
+
+
+def manifest_target(manifest: dict, root: Path) -> Path:
+    """Where the manifest is kept with the data: inside a folder, beside a single file."""
+    base = Path(root) / manifest["path"]
+    return base / MANIFEST_NAME if manifest["kind"] == "folder" else base.with_name(base.name + MANIFEST_NAME)
+
+
+def held_chunks(manifest: dict, root: Path, entry: dict) -> list[bool]:
+    """Which of a file's chunks this node holds right: from the file, else from its partial copy."""
+    target = file_target(manifest, root, entry["name"])
+    want = entry["chunks"]
+    for path in (target, target.with_name(target.name + PARTIAL_SUFFIX)):
+        if path.is_file():
+            _, have = hash_file(path, manifest["chunk_size"], limit=entry["size"])
+            return [i < len(have) and have[i] == sha for i, sha in enumerate(want)]
+    return [False] * len(want)
+
+
+def first_difference(manifest: dict, root: Path) -> str | None:
+    """The first file that differs from the manifest, as `<path>/<file>: why`; None when all match."""
+    for entry in manifest["files"]:
+        target = file_target(manifest, root, entry["name"])
+        shown = f"{manifest['path']}/{entry['name']}" if manifest["kind"] == "folder" else manifest["path"]
+        if not target.is_file():
+            return f"{shown}: missing"
+        size = target.stat().st_size
+        if size != entry["size"]:
+            return f"{shown}: {size} bytes, the manifest says {entry['size']}"
+        sha, chunks = hash_file(target, manifest["chunk_size"])
+        if sha != entry["sha256"]:
+            bad = next((i for i, (a, b) in enumerate(zip(chunks, entry["chunks"], strict=False)) if a != b), 0)
+            return f"{shown}: chunk {bad} differs from the manifest (sha256)"
+    return None
+
+
+def write_manifest(manifest: dict, root: Path) -> Path:
+    """Keep the manifest with the data (temporary file, then rename)."""
+    target = manifest_target(manifest, root)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = target.with_name(target.name + ".tmp")
+    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    os.replace(tmp, target)
+    return target
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 3 or argv[0] != "check":
+        print("usage: python -m fatpipe.trainer.manifest check MANIFEST PROJECT_FOLDER", file=sys.stderr)
+        return 2
+    manifest = json.loads(Path(argv[1]).read_text())
+    problem = first_difference(manifest, Path(argv[2]))
+    if problem:
+        print(problem)
+        return 1
+    print(f"ok {manifest['fingerprint']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,239 @@
+"""The node side of `fatpipe data push`: a pipelined chain of chunks over the private links (torchrun entry).
+
+    torchrun ... -m fatpipe.trainer.stage --manifest <run>/manifest.json
+
+Run from the project folder, one process per node, gloo on the nodes' private interfaces. Every
+rank first hashes what it holds (a file, else its partial copy) and the ranks all-gather which
+chunks each lacks. A chunk travels from the nearest rank before its first taker that holds it,
+rank r receiving it from r - 1 and forwarding it to r + 1 while it already receives the next one
+(isend/irecv, three chunk buffers per rank: memory stays bounded whatever the data size). Only
+chunks some rank lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
+its sha256 matches the manifest, so an interrupted push leaves only partial files, whose right
+chunks the next push keeps. Rank 0 prints the outcome on one `STAGE_JSON ` line; every rank
+prints `STAGE_PROGRESS <rank> <received> <to receive>` as it goes.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fatpipe.trainer.manifest import (
+    PARTIAL_SUFFIX,
+    file_target,
+    hash_file,
+    held_chunks,
+    write_manifest,
+)
+
+RESULT_PREFIX = "STAGE_JSON "
+PROGRESS_PREFIX = "STAGE_PROGRESS "
+BUFFERS = 3  # one being received, one being written and forwarded, one still being sent
+PROGRESS_EVERY_S = 0.5
+
+
+@dataclass(frozen=True)
+class Task:
+    """This rank's part in moving one chunk: read it from disk or receive it; write it; forward it."""
+
+    tag: int  # the chunk's index over the whole data set: sender and receiver agree on it
+    file: int
+    offset: int
+    length: int
+    receive: bool
+    write: bool
+    send: bool
+
+
+def plan(manifest: dict, held: list[list[list[bool]]], rank: int) -> list[Task]:
+    """This rank's tasks, in the order every rank walks the chunks. `held[r][f][c]`: rank r holds it."""
+    tasks, tag, size = [], 0, manifest["chunk_size"]
+    for f, entry in enumerate(manifest["files"]):
+        for c in range(len(entry["chunks"])):
+            takers = [r for r in range(len(held)) if not held[r][f][c]]
+            tag += 1
+            if not takers:
+                continue
+            first, last = min(takers), max(takers)
+            holders = [r for r in range(first) if held[r][f][c]]
+            if not holders or not holders[-1] <= rank <= last:
+                continue
+            source = holders[-1]
+            length = min(size, entry["size"] - c * size)
+            tasks.append(Task(tag, f, c * size, length, receive=rank > source,
+                              write=rank in takers, send=rank < last))
+    return tasks
+
+
+class Files:
+    """The partial copies this rank writes into, open for the whole chain."""
+
+    def __init__(self, manifest: dict, root: Path):
+        self.manifest, self.root, self.open = manifest, root, {}
+
+    def partial(self, f: int):
+        if f not in self.open:
+            entry = self.manifest["files"][f]
+            target = file_target(self.manifest, self.root, entry["name"])
+            part = target.with_name(target.name + PARTIAL_SUFFIX)
+            target.parent.mkdir(parents=True, exist_ok=True)
+            if target.is_file():  # what it holds was hashed from here: patch it aside
+                os.replace(target, part)
+            handle = open(part, "r+b" if part.is_file() else "w+b")
+            handle.truncate(entry["size"])
+            self.open[f] = handle
+        return self.open[f]
+
+    def read(self, task: Task, into: memoryview) -> None:
+        """A chunk this rank holds: from its open partial copy, else from the file (or its partial copy)."""
+        handle = self.open.get(task.file)
+        if handle is None:
+            target = file_target(self.manifest, self.root, self.manifest["files"][task.file]["name"])
+            path = target if target.is_file() else target.with_name(target.name + PARTIAL_SUFFIX)
+            with open(path, "rb") as f:
+                f.seek(task.offset)
+                f.readinto(into)
+            return
+        handle.seek(task.offset)
+        handle.readinto(into)
+
+    def close(self) -> None:
+        for handle in self.open.values():
+            handle.close()
+
+
+def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progress) -> int:
+    """Move this rank's chunks; returns the bytes it received."""
+    import torch
+    import torch.distributed as dist
+
+    if not tasks:
+        return 0
+    bufs = [torch.empty(manifest["chunk_size"], dtype=torch.uint8) for _ in range(min(BUFFERS, len(tasks)))]
+    sends: dict[int, object] = {}
+    recvs: dict[int, object] = {}
+    received = 0
+
+    def view(i: int):
+        return bufs[i % len(bufs)][: tasks[i].length]
+
+    def claim(i: int) -> None:  # the buffer of task i is free once task i - BUFFERS was sent
+        work = sends.pop(i - len(bufs), None)
+        if work is not None:
+            work.wait()
+
+    def post_receive(i: int) -> None:
+        if i < len(tasks) and tasks[i].receive:
+            claim(i)
+            recvs[i] = dist.irecv(view(i), src=rank - 1, tag=tasks[i].tag)
+
+    post_receive(0)
+    for i, task in enumerate(tasks):
+        post_receive(i + 1)  # the next chunk arrives while this one is written and forwarded
+        data = view(i)
+        if task.receive:
+            recvs.pop(i).wait()
+            received += task.length
+        else:
+            claim(i)
+            files.read(task, memoryview(data.numpy()))
+        if task.write:
+            handle = files.partial(task.file)
+            handle.seek(task.offset)
+            handle.write(memoryview(data.numpy()))
+        if task.send:
+            sends[i] = dist.isend(data, dst=rank + 1, tag=task.tag)
+        progress(received)
+    for work in sends.values():
+        work.wait()
+    return received
+
+
+def finish_files(manifest: dict, root: Path, touched: set[int]) -> str | None:
+    """Rename every complete partial copy into place once its sha256 matches; the first problem, if any."""
+    for f, entry in enumerate(manifest["files"]):
+        target = file_target(manifest, root, entry["name"])
+        part = target.with_name(target.name + PARTIAL_SUFFIX)
+        if f not in touched:
+            continue
+        sha, _ = hash_file(part, manifest["chunk_size"])
+        if sha != entry["sha256"]:
+            return f"{entry['name']}: the received copy's sha256 does not match the manifest"
+        os.replace(part, target)
+    return None
+
+
+def needs_opening(manifest: dict, root: Path, held: list[list[bool]]) -> set[int]:
+    """Files this rank must write or fix: a chunk lacking, or the file missing or of the wrong size."""
+    out = set()
+    for f, entry in enumerate(manifest["files"]):
+        target = file_target(manifest, root, entry["name"])
+        if not all(held[f]) or not target.is_file() or target.stat().st_size != entry["size"]:
+            out.add(f)
+    return out
+
+
+def stage(manifest: dict, root: Path) -> dict:
+    import torch.distributed as dist
+
+    rank, world = dist.get_rank(), dist.get_world_size()
+    held = [held_chunks(manifest, root, entry) for entry in manifest["files"]]
+    everyone: list = [None] * world
+    dist.all_gather_object(everyone, held)
+    if not all(all(chunks) for chunks in everyone[0]):
+        raise SystemExit("fatpipe: node 0 does not hold every chunk of the data it should send")
+    tasks = plan(manifest, everyone, rank)
+    to_receive = sum(t.length for t in tasks if t.receive)
+    files, last = Files(manifest, root), [0.0]
+
+    def progress(received: int, final: bool = False) -> None:
+        if final or time.monotonic() - last[0] > PROGRESS_EVERY_S:
+            last[0] = time.monotonic()
+            print(f"{PROGRESS_PREFIX}{rank} {received} {to_receive}", flush=True)
+
+    started = time.monotonic()
+    progress(0, final=True)
+    try:
+        for f in needs_opening(manifest, root, held):
+            files.partial(f)
+        received = run_chain(tasks, files, manifest, rank, progress)
+        touched = set(files.open)
+    finally:
+        files.close()
+    progress(received, final=True)
+    problem = finish_files(manifest, root, touched)
+    if problem is None:
+        write_manifest(manifest, root)
+    mine = {"node": os.environ.get("FATPIPE_NODE_NAME", f"rank-{rank}"), "received": received,
+            "files_written": len(touched), "problem": problem, "seconds": time.monotonic() - started}
+    report: list = [None] * world
+    dist.all_gather_object(report, mine)
+    return {"fingerprint": manifest["fingerprint"], "nodes": report}
+
+
+def main(argv: list[str] | None = None) -> int:
+    import torch.distributed as dist
+
+    p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.stage", description=__doc__.split("\n")[0])
+    p.add_argument("--manifest", required=True, help="the manifest of the data to stage")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="the longest wait for one chunk")
+    args = p.parse_args(argv)
+    manifest = json.loads(Path(args.manifest).read_text())
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    try:
+        result = stage(manifest, Path.cwd())
+        if dist.get_rank() == 0:
+            print(RESULT_PREFIX + json.dumps(result), flush=True)
+    finally:
+        dist.destroy_process_group()
+    return 0 if all(n["problem"] is None for n in result["nodes"]) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

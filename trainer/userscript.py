@@ -1,0 +1,43 @@
+"""`python -m fatpipe.trainer.userscript SCRIPT ARGS` (or `-m MODULE ARGS`): run a user's torchrun
+script as `python SCRIPT ARGS` would, with its first exception in torchrun's per-rank error file.
+
+torchrun writes no error file for a worker that does not apply `record` itself, so the launcher
+would know only an exit status; every user script runs through this instead. The script keeps
+its `__main__` semantics: `__name__ == "__main__"`, `sys.argv` as given, its folder first on
+sys.path (runpy, as the interpreter does).
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import sys
+
+from torch.distributed.elastic.multiprocessing.errors import record
+
+from .errorfile import ERROR_FILE_ENV, RankErrorHandler
+
+
+def run(argv: list[str]) -> None:
+    if os.environ.get(ERROR_FILE_ENV):  # torchrun's path is relative: the script may chdir
+        os.environ[ERROR_FILE_ENV] = os.path.abspath(os.environ[ERROR_FILE_ENV])
+    if not argv:
+        raise SystemExit("usage: python -m fatpipe.trainer.userscript SCRIPT [ARGS] | -m MODULE [ARGS]")
+    if argv[0] in ("-m", "--module"):
+        if len(argv) < 2:
+            raise SystemExit("python -m fatpipe.trainer.userscript: -m needs a module")
+        sys.argv = [argv[1], *argv[2:]]  # runpy sets argv[0] to the module's file
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        return
+    script = argv[0]
+    sys.argv = list(argv)
+    sys.path[0] = os.path.dirname(os.path.abspath(script))
+    runpy.run_path(script, run_name="__main__")
+
+
+def main() -> None:
+    record(run, error_handler=RankErrorHandler())(sys.argv[1:])
+
+
+if __name__ == "__main__":
+    main()
