@@ -9,9 +9,13 @@ from pathlib import Path
 
 import pytest
 import torch
+import torch.distributed as dist
 
 from fatpipe.trainer.config import TrainConfig
-from fatpipe.trainer.data import ShardedBatches, load_data, open_splits
+from fatpipe.trainer.data import ShardedBatches, load_data, open_splits, split_windows
+from fatpipe.trainer.datacheck import open_data
+from fatpipe.trainer.distenv import DistEnv
+from fatpipe.trainer.heldout import heldout_windows
 from fatpipe.trainer.model import GPT, preset_config
 from fatpipe.trainer.shards import DataError
 
@@ -136,3 +140,26 @@ def test_text_is_still_read_as_bytes(tmp_path):
     assert (train.kind, train.vocab_size, val) == ("bytes", 256, None)
     assert bytes(train.shards[0].read(0, 6).tolist()) == b"hello "
     assert train.check_ids() is None
+
+
+def test_a_validation_split_replaces_the_held_out_windows(tmp_path):
+    # With val shards every training window is trained on and the eval reads val; without,
+    # the last windows of the training data are held out (data.split_windows).
+    llmc_bin(tmp_path / "d_train_000000.bin", [1] * 2001)
+    llmc_bin(tmp_path / "d_val_000000.bin", [2] * 201)
+    cfg, data = load_data(TrainConfig(preset="tiny", data=str(tmp_path), seq_len=10,
+                                      batch_size=2))
+    env = DistEnv(0, 0, 1, 0, torch.device("cpu"), "gloo")
+    dist.init_process_group("gloo", store=dist.FileStore(str(tmp_path / "store"), 1),
+                            rank=0, world_size=1)
+    try:
+        batches, layout = open_data(cfg, env, None, data)
+        held_back, _ = open_data(cfg, env, None, (data[0], None))
+    finally:
+        dist.destroy_process_group()
+    assert batches.train_windows == layout.windows == 200
+    assert held_back.train_windows == split_windows(200)[0] == 189
+    windows, held = heldout_windows(*data, seq_len=10)
+    assert len(held) == 20 and set(windows.window(held[-1]).tolist()) == {2}
+    windows, held = heldout_windows(data[0], None, seq_len=10)
+    assert held == range(190, 200) and set(windows.window(held[0]).tolist()) == {1}
