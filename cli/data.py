@@ -1,7 +1,8 @@
-"""`fatpipe data push|verify [CLUSTER]`: stage the declared dataset on every node, check it there.
+"""`fatpipe data prepare|push|verify`: text into token shards (`dataprep.py`); stage the declared
+dataset on every node, check it there.
 
 The group loads its subcommands lazily, like the root group: a subcommand is a module with a
-click command and one line in `SUBCOMMANDS` (`prepare`, for instance, lives in a module of its own).
+click command and one line in `SUBCOMMANDS` (`prepare` lives in a module of its own).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from .steps import changing
 
 # name -> ("module:attribute", one-line help): add a data subcommand here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "prepare": ("fatpipe.cli.dataprep:prepare", "Text into token shards the trainer reads (llm.c format)."),
     "push": ("fatpipe.cli.data:push", "Stage [data] on every node: once over the uplink, then node to node."),
     "verify": ("fatpipe.cli.data:verify", "Check every node's data against the manifest."),
 }
@@ -39,7 +41,8 @@ class LazyData(click.Group):
 
 @click.group(cls=LazyData)
 def data():
-    """Your dataset on every node: staged, fanned out over the private links, verified by hash."""
+    """Your dataset: prepared as token shards, staged on every node over the private links,
+    verified by hash."""
 
 
 @click.command()

@@ -21,7 +21,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --he
     "deploy": ("fatpipe.cli.deploy:deploy", "Create the cluster's nodes and write its outputs."),
     "wait": ("fatpipe.cli.wait:wait", "Wait until every node is reachable, booted and tuned."),
     "netcheck": ("fatpipe.cli.netcheck:netcheck", "Prove the links deliver the tier before training."),
-    "data": ("fatpipe.cli.data:data", "Stage the declared dataset on every node and verify it there."),
+    "data": ("fatpipe.cli.data:data", "Prepare a dataset as token shards; stage it on every node, verify it."),
     "rendezvous": ("fatpipe.cli.rendezvous:rendezvous", "Write a run's rendezvous files and torchrun commands."),
     "launch": ("fatpipe.cli.launch:launch", "Run torchrun on every node and stream the logs."),
     "train": ("fatpipe.cli.train:train", "Train the built-in GPT on this machine with torchrun."),

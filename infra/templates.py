@@ -17,10 +17,10 @@ preset = "small"        # tiny (~1M params) | small (~25M) | 124m (GPT-2 small)
 steps = 200
 comm = "auto"           # auto | none | bf16 | fp16 | powersgd
 # batch_size = 8        # per rank, per micro-step
-# seq_len = 256
+# seq_len = 256         # default 256; 1024 for 124m on GPT-2 tokens
 # grad_accum = 1
 # checkpoint_every = 50
-# data = "corpus/"      # a text file or folder; default: text that ships with Python
+# data = "corpus/"      # token shards (.bin, nanoGPT or llm.c) or text (as bytes); default: Python's own
 '''
 
 AWS = '''\

@@ -20,7 +20,7 @@ class TrainSpec(Strict):
     steps: int = Field(200, ge=1)
     comm: Literal["auto", "none", "bf16", "fp16", "powersgd", "diloco", "localsgd"] = "auto"
     batch_size: int = Field(8, ge=1)
-    seq_len: int = Field(256, ge=8, le=8192)
+    seq_len: int | None = Field(None, ge=8, le=8192)  # unset: 256, or 1024 for 124m on GPT-2 tokens
     grad_accum: int = Field(1, ge=1)
     lr: float = Field(6e-4, gt=0, le=1)
     warmup_steps: int = Field(20, ge=0)

@@ -11,13 +11,15 @@ from .config import ConfigError, parse_config
 def main(argv: list[str] | None = None) -> int:
     try:
         cfg = parse_config(argv)
+        # Imported after parsing so a bad flag fails fast, before torch loads.
+        from .data import load_data
+        cfg, data = load_data(cfg)  # a bad shard fails here, before joining the group
     except ConfigError as e:
-        print(f"python -m fatpipe.trainer: error: {e}", file=sys.stderr)
+        _error(e)
         from .exiting import record_error
 
         record_error(e)  # under torchrun: the cause the launcher names (loads torch, only here)
         return 2
-    # Imported after parsing so a bad flag fails fast, before torch loads.
     from .distenv import destroy_process_group, init_process_group, read_env
     from .train import run_training
 
@@ -26,13 +28,17 @@ def main(argv: list[str] | None = None) -> int:
                         format=f"[trainer r{env.rank}] %(message)s", stream=sys.stderr)
     env, store = init_process_group(env, cfg.timeout_s)
     try:
-        run_training(cfg, env, store)
-    except ConfigError as e:  # found once the data is read: another node's data, a resume refused
-        print(f"python -m fatpipe.trainer: error: {e}", file=sys.stderr)
-        return 2
+        run_training(cfg, env, store, data)
+    except ConfigError as e:  # found once the data is read: another node's data, ids past the
+        return _error(e)      # vocabulary, a resume refused
     finally:
         destroy_process_group()
     return 0
+
+
+def _error(e: ConfigError) -> int:
+    print(f"python -m fatpipe.trainer: error: {e}", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

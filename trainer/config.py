@@ -42,7 +42,7 @@ class TrainConfig:
     steps: int = 200  # optimizer steps
     comm: str = "auto"  # DDP comm hook; auto picks one from link bandwidth and step time
     batch_size: int = 8  # micro-batch per rank, in sequences
-    seq_len: int = 256  # tokens (bytes) per sequence
+    seq_len: int | None = None  # tokens per sequence; unset: 256, or 1024 for 124m on GPT-2 tokens
     grad_accum: int = 1  # micro-batches per optimizer step
     lr: float = 6e-4  # peak learning rate, reached after warmup
     warmup_steps: int = 20  # linear warmup, then cosine decay to lr / 10
@@ -67,7 +67,7 @@ class TrainConfig:
             raise ConfigError(f"--comm must be one of {', '.join(COMMS)}, not {self.comm!r}")
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "powersgd_rank",
                      "sync_every"):
-            if getattr(self, name) < 1:
+            if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "checkpoint_every", "node_metrics_every"):
             if getattr(self, name) < 0:
@@ -102,20 +102,22 @@ def build_parser() -> argparse.ArgumentParser:
     d = TrainConfig()
     p = _OneLineErrorParser(
         prog="python -m fatpipe.trainer",
-        description="Train a byte-level GPT with DDP; run under torchrun or alone.",
+        description="Train a GPT on token shards or text (as bytes) with DDP; under torchrun or alone.",
     )
     p.add_argument("--preset", choices=PRESETS, default=d.preset)
     p.add_argument("--steps", type=int, default=d.steps)
     p.add_argument("--comm", choices=COMMS, default=d.comm)
     p.add_argument("--batch-size", type=int, default=d.batch_size, help="micro-batch per rank")
-    p.add_argument("--seq-len", type=int, default=d.seq_len)
+    p.add_argument("--seq-len", type=int, default=d.seq_len,
+                   help="tokens per sequence (default 256; 1024 for 124m on GPT-2 tokens)")
     p.add_argument("--grad-accum", type=int, default=d.grad_accum)
     p.add_argument("--lr", type=float, default=d.lr)
     p.add_argument("--warmup-steps", type=int, default=d.warmup_steps)
     p.add_argument("--checkpoint-every", type=int, default=d.checkpoint_every)
     p.add_argument("--bucket-cap-mb", type=float, default=d.bucket_cap_mb)
     p.add_argument("--seed", type=int, default=d.seed)
-    p.add_argument("--data", metavar="PATH", default=None, help="text file or folder")
+    p.add_argument("--data", metavar="PATH", default=None,
+                   help="token shards (.bin: nanoGPT's or llm.c's), or a text file or folder")
     p.add_argument("--compile", action=argparse.BooleanOptionalAction, default=d.compile)
     p.add_argument("--powersgd-rank", type=int, default=d.powersgd_rank)
     p.add_argument("--sync-every", type=int, default=d.sync_every)

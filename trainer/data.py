@@ -1,16 +1,19 @@
-"""Byte-level training data: the corpus, and each rank's deterministic, resumable batches.
+"""Training data: the corpus (token shards or text as bytes), and each rank's resumable batches.
 
-The corpus is a flat array of bytes, cut into non-overlapping windows of `seq_len + 1`
-bytes. Every epoch the windows are shuffled by a generator seeded with (seed, epoch) and dealt
-round-robin to the ranks, so each rank reads only its own shard, all ranks take the same
-number of batches per epoch, and the position in the data is one small cursor
-(epoch, batch index) that a checkpoint can hold. The last windows are held out (`split_windows`):
-never trained on, they measure the eval loss.
+The corpus is one or more flat arrays of tokens (`shards.py`: nanoGPT's and llm.c's `.bin`;
+any other text is read as bytes, one token per byte), cut into non-overlapping windows of
+`seq_len + 1` tokens that never cross a shard's end. Every epoch the windows are shuffled by a
+generator seeded with (seed, epoch) and dealt round-robin to the ranks, so each rank reads only
+its own windows, all ranks take the same number of batches per epoch, and the position in the
+data is one small cursor (epoch, batch index) that a checkpoint can hold. Without a validation
+split the last windows are held out (`split_windows`): never trained on, they measure the eval
+loss.
 """
 
 from __future__ import annotations
 
 import ctypes
+import dataclasses
 import hashlib
 import os
 import sysconfig
@@ -18,6 +21,20 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
+
+from .collectives import all_gather_objects
+from .config import TrainConfig
+from .model import default_seq_len
+from .shards import (
+    GPT2_VOCAB,
+    DataError,
+    Shard,
+    byte_shard,
+    first_bad_id,
+    is_token_file,
+    is_val_file,
+    open_token_files,
+)
 
 # Source folders of the standard library left out of the default corpus: tests, GUI demos and
 # vendored code add bulk without adding variety.
@@ -50,18 +67,104 @@ def load_corpus(path: str | None) -> torch.Tensor:
     if p.is_file():
         size = p.stat().st_size
         if size == 0:
-            raise ValueError(f"--data {path}: the file is empty")
+            raise DataError(f"--data {path}: the file is empty")
         # A private mapping: pages load as rank's windows touch them, nothing is copied.
         return torch.from_file(str(p), shared=False, size=size, dtype=torch.uint8)
-    files = _walk(p, _TEXT_SUFFIXES)
+    files = text_files(p)
     if not files:
-        raise ValueError(f"--data {path}: no text files in that folder")
+        raise DataError(f"--data {path}: no text files in that folder")
     return _as_tensor(b"".join(_read_all(files, limit=None)))
+
+
+@dataclass(frozen=True)
+class Corpus:
+    """The data as shards of tokens, the vocabulary it declares and its format."""
+
+    shards: list[Shard]
+    vocab_size: int
+    kind: str  # "bytes" (text), "nanoGPT" or "llm.c" (.bin token shards)
+
+    def __len__(self) -> int:
+        return sum(len(s) for s in self.shards)
+
+    @property
+    def gpt2_tokens(self) -> bool:
+        return self.kind != "bytes" and self.vocab_size == GPT2_VOCAB
+
+    def describe(self) -> dict:
+        return {"format": self.kind, "shards": len(self.shards), "tokens": len(self),
+                "vocab_size": self.vocab_size}
+
+    def check_ids(self, rank: int = 0, world_size: int = 1) -> str | None:
+        """This rank's share of the vocabulary check: an error line, or None (bytes: always)."""
+        if self.kind == "bytes":
+            return None
+        return first_bad_id(self.shards, self.vocab_size, rank, world_size)
+
+
+def open_splits(path: str | None) -> tuple[Corpus, Corpus | None]:
+    """The training corpus at `path` and its validation split, when the data ships one.
+
+    `.bin` files are token shards; the validation split is nanoGPT's `val.bin` or llm.c's
+    `*_val_*.bin` beside the training shards (None when there is none: the caller holds out
+    windows instead). Anything else is text, read as bytes, without a split.
+    """
+    p = Path(path) if path is not None else None
+    if p is not None and p.is_file() and is_token_file(p):
+        siblings = sorted(f for f in p.parent.glob("*.bin") if f.is_file() and is_val_file(f))
+        train = [] if is_val_file(p) else [p]
+        return _tokens(train or [p]), _tokens(siblings) if train else None
+    if p is not None and p.is_dir():
+        bins = sorted(f for f in p.glob("*.bin") if f.is_file())
+        if bins:
+            train = [f for f in bins if not is_val_file(f)]
+            val = [f for f in bins if is_val_file(f)]
+            if not train:
+                raise DataError(f"--data {path}: only validation shards ({val[0].name}) there")
+            return _tokens(train), _tokens(val)
+    return Corpus([byte_shard(str(path), load_corpus(path))], 256, "bytes"), None
+
+
+def load_data(cfg: TrainConfig) -> tuple[TrainConfig, tuple[Corpus, Corpus | None]]:
+    """The run's data (train, validation) and `cfg` with its seq_len resolved: unset, it is
+    the preset's context on this data (model.default_seq_len)."""
+    train, val = open_splits(cfg.data)
+    if val is not None and (val.kind, val.vocab_size) != (train.kind, train.vocab_size):
+        raise DataError(f"--data {cfg.data}: validation shards ({val.kind}, {val.vocab_size} ids) "
+                        f"differ from training shards ({train.kind}, {train.vocab_size} ids)")
+    seq_len = cfg.seq_len or default_seq_len(cfg.preset, train.gpt2_tokens)
+    return dataclasses.replace(cfg, seq_len=seq_len), (train, val)
+
+
+def check_token_ids(splits: tuple[Corpus, Corpus | None], rank: int, world_size: int,
+                    device: torch.device) -> None:
+    """Collective: each rank scans its share of the data for ids past the vocabulary; every
+    rank then raises the same one-line error, so none is left waiting in a collective."""
+    mine = [c.check_ids(rank, world_size) for c in splits if c is not None]
+    found = [e for errors in all_gather_objects(mine, device) for e in errors if e]
+    if found:
+        raise DataError(found[0])
+
+
+def describe_data(train: Corpus, val: Corpus | None, seq_len: int) -> dict:
+    """What the run trains on, for the log and summary.json."""
+    return {**train.describe(), "seq_len": seq_len, "val": val.describe() if val else None}
+
+
+def _tokens(files: list[Path]) -> Corpus | None:
+    if not files:
+        return None
+    return Corpus(*open_token_files(files))
 
 
 def _as_tensor(data: bytes) -> torch.Tensor:
     return torch.frombuffer(bytearray(data), dtype=torch.uint8) if data else \
         torch.empty(0, dtype=torch.uint8)
+
+
+def text_files(root: Path) -> list[Path]:
+    """A folder's text files, in the order every node reads them."""
+    return _walk(root, _TEXT_SUFFIXES)
 
 
 def _walk(root: Path, suffixes: set[str]) -> list[Path]:
@@ -94,30 +197,55 @@ class DataCursor:
         return {"epoch": self.epoch, "index": self.index}
 
 
-class ShardedBatches:
-    """One rank's stream of (input, target) batches of shape (batch_size, seq_len)."""
+class Windows:
+    """A corpus cut into windows of `seq_len + 1` tokens that never cross a shard's end."""
 
-    def __init__(self, tokens: torch.Tensor, seq_len: int, batch_size: int, rank: int,
-                 world_size: int, seed: int, cursor: DataCursor | None = None):
-        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
+    def __init__(self, corpus: Corpus, seq_len: int):
+        self.corpus, self.seq_len = corpus, seq_len
+        # Window w of the whole corpus is window w - _first[k] of shard k.
+        per_shard = torch.tensor([max(0, (len(s) - 1) // seq_len) for s in corpus.shards])
+        self._first = torch.cumsum(per_shard, 0) - per_shard
+        self.count = int(per_shard.sum())
+
+    def window(self, w: int) -> torch.Tensor:
+        """Window `w` of the whole corpus: its `seq_len + 1` tokens, as int64 ids."""
+        k = int(torch.searchsorted(self._first, w, right=True)) - 1
+        shard = self.corpus.shards[k]
+        return shard.read((w - int(self._first[k])) * self.seq_len, self.seq_len + 1)
+
+
+class ShardedBatches:
+    """One rank's stream of (input, target) batches of shape (batch_size, seq_len).
+
+    `holdout`: train on the windows `split_windows` leaves for training (the data has no
+    validation split); False trains on every window.
+    """
+
+    def __init__(self, tokens: torch.Tensor | Corpus, seq_len: int, batch_size: int, rank: int,
+                 world_size: int, seed: int, cursor: DataCursor | None = None,
+                 holdout: bool = True):
+        if isinstance(tokens, torch.Tensor):
+            tokens = Corpus([byte_shard("tokens", tokens)], 256, "bytes")
+        self.corpus, self.seq_len, self.batch_size = tokens, seq_len, batch_size
         self.rank, self.world_size, self.seed = rank, world_size, seed
         self.cursor = cursor or DataCursor()
-        n_windows, _ = split_windows((len(tokens) - 1) // seq_len)
+        self.windows = Windows(tokens, seq_len)
+        n_windows = split_windows(self.windows.count)[0] if holdout else self.windows.count
         # Equal shares per rank, so every rank reaches the end of an epoch at the same step.
         self.batches_per_epoch = n_windows // world_size // batch_size
         if self.batches_per_epoch < 1:
-            raise ValueError(
-                f"corpus of {len(tokens)} bytes is too small for {world_size} rank(s) x "
+            unit = "bytes" if tokens.kind == "bytes" else "tokens"
+            raise DataError(
+                f"corpus of {len(tokens)} {unit} is too small for {world_size} rank(s) x "
                 f"batch {batch_size} x seq_len {seq_len}")
-        self._n_windows = n_windows
+        self.train_windows = n_windows
         self._order_epoch, self._order = -1, torch.empty(0, dtype=torch.long)
-        self._offsets = torch.arange(seq_len + 1)
 
     def _shard(self, epoch: int) -> torch.Tensor:
         if epoch != self._order_epoch:
             # hash() of a tuple of ints is stable across processes (no hash randomisation).
             g = torch.Generator().manual_seed(hash((self.seed, epoch)) % (1 << 63))
-            perm = torch.randperm(self._n_windows, generator=g)
+            perm = torch.randperm(self.train_windows, generator=g)
             take = self.batches_per_epoch * self.batch_size
             self._order, self._order_epoch = perm[self.rank::self.world_size][:take], epoch
         return self._order
@@ -125,7 +253,7 @@ class ShardedBatches:
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cursor
         rows = self._shard(c.epoch)[c.index * self.batch_size:(c.index + 1) * self.batch_size]
-        chunk = self.tokens[rows[:, None] * self.seq_len + self._offsets].long()
+        chunk = torch.stack([self.windows.window(int(w)) for w in rows])
         c.index += 1
         if c.index == self.batches_per_epoch:
             c.epoch, c.index = c.epoch + 1, 0
@@ -136,8 +264,8 @@ def split_windows(n_windows: int) -> tuple[int, range]:
     """(training windows, held-out windows) of a corpus of `n_windows` windows.
 
     The last HELDOUT_SHARE (at least one) are held out and never trained on. One window between
-    them is used by neither: neighbouring windows share their edge byte (the last target of one
-    is the first input of the next), so the gap keeps every held-out byte out of training.
+    them is used by neither: neighbouring windows share their edge token (the last target of one
+    is the first input of the next), so the gap keeps every held-out token out of training.
     """
     held = max(1, int(n_windows * HELDOUT_SHARE))
     return max(0, n_windows - held - 1), range(max(0, n_windows - held), n_windows)

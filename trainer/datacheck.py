@@ -9,6 +9,7 @@ fails naming the node whose data differs.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 import socket
@@ -17,7 +18,7 @@ import torch
 
 from .collectives import all_gather_objects
 from .config import ConfigError, TrainConfig
-from .data import ShardedBatches, fingerprint, load_corpus, split_windows
+from .data import Corpus, ShardedBatches, check_token_ids, fingerprint
 from .distenv import DistEnv
 from .faults import NODE_ENV
 from .resume import DataLayout, resume_cursor
@@ -33,14 +34,24 @@ def node_name() -> str:
     return os.environ.get(NODE_ENV) or socket.gethostname()
 
 
-def data_bytes(tokens: torch.Tensor) -> int:
-    return tokens.numel() * tokens.element_size()
+def data_bytes(corpus: Corpus) -> int:
+    return sum(s.tokens.numel() * s.tokens.element_size() for s in corpus.shards)
 
 
-def check_same_data(tokens: torch.Tensor, device: torch.device) -> str:
+def corpus_fingerprint(corpus: Corpus) -> str:
+    """data.fingerprint of a one-shard corpus (text as bytes); of several, the sha256 of their
+    fingerprints in order."""
+    digests = [fingerprint(s.tokens) for s in corpus.shards]
+    if len(digests) == 1:
+        return digests[0]
+    return hashlib.sha256(" ".join(digests).encode()).hexdigest()
+
+
+def check_same_data(corpus: Corpus, device: torch.device) -> str:
     """Collective: this data's fingerprint, once every rank is known to hold the same data;
     else DataMismatch naming each node whose data is not rank 0's."""
-    mine = {"node": node_name(), "bytes": data_bytes(tokens), "fingerprint": fingerprint(tokens)}
+    mine = {"node": node_name(), "bytes": data_bytes(corpus),
+            "fingerprint": corpus_fingerprint(corpus)}
     every = all_gather_objects(mine, device)
     first = every[0]
     odd = [f"node {d['node']} (rank {r}) has {d['bytes']} bytes, fingerprint "
@@ -54,17 +65,19 @@ def check_same_data(tokens: torch.Tensor, device: torch.device) -> str:
     return first["fingerprint"]
 
 
-def open_data(cfg: TrainConfig, env: DistEnv, ckpt: dict | None) -> tuple[ShardedBatches,
-                                                                          DataLayout]:
-    """Collective: this rank's batches, at the checkpoint's position carried to this run's
-    layout (`resume.resume_cursor`: remapped and said, or refused), and the layout."""
-    tokens = load_corpus(cfg.data)
-    digest = check_same_data(tokens, env.device)
-    windows, _ = split_windows((len(tokens) - 1) // cfg.seq_len)
-    layout = DataLayout.of(cfg, env.world_size, windows, digest, data_bytes(tokens))
-    cursor, remapped = resume_cursor(ckpt, layout)
+def open_data(cfg: TrainConfig, env: DistEnv, ckpt: dict | None,
+              data: tuple[Corpus, Corpus | None]) -> tuple[ShardedBatches, DataLayout]:
+    """Collective: this rank's batches over the training corpus of `data` (train, validation;
+    `data.load_data`), at the checkpoint's position carried to this run's layout
+    (`resume.resume_cursor`: remapped and said, or refused), and the layout. Without a
+    validation split the last windows are held out (`data.split_windows`)."""
+    train, val = data
+    digest = check_same_data(train, env.device)
+    check_token_ids(data, env.rank, env.world_size, env.device)
+    batches = ShardedBatches(train, cfg.seq_len, cfg.batch_size, env.rank, env.world_size,
+                             cfg.seed, holdout=val is None)
+    layout = DataLayout.of(cfg, env.world_size, batches.train_windows, digest, data_bytes(train))
+    batches.cursor, remapped = resume_cursor(ckpt, layout)
     if remapped and env.is_main:
         log.warning("%s", remapped)
-    batches = ShardedBatches(tokens, cfg.seq_len, cfg.batch_size, env.rank, env.world_size,
-                             cfg.seed, cursor)
     return batches, layout

@@ -23,11 +23,12 @@ from .checkpoint import load_agreed_checkpoint, load_rank_state, rank_folder, sa
 from .collectives import all_gather_objects
 from .commsetup import decide_comm
 from .config import HOOK_NAMES, TrainConfig
+from .data import Corpus, describe_data
 from .datacheck import open_data
 from .distenv import DistEnv
 from .faults import FaultLedger, is_collective_failure
 from .files import write_text_atomic
-from .heldout import heldout_loss
+from .heldout import heldout_loss, heldout_windows
 from .hooks import TimedCommHook, load_powersgd_state, make_powersgd_state, powersgd_state_dict
 from .metrics import MetricsLog, read_metrics, summarize
 from .model import GPT, preset_config
@@ -45,8 +46,12 @@ GRAD_CLIP = 1.0
 
 
 class Trainer:
-    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store):
+    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store,
+                 data: tuple[Corpus, Corpus | None]):
+        """`cfg` with its seq_len resolved; `data` the training corpus and validation split
+        (`trainer.data.load_data`), opened before the process group so a bad file fails fast."""
         self.cfg, self.env, self.device = cfg, env, env.device
+        self.corpus, self.val_corpus = data
         self.run_dir = cfg.out_dir
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * env.world_size
         self.metrics: MetricsLog | None = None
@@ -60,12 +65,13 @@ class Trainer:
         self.run_dir.mkdir(parents=True, exist_ok=True)
         configure_determinism(cfg.deterministic, env.device)
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = GPT(preset_config(cfg.preset, cfg.seq_len)).to(self.device)
+        self.model = GPT(preset_config(cfg.preset, cfg.seq_len, self.corpus.vocab_size)
+                         ).to(self.device)
         self.grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
         # The same data on every rank, and the checkpoint's data position remapped or refused
         # (trainer/resume.py) before anything is measured or written.
-        self.data, self.layout = open_data(cfg, env, ckpt)
+        self.data, self.layout = open_data(cfg, env, ckpt, (self.corpus, self.val_corpus))
         mine = load_rank_state(self.run_dir / "checkpoints", ckpt, self.device)
         self.start_step = ckpt["step"] if ckpt else 0
         if ckpt:
@@ -90,6 +96,7 @@ class Trainer:
                      "start at step %d", cfg.preset, self.model.num_params() / 1e6,
                      env.world_size, env.backend, self.comm, self.nic.interface, env.attempt,
                      self.start_step)
+            log.info("data: %s", describe_data(self.corpus, self.val_corpus, cfg.seq_len))
             self.metrics = MetricsLog(self.run_dir, cfg.steps, self.start_step)
         # Each rank's own RNG stream after the shared init (dropout, if ever turned on).
         if not ckpt:
@@ -241,15 +248,17 @@ class Trainer:
         if len(set(digests)) != 1:
             log.error("replicas diverged: parameter digests differ across ranks")
         records = read_metrics(self.metrics.path)
-        eval_loss, eval_windows = heldout_loss(self.model, self.data.tokens, self.cfg.seq_len,
-                                               self.cfg.batch_size, self.device)
+        held = heldout_windows(self.corpus, self.val_corpus, self.cfg.seq_len)
+        eval_loss, eval_windows = heldout_loss(self.model, *held, self.cfg.batch_size, self.device)
         summary = summarize(
             records, self.tokens_per_step,
             comm=self.comm, comm_decision=self.decision, restarts=self.env.restarts,
             world_size=self.env.world_size, preset=self.cfg.preset,
             params=self.model.num_params(), param_digests=digests,
             replicas_in_sync=len(set(digests)) == 1, eval_loss=eval_loss,
-            eval_windows=eval_windows, **self.faults.totals(),
+            eval_windows=eval_windows,
+            data=describe_data(self.corpus, self.val_corpus, self.cfg.seq_len),
+            **self.faults.totals(),
             **self.auto.summary(records))
         self.faults.save()
         write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
@@ -265,12 +274,13 @@ class Trainer:
             self.metrics.close()
 
 
-def run_training(cfg: TrainConfig, env: DistEnv, store: dist.Store) -> Path:
+def run_training(cfg: TrainConfig, env: DistEnv, store: dist.Store,
+                 data: tuple[Corpus, Corpus | None]) -> Path:
     """Build, train, and leave the results in cfg.out; returns the run directory.
 
     `store` is the run-wide store (it outlives this attempt), where failed collectives are counted.
     """
-    trainer = Trainer(cfg, env, store)
+    trainer = Trainer(cfg, env, store, data)
     try:
         trainer.setup()
         trainer.run()
