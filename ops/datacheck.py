@@ -18,6 +18,7 @@ from fatpipe.infra.files import write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG
 from fatpipe.trainer.manifest import first_difference
 
+from .projectdir import claim_project_dir
 from .rendezvous import remote_dir
 from .transport import Transport, fan_out, transports_for
 
@@ -74,9 +75,12 @@ def node_workdir(outputs, node) -> str:
 
 
 def ship_checker(project, cluster: str, t: Transport, workdir: str) -> None:
-    """The trainer package and the manifest folder onto one ssh node."""
+    """The trainer package and the manifest folder onto one ssh node, into a project folder
+    that is fatpipe's (claimed first, as every push does: docs/ARCHITECTURE.md, "The project
+    folder on a node")."""
     from .prepare import SYNC_EXCLUDES, trainer_package_dir
 
+    claim_project_dir(t, workdir, cluster)
     steps = (
         ("copy the trainer", trainer_package_dir(), f"{workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES),
         ("copy the manifest", local_manifest_path(project, cluster).parent, f"{workdir}/{MANIFEST_DIR}", ()),

@@ -115,7 +115,7 @@ def _uplink(t, workdir: str, source: Path, manifest: dict) -> float:
     started = time.monotonic()
     dest = f"{workdir}/{manifest['path']}"
     parent = dest.rsplit("/", 1)[0]
-    made = t.run(f"mkdir -p {shlex.quote(parent)}", timeout=60)
+    made = t.run(f"mkdir -p -- {shlex.quote(parent)}", timeout=60)
     if not made.ok:
         raise FatpipeError(f"{t.describe()}: cannot make {parent}: {made.reason()}")
     src = f"{source}/" if manifest["kind"] == "folder" else str(source)
