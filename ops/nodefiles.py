@@ -25,8 +25,6 @@ function n(a,  p) { split(a, p, "."); return ((p[1] * 256 + p[2]) * 256 + p[3]) 
 END { if (exact != "") print exact; else if (dev != "") print dev }
 """.strip()
 
-
-
 USER_SCRIPT_MODULE = "fatpipe.trainer.userscript"  # runs a user script with per-rank error files
 
 
