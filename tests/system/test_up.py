@@ -90,7 +90,9 @@ def test_up_default_cluster_on_netns(needs_netns, project_dir):
     up = up_report(project_dir, "upns")
     assert up["summary"]["final_loss"] > 0 and up["summary"]["sync_s_p50"] > 0
     assert up["summary"]["world_size"] == 4 and up["summary"]["netcheck_busbw_gbps"] > 0
-    assert [p["state"] for p in up["phases"]] == ["done"] * 8
+    states = {p["name"]: p["state"] for p in up["phases"]}
+    assert states.pop("data") == "skipped"  # no [data] declared
+    assert list(states.values()) == ["done"] * 8
     assert_nothing_left(project_dir, "upns")
 
 
@@ -106,7 +108,7 @@ def test_up_on_loopback_reruns_skip_what_is_done(project_dir):
         up = up_report(project_dir, "uplb")
         states = {p["name"]: p["state"] for p in up["phases"]}
         assert states == {"synth": "skipped", "deploy": "skipped", "wait": "skipped", "netcheck": "skipped",
-                          "rendezvous": "done", "launch": "done", "summary": "done", "down": "done"}
+                          "data": "skipped", "rendezvous": "done", "launch": "done", "summary": "done", "down": "done"}
         # The earlier netcheck was copied in, so the trainer's comm=auto read it for this run too.
         assert up["summary"]["netcheck_busbw_gbps"] > 0 and up["summary"]["final_loss"] > 0
     finally:
