@@ -8,6 +8,7 @@ import os
 import shutil
 import socket
 import subprocess
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -163,3 +164,43 @@ def terraform(args: list[str], cwd: Path, env: dict, timeout: float = 300) -> su
     """Run terraform in `cwd`; the result carries the output for assertion messages."""
     return subprocess.run(["terraform", *args, "-no-color"], cwd=cwd, env={**os.environ, **env},
                           capture_output=True, text=True, timeout=timeout)
+
+
+def fatpipe_cli(folder: Path, *args: str, control_dir: str, timeout: float = 600,
+                columns: int = 200) -> subprocess.CompletedProcess:
+    """`fatpipe ARGS` in `folder` as a user runs it, output and errors together. ssh's
+    multiplexing sockets need a short path (108 bytes), so `control_dir` is not below pytest's."""
+    env = {**os.environ, "COLUMNS": str(columns), "FATPIPE_SSH_CONTROL_DIR": control_dir}
+    env.pop("FATPIPE_CONFIG", None)
+    env.pop("FATPIPE_REMOTE_DIR", None)
+    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+def rented_sim_toml(folder: Path, hosts: str, rented: str, octet: int, remote_dirs: list[str], *,
+                    rdzv_port: int, sim_extra: str = "") -> str:
+    """A sim cluster `hosts` reached over SSH (bare machines with sshd) and the same machines
+    declared as an `ssh` cluster `rented`, as a user declares VPS rented anywhere."""
+    host_tables = "\n".join(
+        f'[[clusters.{rented}.hosts]]\naddress = "10.{octet}.0.{10 + i}"\nprivate_ip = "10.{octet}.0.{10 + i}"\n'
+        f'remote_dir = "{remote}"\n' for i, remote in enumerate(remote_dirs))
+    return f"""\
+[clusters.{hosts}]
+provider = "sim"
+nodes = {len(remote_dirs)}
+tier = "1g"
+isolation = "netns"
+transport = "ssh"
+{sim_extra}private_cidr = "10.{octet}.0.0/24"
+
+[clusters.{rented}]
+provider = "ssh"
+tier = "1g"
+ssh_user = "root"
+ssh_key_file = "{folder}/.fatpipe/{hosts}/ssh/id_ed25519"
+install_packages = false    # these share this machine's packages
+private_cidr = "10.{octet}.0.0/24"
+rdzv_port = {rdzv_port}
+
+{host_tables}
+"""

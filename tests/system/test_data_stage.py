@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from conftest import netns_available, skip_or_fail
 
-from .conftest import SSHD, free_port
+from .conftest import SSHD, fatpipe_cli, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -44,11 +44,7 @@ dist.destroy_process_group()
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    # ssh's multiplexing sockets need a short path (108 bytes): not below pytest's tmp folder.
-    env = {**os.environ, "COLUMNS": "200", "FATPIPE_SSH_CONTROL_DIR": CONTROL_DIR}
-    env.pop("FATPIPE_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return fatpipe_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
 
 
 @pytest.fixture(scope="module")

@@ -8,7 +8,6 @@ marked, is removed by `down`.
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import tempfile
@@ -18,7 +17,7 @@ import pytest
 
 from fatpipe.infra.node import PROJECT_MARKER
 
-from .conftest import free_port
+from .conftest import fatpipe_cli, free_port, rented_sim_toml
 
 pytestmark = pytest.mark.slow
 
@@ -32,38 +31,13 @@ USER_FILE = "notes.txt"
 def write_project(folder: Path, remote: Path) -> None:
     """The project in `folder`; the hosts' project folders below `remote`, outside it (the nodes
     share this machine's files: inside, every push would copy the other nodes' folders too)."""
-    hosts = "\n".join(
-        f'[[clusters.{RENTED}.hosts]]\naddress = "10.{OCTET}.0.{10 + i}"\nprivate_ip = "10.{OCTET}.0.{10 + i}"\n'
-        f'remote_dir = "{remote}/node-{i}"\n' for i in range(NODES))
-    (folder / "fatpipe.toml").write_text(f"""\
-[clusters.{HOSTS}]
-provider = "sim"
-nodes = {NODES}
-tier = "1g"
-isolation = "netns"
-transport = "ssh"
-private_cidr = "10.{OCTET}.0.0/24"
-
-[clusters.{RENTED}]
-provider = "ssh"
-tier = "1g"
-ssh_user = "root"
-ssh_key_file = "{folder}/.fatpipe/{HOSTS}/ssh/id_ed25519"
-install_packages = false
-private_cidr = "10.{OCTET}.0.0/24"
-rdzv_port = {free_port()}
-
-{hosts}
-""")
+    remote_dirs = [f"{remote}/node-{i}" for i in range(NODES)]
+    (folder / "fatpipe.toml").write_text(rented_sim_toml(folder, HOSTS, RENTED, OCTET, remote_dirs, rdzv_port=free_port()))
     (folder / "hello.py").write_text("print('hello')\n")
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", "FATPIPE_SSH_CONTROL_DIR": CONTROL_DIR}
-    env.pop("FATPIPE_CONFIG", None)
-    env.pop("FATPIPE_REMOTE_DIR", None)
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return fatpipe_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
 
 
 def contents(folder: Path) -> dict[str, str]:

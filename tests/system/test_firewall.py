@@ -18,6 +18,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import fatpipe_cli, rented_sim_toml
+
 pytestmark = pytest.mark.slow
 
 HOSTS, RENTED = "fwall-hosts", "fwall-rented"
@@ -51,35 +53,14 @@ def private_ip(index: int) -> str:
 
 
 def write_project(folder: Path) -> None:
-    hosts = "".join(f'[[clusters.{RENTED}.hosts]]\naddress = "{private_ip(i)}"\nprivate_ip = "{private_ip(i)}"\n'
-                    f'remote_dir = "{folder}/fatpipe/{i}"\n' for i in range(NODES))
-    (folder / "fatpipe.toml").write_text(f"""\
-[clusters.{HOSTS}]          # the "rented" machines: bare (no firewall yet), reachable over ssh
-provider = "sim"
-nodes = {NODES}
-tier = "1g"
-isolation = "netns"
-transport = "ssh"
-firewall = false
-private_cidr = "10.{OCTET}.0.0/24"
-
-[clusters.{RENTED}]         # the same machines, as a user declares VPS: firewall on by default
-provider = "ssh"
-tier = "1g"
-ssh_user = "root"
-ssh_key_file = "{folder}/.fatpipe/{HOSTS}/ssh/id_ed25519"
-install_packages = false
-private_cidr = "10.{OCTET}.0.0/24"
-rdzv_port = {RDZV_PORT}
-
-{hosts}""")
+    # The sim machines start bare (no firewall yet); the ssh cluster has it on by default.
+    remote_dirs = [f"{folder}/fatpipe/{i}" for i in range(NODES)]
+    (folder / "fatpipe.toml").write_text(rented_sim_toml(folder, HOSTS, RENTED, OCTET, remote_dirs, rdzv_port=RDZV_PORT,
+                                                         sim_extra="firewall = false\n"))
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "COLUMNS": "200", "FATPIPE_SSH_CONTROL_DIR": CONTROL_DIR}
-    env.pop("FATPIPE_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return fatpipe_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
 
 
 def sh(*argv: str, ns: str | None = None, timeout: float = 60) -> subprocess.CompletedProcess:

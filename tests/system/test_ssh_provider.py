@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import free_port
+from .conftest import fatpipe_cli, free_port
 
 pytestmark = pytest.mark.slow
 
@@ -60,11 +60,7 @@ rdzv_port = {free_port()}
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    # ssh's multiplexing sockets need a short path (108 bytes): not below pytest's tmp folder.
-    env = {**os.environ, "COLUMNS": "160", "FATPIPE_SSH_CONTROL_DIR": CONTROL_DIR}
-    env.pop("FATPIPE_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return fatpipe_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout, columns=160)
 
 
 def node_sysctls(netns: str) -> dict[str, str]:
