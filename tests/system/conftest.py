@@ -204,3 +204,19 @@ rdzv_port = {rdzv_port}
 
 {host_tables}
 """
+
+
+# A process that accepts TCP connections on every port given (a stand-in for the rendezvous store
+# and gloo's listeners, whose reachability the firewall tests probe).
+PORT_LISTENER = """\
+import socket, sys, threading
+def serve(port):
+    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    s.bind(("0.0.0.0", port)); s.listen(64)
+    while True:
+        s.accept()[0].close()
+for port in sys.argv[1:]:
+    threading.Thread(target=serve, args=(int(port),), daemon=True).start()
+print("listening", flush=True)
+threading.Event().wait()
+"""

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import PORT_LISTENER as LISTENER
 from .conftest import fatpipe_cli, rented_sim_toml
 
 pytestmark = pytest.mark.slow
@@ -30,18 +31,6 @@ GLOO_PORT = 45123  # a port of the range gloo's pairs listen on (ephemeral)
 INTERNET = f"fwall-inet-{os.getpid()}"  # not fp-*: sweeps of sim namespaces must not take it
 INTERNET_IP, NODE0_OUTSIDE_IP = "198.51.100.2", "198.51.100.1"  # TEST-NET-2: outside private_cidr
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-fw-")
-LISTENER = """\
-import socket, sys, threading
-def serve(port):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", port)); s.listen(64)
-    while True:
-        s.accept()[0].close()
-for port in sys.argv[1:]:
-    threading.Thread(target=serve, args=(int(port),), daemon=True).start()
-print("listening", flush=True)
-threading.Event().wait()
-"""
 
 
 def netns(index: int) -> str:

@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+from .conftest import PORT_LISTENER as LISTENER
+
 TAG = f"fwb{os.getpid() % 100000}"
 NODE, PEER = f"{TAG}-node", f"{TAG}-peer"
 TRUSTED = "10.152.0.0/24"
@@ -26,18 +28,6 @@ if sys.argv[2] == "apply":
     print(json.dumps({"before": fw.snapshot(), "tool": fw.apply({"trusted": [sys.argv[3]]}, [int(sys.argv[4])])}))
 else:
     print(json.dumps({"restored": fw.revert(json.loads(sys.argv[3]))}))
-"""
-LISTENER = """\
-import socket, sys, threading
-def serve(port):
-    s = socket.socket(); s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    s.bind(("0.0.0.0", port)); s.listen(16)
-    while True:
-        s.accept()[0].close()
-for port in sys.argv[1:]:
-    threading.Thread(target=serve, args=(int(port),), daemon=True).start()
-print("listening", flush=True)
-threading.Event().wait()
 """
 CONNECT = """\
 import socket, sys
