@@ -112,15 +112,17 @@ def test_a_link_slowed_mid_run_slows_the_steps_after_it(needs_netns, cluster, re
 
     def slow_down():
         cut_at.append(run.steps_logged())
-        faults.reshape(NAME, CUT_NODE, 0.05)
+        # A tenth of the tier, not less: at 50 Mbit/s under CI load node 1's torchrun agent once
+        # lost its connection to the rendezvous store, which ends a run without restarts.
+        faults.reshape(NAME, CUT_NODE, 0.1)
 
     try:
         summary = check_finished(run, run.inject(slow_down, after_steps=10), reference)
     finally:
         faults.reshape(NAME, CUT_NODE, 1.0)
     assert summary["restarts"] == 0
-    # 1 Gbit/s to 50 Mbit/s: each step moves a few MB, so the sync goes from tens of ms to most
-    # of a second; the step in flight at the cut counts on neither side.
+    # 1 Gbit/s to 100 Mbit/s: each step moves a few MB, so the sync goes from tens of ms to about
+    # half a second; the step in flight at the cut counts on neither side.
     sync = {r["step"]: r["sync_s"] for r in run.metrics()}
     before = statistics.median(s for step, s in sync.items() if step <= cut_at[0])
     after = statistics.median(s for step, s in sync.items() if step > cut_at[0] + 1)
