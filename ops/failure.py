@@ -1,7 +1,8 @@
 """Why a run failed, in one line that names the node and the phase, from what its nodes left in
 the run folder.
 
-In order: the first error of the last attempt that is no consequence of another (ops.rootcause:
+In order: the first error of the last attempt that is no consequence of another, else of the
+newest earlier attempt that has one (ops.rootcause:
 each worker's torchrun error file, and torchrun's report of a worker that exited without one),
 with why a missing file was not copied to an ssh node (ops.notcopied); the trainer's faults.json (each failed attempt with its phase, step and the nodes whose
 ranks never reported the failure: cut off or dead), torchrun's rendezvous errors in the node
@@ -19,7 +20,7 @@ from fatpipe.infra.defaults import FAULTS_FILE
 from .noderun import LaunchResult
 from .notcopied import not_copied_hint
 from .rendezvous import Rendezvous
-from .rootcause import WorkerError, cause_line, first_cause, worker_errors
+from .rootcause import WorkerError, cause_line, run_cause
 from .summary import read_json
 
 # What torchrun's agent raises when the nodes never all meet (or the rendezvous was closed).
@@ -35,11 +36,12 @@ def describe_failure(result: LaunchResult, rdzv: Rendezvous, since: float,
     With `project_root`, a file missing on an ssh node that exists here is explained."""
     if result.ok or result.interrupted or result.timed_out:
         return None
-    errors = worker_errors(Path(result.run_dir), [n.name for n in rdzv.nodes])
-    cause = first_cause(errors)
+    cause, errors, attempt = run_cause(Path(result.run_dir), [n.name for n in rdzv.nodes])
     if cause:
         hint = _missing_file_hint(cause, rdzv, project_root)
-        return cause_line(cause, errors) + (f"; {hint}" if hint else "")
+        when = (f" (attempt {attempt + 1} of {rdzv.max_restarts + 1}; the restarts after it "
+                "ended in connection errors only)" if attempt is not None else "")
+        return cause_line(cause, errors, when) + (f"; {hint}" if hint else "")
     failure = last_failure(Path(result.run_dir), since)
     if failure:
         return _trainer_failure(failure, rdzv)

@@ -65,17 +65,14 @@ class WorkerError:
         return f"{self.type}: {self.text}" if self.text else self.type
 
 
-def last_attempt_files(run_dir: Path, rank: int) -> list[Path]:
-    """The error files of a node's last attempt: torchrun's newest run folder, highest attempt."""
+def attempt_files(run_dir: Path, rank: int) -> dict[int, list[Path]]:
+    """A node's error files by attempt number, from torchrun's newest run folder of the node."""
     base = Path(run_dir) / TORCHRUN_DIR / f"node-{rank}"
     sessions = sorted((p for p in base.glob("*") if p.is_dir()), key=lambda p: p.stat().st_mtime)
     if not sessions:
-        return []
-    attempts = [p for p in sessions[-1].glob("attempt_*") if p.name.rpartition("_")[2].isdigit()]
-    if not attempts:
-        return []
-    last = max(attempts, key=lambda p: int(p.name.rpartition("_")[2]))
-    return sorted(last.glob("*/error.json"))
+        return {}
+    return {int(p.name.rpartition("_")[2]): sorted(p.glob("*/error.json"))
+            for p in sessions[-1].glob("attempt_*") if p.name.rpartition("_")[2].isdigit()}
 
 
 def read_error_file(path: Path, node: str) -> WorkerError | None:
@@ -111,17 +108,38 @@ def exits_in_log(log: str, node: str) -> list[WorkerError]:
     return found
 
 
-def worker_errors(run_dir: Path, node_names: list[str]) -> list[WorkerError]:
-    """Every worker failure of the run's last attempt, node by node (rank = node index)."""
+def worker_errors(run_dir: Path, node_names: list[str], attempt: int | None = None) -> list[WorkerError]:
+    """Every worker failure of one attempt (default: each node's last), node by node (rank =
+    node index); torchrun's report in the log, which names exits without a file, is the last's."""
     errors: list[WorkerError] = []
     for rank, node in enumerate(node_names):
-        errors += [e for e in (read_error_file(p, node) for p in last_attempt_files(run_dir, rank)) if e]
-        try:
-            log = (Path(run_dir) / f"node-{rank}.log").read_text(errors="replace")
-        except OSError:
-            log = ""
-        errors += exits_in_log(log, node)
+        files = attempt_files(run_dir, rank)
+        chosen = attempt if attempt is not None else max(files, default=None)
+        errors += [e for e in (read_error_file(p, node) for p in files.get(chosen, [])) if e]
+        if attempt is None:
+            try:
+                log = (Path(run_dir) / f"node-{rank}.log").read_text(errors="replace")
+            except OSError:
+                log = ""
+            errors += exits_in_log(log, node)
     return errors
+
+
+def run_cause(run_dir: Path, node_names: list[str]) -> tuple[WorkerError | None, list[WorkerError], int | None]:
+    """The cause of a failed run: the last attempt's, else (its workers saw only the connection
+    errors a restart that cannot meet gives) the newest earlier attempt's; with that attempt's
+    number when it was not the last, since restarts repeat a script's own error or hide it."""
+    errors = worker_errors(run_dir, node_names)
+    cause = first_cause(errors)
+    if cause:
+        return cause, errors, None
+    seen = sorted({a for rank in range(len(node_names)) for a in attempt_files(run_dir, rank)})
+    for attempt in reversed(seen[:-1]):
+        earlier = worker_errors(run_dir, node_names, attempt)
+        cause = first_cause(earlier)
+        if cause:
+            return cause, earlier, attempt
+    return None, errors, None
 
 
 def first_cause(errors: list[WorkerError]) -> WorkerError | None:
@@ -134,9 +152,10 @@ def first_cause(errors: list[WorkerError]) -> WorkerError | None:
     return min(exited, key=order) if exited else None
 
 
-def cause_line(cause: WorkerError, errors: list[WorkerError]) -> str:
-    """`rank 1 on n-1 failed first: ValueError: ...`, with what the other ranks did after it."""
-    line = f"{cause.who()} failed first: {cause.what()}"
+def cause_line(cause: WorkerError, errors: list[WorkerError], when: str = "") -> str:
+    """`rank 1 on n-1 failed first: ValueError: ...`, with what the other ranks did after it;
+    `when` (e.g. which attempt) follows "first"."""
+    line = f"{cause.who()} failed first{when}: {cause.what()}"
     others = [e for e in errors if e is not cause and not e.consequence and (e.type or (e.exitcode or 0) > 0)]
     if others:
         line += f"; {len(others)} other rank(s) failed too ({', '.join(sorted({e.node for e in others}))})"

@@ -106,3 +106,22 @@ def test_node_0s_progress_is_read_back():
     assert parse_progress(done) == {"last_step": 9, "final_loss": 4.1, "summary": {"steps": 9, "final_loss": 4.1},
                                     "state": "0"}
     assert parse_progress("ssh: connect to host refused") is None
+
+
+def test_a_script_error_hidden_by_the_restarts_after_it_is_still_named(tmp_path):
+    # Attempt 0: rank 0 raised its own error; attempts 1 and 2 (restarts) only met connection
+    # errors, and torchrun's last word was the rendezvous closing: the line names attempt 0's.
+    error_file(tmp_path, 0, 0, 0, "ValueError", "DistributedDataParallel device_ids ...", 5.0)
+    error_file(tmp_path, 1, 0, 1, "RuntimeError", "Gloo connectFullMesh failed ... Connection refused", 4.0)
+    for attempt in (1, 2):
+        for node in (0, 1):
+            error_file(tmp_path, node, attempt, node, "RuntimeError",
+                       "Gloo connectFullMesh failed ... Connection closed by peer", 10.0 + attempt)
+    (tmp_path / "node-0.log").write_text("torch.distributed.elastic.rendezvous.api.RendezvousClosedError\n")
+    assert first_cause(worker_errors(tmp_path, ["n-0", "n-1"])) is None
+    rdzv = rendezvous()
+    rdzv.max_restarts = 2
+    assert describe_failure(failed(tmp_path), rdzv, 0) == (
+        "rank 0 on n-0 failed first (attempt 1 of 3; the restarts after it ended in connection "
+        "errors only): ValueError: DistributedDataParallel device_ids ...; the connection errors on "
+        "n-1 followed from it")
