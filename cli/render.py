@@ -8,6 +8,8 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from rich.markup import escape
+
 from fatpipe.ops.netgate import fmt_size, link_cell, link_matrix
 
 PHASES = ("synth", "deploy", "wait", "netcheck", "data", "rendezvous", "launch", "summary")
@@ -38,7 +40,7 @@ class Phases:
 
     def header(self, name: str, what: str) -> None:
         step = f"[{PHASES.index(name) + 1}/{len(PHASES)}] " if name in PHASES else ""
-        self.out.rule(f"[bold]{step}{name}[/]: {what}", align="left")
+        self.out.rule(f"[bold]{step}{name}[/]: {escape(what)}", align="left")
 
     def run(self, name: str, what: str, fn, spinner: bool = True):
         phase = self.get(name)
@@ -62,10 +64,11 @@ class Phases:
     def skip(self, name: str, why: str) -> None:
         phase = self.get(name)
         phase.state, phase.note = "skipped", why
-        self.out.print(f"[dim][skip] {name}: {why}[/]")
+        self.out.print(f"[skip] {name}: {why}", style="dim", markup=False, highlight=False)
 
     def table(self):
         from rich.table import Table
+        from rich.text import Text
 
         table = Table(title="time per phase", title_justify="left")
         table.add_column("phase")
@@ -73,8 +76,8 @@ class Phases:
         table.add_column("seconds", justify="right")
         table.add_column("note")
         style = {"done": "green", "skipped": "dim", "failed": "red", "not run": "dim"}
-        for p in self.phases:
-            table.add_row(p.name, f"[{style[p.state]}]{p.state}[/]", f"{p.seconds:.1f}", p.note)
+        for p in self.phases:  # a note quotes keys and errors ("[data]", gloo's "[/pytorch/..]")
+            table.add_row(p.name, f"[{style[p.state]}]{p.state}[/]", f"{p.seconds:.1f}", Text(p.note))
         table.add_row("total", "", f"{sum(p.seconds for p in self.phases):.1f}", "")
         return table
 

@@ -81,3 +81,22 @@ def test_declared_sysctls_come_from_the_tier():
     outputs = parse_outputs({"name": "c", "provider": "sim", "tier_gbps": 10, "private_cidr": "10.42.0.0/24",
                              "nodes": [{"name": "c-0", "private_ip": "127.0.0.10", "transport": "local"}]})
     assert declared_sysctls(outputs) == tier_profile("10g").sysctls
+
+
+def test_phase_notes_are_shown_as_written_not_read_as_markup():
+    import io
+
+    from rich.console import Console
+
+    from fatpipe.cli.render import Phases
+
+    buffer = io.StringIO()
+    out = Console(file=buffer, width=200, color_system=None)
+    phases = Phases(out)
+    phases.skip("data", "no [data] declared")
+    phases.get("launch").state, phases.get("launch").note = "failed", "gloo [/pytorch/gloo/pair.cc:553] closed"
+    out.print(phases.table())
+    text = buffer.getvalue()
+    assert "[skip] data: no [data] declared" in text
+    assert "no [data] declared" in text.split("time per phase")[1]
+    assert "[/pytorch/gloo/pair.cc:553]" in text
