@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import click
+from rich.markup import escape
 
 from .options import cluster_argument, console, pass_project
 
@@ -39,7 +40,7 @@ def config(project, cluster: str | None, as_json: bool):
         out.print(_table(f"cluster {c.name}", c.model_dump(mode="json")))
     out.print(_table("train", project.train.model_dump(mode="json")))
     for warning in warnings:
-        out.print(f"[yellow]warning[/]: {warning}", highlight=False)
+        out.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
 
 
 def _table(title: str, values: dict):

@@ -11,6 +11,7 @@ import importlib
 import sys
 
 import click
+from rich.markup import escape
 
 from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
 from .render import note
@@ -109,7 +110,7 @@ def verify(project, cluster, outputs_file, remote_python):
     verdicts = check_data(project, outputs, manifest, remote_python)
     for v in verdicts:
         if v.problem:
-            out.print(f"[red]{v.node}[/]: {v.problem}", markup=True, highlight=False)
+            out.print(f"[red]{v.node}[/]: {escape(v.problem)}", markup=True, highlight=False)
         else:
             out.print(f"[green]{v.node}[/]: {manifest['path']} matches ({manifest['fingerprint'][:12]})")
     bad = [v.node for v in verdicts if v.problem]

@@ -8,6 +8,7 @@ import os
 from typing import Literal, get_args, get_origin
 
 import click
+from rich.markup import escape
 
 from fatpipe.infra.defaults import DEFAULT_ENGINE, ENGINES, JOIN_TIMEOUT_S, MAX_RESTARTS
 from fatpipe.infra.errors import ConfigError
@@ -183,5 +184,5 @@ def resolve_train(project, overrides: dict):
             raise ConfigError(messages[0]) from None
         raise ConfigError(error_report("train settings", messages)) from None
     for warning in train_warnings(spec):
-        console(stderr=True).print(f"[yellow]warning[/]: {warning}", highlight=False)
+        console(stderr=True).print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
     return spec

@@ -78,7 +78,7 @@ def plan(project, **opts):
     ranked = planner.plan(job, acc, traffic, cands, by, bool(opts["auto_periodic"]))
     written = _write(project, opts["write_name"], ranked) if opts["write_name"] else None
     if written and not opts["as_json"]:
-        console(stderr=True).print(f"wrote [clusters.{written['cluster']}] to {written['path']}: "
+        console(stderr=True).print(f"wrote \\[clusters.{written['cluster']}] to {written['path']}: "
                                    f"{written['provider']} {written['machine']} x "
                                    f"{written['nodes']}, tier {written['tier']}")
     ranked = ranked[: opts["top"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 import click
+from rich.markup import escape
 
 from .options import cluster_argument, console, pass_project
 from .steps import node_gone
@@ -99,7 +100,7 @@ def _print(doc: dict) -> None:
         out.print(table)
     run = doc["run"]
     if not run:
-        out.print(f"[red]{doc['run_error']}[/]" if doc.get("run_error") else "no runs yet", highlight=False)
+        out.print(f"[red]{escape(doc['run_error'])}[/]" if doc.get("run_error") else "no runs yet", highlight=False)
         return
     states = ", ".join(f"{name}: {_state(s)}" for name, s in run["nodes"].items())
     out.print(f"latest run [bold]{run['id']}[/]: {states}")
