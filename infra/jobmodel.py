@@ -87,6 +87,7 @@ class Job:
     params: int
     tokens: int  # to train on, in all
     tokens_per_step: int = DEFAULT_TOKENS_PER_STEP  # global batch, shared by every node
+    warmup_steps: int | None = None  # LR warm-up (PowerSGD sends plain until then); None: the trainer's
 
     def __post_init__(self):
         for name in ("params", "tokens", "tokens_per_step"):

@@ -140,7 +140,8 @@ def predict(job: Job, accel: Accelerator, traffic: ModelTraffic, cand: Candidate
     grads = GradTraffic(grad_bytes, max(1, math.ceil(grad_bytes / (_DEFAULTS.bucket_cap_mb * MiB))),
                         traffic.powersgd_bytes,
                         powersgd_buckets=1 if accel.gpus == 0 else None)  # gloo: one bucket
-    cost = HookCost({}, {"powersgd": max(2, _DEFAULTS.warmup_steps)}, job.steps)
+    warmup = _DEFAULTS.warmup_steps if job.warmup_steps is None else job.warmup_steps
+    cost = HookCost({}, {"powersgd": max(2, warmup)}, job.steps)
     decision = choose_comm(measured, compute_s, 1, grads, n, hooks=HOOK_NAMES + PERIODIC_NAMES,
                            cost=cost, auto_periodic=auto_periodic)
     chosen = decision.predicted[decision.comm]
