@@ -101,12 +101,15 @@ def scaled_rate(args, nodes: int, tier: str, compute_s: float, sim_params: int) 
     return TIER_GBPS[tier] * sim_params / model_traffic("124m").params * target_s / compute_s
 
 
-def predict_sim(args, nodes: int, tier: str, rate_gbps: float, compute_s: float):
+def predict_sim(args, nodes: int, tier: str, rate_gbps: float, compute_s: float, probe: dict | None = None):
     """`fatpipe plan`'s prediction for the sim job: ops.plan.predict on a machine whose baseline
-    is the scaled link and an accelerator whose tokens/s is the compute measured here."""
+    is the scaled link and an accelerator whose tokens/s is the compute measured here; with
+    `probe` (the link comm=auto measured) on that link instead, as `fatpipe plan` plans a
+    declared cluster whose netcheck measured its link."""
     from fatpipe.infra.catalog import MachineType
     from fatpipe.infra.jobmodel import REFERENCE_PARAMS, Accelerator, Job
     from fatpipe.ops.plan import Candidate, predict
+    from fatpipe.trainer.autocomm import LinkEstimate
 
     traffic = sim_traffic(args.seq_len)
     per_rank = args.batch_size * args.seq_len
@@ -114,7 +117,11 @@ def predict_sim(args, nodes: int, tier: str, rate_gbps: float, compute_s: float)
                         "measured here (seed_table.calibrate)", gpus=0)  # gloo, as the sim runs
     job = Job(traffic.params, args.steps * nodes * per_rank, nodes * per_rank, args.warmup_steps)
     machine = MachineType(f"sim {rate_gbps * 1e3:.1f} Mbit/s", rate_gbps, rate_gbps, 0, 0.0)
-    return predict(job, accel, traffic, Candidate("sim", machine, tier, nodes))
+    link = None
+    if probe:
+        link = LinkEstimate(float(probe["busbw_gbps"]), float(probe.get("latency_s", 0.0)),
+                            "probe", dict(probe.get("half_rate") or {}))
+    return predict(job, accel, traffic, Candidate("sim", machine, tier, nodes, measured=link))
 
 
 def check(root: Path, args, train: list[str], nodes: int, tier: str) -> dict:
@@ -154,13 +161,18 @@ def compare(args, raw: dict) -> dict:
     the run only sets the link scale). So the prediction is made twice: on the compute the run
     itself spent per step (its step less its exposed communication: this isolates what the
     plan adds, the link, the method and its exposed share), and on the compute comm=auto
-    measured at the run's start (forward and backward, nothing sent), as a user's own figure.
+    measured at the run's start (forward and backward, nothing sent), as a user's own figure;
+    and a third time on the in-run compute and the link comm=auto's probe measured (bandwidth
+    and latency), as `fatpipe plan` plans a cluster whose netcheck measured it.
     """
     measured = measure(raw["records"])
-    start_s = (raw["decision"] or {}).get("compute_s") or raw["calibrated_compute_s"]
+    decision = raw["decision"] or {}
+    start_s = decision.get("compute_s") or raw["calibrated_compute_s"]
     rows = {}
-    for key, compute_s in (("predicted", measured["compute_s"]), ("predicted_at_start", start_s)):
-        plan = predict_sim(args, raw["nodes"], raw["tier"], raw["sim_rate_gbps"], compute_s)
+    for key, compute_s, probe in (("predicted", measured["compute_s"], None),
+                                  ("predicted_on_probe", measured["compute_s"], decision.get("link")),
+                                  ("predicted_at_start", start_s, None)):
+        plan = predict_sim(args, raw["nodes"], raw["tier"], raw["sim_rate_gbps"], compute_s, probe)
         rows[key] = {"method": plan.method, "step_s": plan.step_s, "share": plan.exposed_share,
                      "compute_s": plan.compute_s, "link_gbps": plan.link.gbps, "reason": plan.reason,
                      "step_error": plan.step_s / measured["step_s"] - 1}
@@ -186,20 +198,23 @@ def row_line(r: dict) -> str:
             f"{p['share']:.0%} exposed; run {m['step_s'] * 1e3:.0f} ms "
             f"{m['share']:.0%} exposed, {r['method']}; step error {r['step_error']:+.1%} "
             f"(on auto's start-of-run compute {r['predicted_at_start']['compute_s'] * 1e3:.0f} ms: "
-            f"{r['predicted_at_start']['method']}, {r['predicted_at_start']['step_error']:+.1%})")
+            f"{r['predicted_at_start']['method']}, {r['predicted_at_start']['step_error']:+.1%}; on the "
+            f"probed link: {r['predicted_on_probe']['method']}, {r['predicted_on_probe']['step_error']:+.1%})")
 
 
 def table(rows: list[dict]) -> str:
     lines = ["| nodes | tier (sim rate) | compute in run | plan: method, step, exposed | run: method, "
-             "step, exposed | step error | within 15% | on start-of-run compute: method, error |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "step, exposed | step error | within 15% | on the probed link: method, step, error "
+             "| on start-of-run compute: method, error |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        p, m = r["predicted"], r["measured"]
+        p, m, q = r["predicted"], r["measured"], r["predicted_on_probe"]
         lines.append(
             f"| {r['nodes']} | {r['tier']} ({r['sim_rate_gbps'] * 1e3:.0f} Mbit/s) | "
             f"{m['compute_s'] * 1e3:.0f} ms | {p['method']}, "
             f"{p['step_s'] * 1e3:.0f} ms, {p['share']:.0%} | {r['method']}, {m['step_s'] * 1e3:.0f} ms, "
             f"{m['share']:.0%} | {r['step_error']:+.1%} | {'yes' if abs(r['step_error']) <= GOAL else 'no'} | "
+            f"{q['method']}, {q['step_s'] * 1e3:.0f} ms, {q['step_error']:+.1%} | "
             f"{r['predicted_at_start']['method']} ({r['predicted_at_start']['compute_s'] * 1e3:.0f} ms), "
             f"{r['predicted_at_start']['step_error']:+.1%} |")
     return "\n".join(lines)
