@@ -9,9 +9,11 @@ is `ops.plan.predict`, the code `fatpipe plan` runs, for the same job: the sim's
 exact shapes), its measured compute, the scaled link as the machine's baseline, the same node
 count, steps and warm-up. Per configuration it prints the predicted and measured mean step,
 exposed share and method, and the step's error (goal: within 15%); writes
-bench/results/plan_check.json. Needs root (network namespaces, tc) and terraform.
+bench/results/plan_check.json (with every run's per-step records, so `--from-json` redoes the
+comparison without running anything). Needs root (network namespaces, tc) and terraform.
 
     sudo .venv/bin/python bench/plan_check.py [--steps 30]
+    .venv/bin/python bench/plan_check.py --from-json bench/results/plan_check.json
 """
 
 from __future__ import annotations
@@ -50,9 +52,9 @@ def main() -> int:
     if args.from_json:
         doc = json.loads(args.from_json.read_text())
         vars(args).update(doc["args"])
-        rows = [compare(args, row) for row in doc["rows"]]
-        print("\n".join(row_line(r) for r in rows) + "\n" + table(rows))
-        return 0
+        doc["rows"] = [compare(args, row) for row in doc["rows"]]
+        print("\n".join(row_line(r) for r in doc["rows"]) + "\n" + table(doc["rows"]))
+        return write(doc, Path(args.out))
     if os.geteuid() != 0 or not shutil.which("terraform"):
         print("needs root (network namespaces, tc) and terraform on PATH")
         return 0
@@ -74,7 +76,10 @@ def main() -> int:
            "host": host(), "args": {k: getattr(args, k) for k in ("steps", "batch_size", "seq_len",
                                                                  "warmup_steps", "target")},
            "rows": rows}
-    out = Path(args.out)
+    return write(doc, Path(args.out))
+
+
+def write(doc: dict, out: Path) -> int:
     out.mkdir(parents=True, exist_ok=True)
     (out / "plan_check.json").write_text(json.dumps(doc, indent=2) + "\n")
     print(f"wrote {out / 'plan_check.json'}")
@@ -165,7 +170,8 @@ def compare(args, raw: dict) -> dict:
     and a third time on the in-run compute and the link comm=auto's probe measured (bandwidth
     and latency), as `fatpipe plan` plans a cluster whose netcheck measured it.
     """
-    measured = measure(raw["records"])
+    plain = max(2, args.warmup_steps) if raw["method"] == "powersgd" else 0  # as the trainer's
+    measured = measure(raw["records"], plain)
     decision = raw["decision"] or {}
     start_s = decision.get("compute_s") or raw["calibrated_compute_s"]
     rows = {}
@@ -180,15 +186,16 @@ def compare(args, raw: dict) -> dict:
             "share_error": rows["predicted"]["share"] - measured["share"]}
 
 
-def measure(records: list[dict]) -> dict:
-    """The run's mean step (the first, which builds buckets and warms caches, left out), the
-    share of it communication left exposed, and the compute (and hook) the rest of it was."""
-    steady = records[1:] or records
-    total = sum(r["step_s"] for r in steady)
-    exposed = sum(r["exposed_comm_s"] for r in steady)
-    return {"step_s": total / len(steady), "share": exposed / total,
-            "compute_s": (total - exposed) / len(steady),
-            "step_s_p50": statistics.median(r["step_s"] for r in steady), "steps": len(steady)}
+def measure(records: list[dict], plain_steps: int = 0) -> dict:
+    """The run's mean step over all its steps (the plan predicts the whole job's), the compute
+    (and hook) the rest of each step was, and the share communication left exposed once the
+    method runs (after PowerSGD's `plain_steps`), as the plan's exposed share counts it."""
+    total = sum(r["step_s"] for r in records)
+    exposed = sum(r["exposed_comm_s"] for r in records)
+    after = records[plain_steps:] or records
+    return {"step_s": total / len(records), "compute_s": (total - exposed) / len(records),
+            "share": sum(r["exposed_comm_s"] for r in after) / sum(r["step_s"] for r in after),
+            "step_s_p50": statistics.median(r["step_s"] for r in records), "steps": len(records)}
 
 
 def row_line(r: dict) -> str:
