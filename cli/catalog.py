@@ -1,4 +1,4 @@
-"""`fatpipe catalog PROVIDER`: the machine catalog in use; for AWS, refresh it from the EC2 API."""
+"""`fatpipe catalog PROVIDER`: the machine catalog in use; refresh it from the provider's API (EC2, DigitalOcean sizes)."""
 
 from __future__ import annotations
 
