@@ -177,12 +177,12 @@ def fatpipe(root: Path, *args: str, timeout: float = 1200) -> subprocess.Complet
                           env={**os.environ, "NO_COLOR": "1", "COLUMNS": "200"})
 
 
-def calibrate(root: Path, train: list[str]) -> float:
-    """Seconds of one step's compute with 4 ranks on this machine and nothing sent: local SGD
-    whose only sync is the last step's; the median of the other steps."""
-    out = root / "calibrate"
+def calibrate(root: Path, train: list[str], nodes: int = NODES) -> float:
+    """Seconds of one step's compute with `nodes` ranks on this machine and nothing sent: local
+    SGD whose only sync is the last step's; the median of the other steps."""
+    out = root / f"calibrate-{nodes}"
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
-           str(NODES), "-m", "fatpipe.trainer", *train, "--comm", "localsgd", "--sync-every",
+           str(nodes), "-m", "fatpipe.trainer", *train, "--comm", "localsgd", "--sync-every",
            "100000", "--out", str(out)]
     done = subprocess.run(cmd, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1",
@@ -195,15 +195,16 @@ def calibrate(root: Path, train: list[str]) -> float:
 
 
 def run_config(root: Path, label: str, tier: str, rates: dict, train: list[str],
-               reshape_node) -> dict:
-    for i in range(NODES):
-        reshape_node(CLUSTER, i, rates[tier])
+               reshape_node, cluster: str = CLUSTER, nodes: int = NODES) -> dict:
+    """Launch `train` on the deployed sim `cluster` with every link at `rates[tier]`."""
+    for i in range(nodes):
+        reshape_node(cluster, i, rates[tier])
     extra = ["--no-redecide"] if _has_train_key("redecide") else []
-    done = fatpipe(root, "launch", CLUSTER, *train, *extra, "--max-restarts", "0",
+    done = fatpipe(root, "launch", cluster, *train, *extra, "--max-restarts", "0",
                    "--timeout", "1100")
     if done.returncode:
         raise SystemExit(f"{label}: launch failed:\n{done.stdout[-4000:]}")
-    runs = root / ".fatpipe" / CLUSTER / "runs"
+    runs = root / ".fatpipe" / cluster / "runs"
     run_dir = runs / (runs / "latest").read_text().strip()
     records = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     summary = json.loads((run_dir / "summary.json").read_text())

@@ -1,4 +1,4 @@
-"""`fatpipe catalog PROVIDER`: the machine catalog in use; for AWS, refresh it from the EC2 API."""
+"""`fatpipe catalog PROVIDER`: the machine catalog in use; refresh it from the provider's API (EC2, DigitalOcean sizes)."""
 
 from __future__ import annotations
 
@@ -11,28 +11,54 @@ from .options import console, pass_project
 
 @click.command()
 @click.argument("provider", type=click.Choice(["aws", "digitalocean"]))
-@click.option("--region", help="AWS: refresh the catalog for this region from DescribeInstanceTypes.")
+@click.option("--region", help="Refresh the catalog for this region (AWS: required to refresh).")
+@click.option("--types", "types", metavar="T1,T2", default="", help="Refresh only these types.")
+@click.option("--families", metavar="F1,F2", default="", help="Refresh only these families (c7gn, m7i, ...).")
 @click.option("--offline", is_flag=True, help="Only show the catalog in use; call no API.")
 @click.option("--top", type=int, default=3, show_default=True, help="Types shown per tier.")
 @pass_project
-def catalog(project, provider: str, region: str | None, offline: bool, top: int):
+def catalog(project, provider: str, region: str | None, types: str, families: str, offline: bool, top: int):
     """Show the cheapest machine types per tier (judged on baseline bandwidth).
 
-    With `aws --region R` it first refreshes the catalog from the EC2 API (boto3, your AWS
-    credentials) into .fatpipe/catalog/aws-R.json, which then takes precedence for R.
+    `aws --region R` first refreshes the catalog from DescribeInstanceTypes (boto3, your AWS
+    credentials) into .fatpipe/catalog/aws-R.json; `digitalocean` from the sizes API when
+    DIGITALOCEAN_TOKEN is set (into digitalocean.json, or digitalocean-R.json with --region).
+    A refreshed catalog takes precedence; the lines it prints say what changed.
     """
     from fatpipe.infra.catalog import load_catalog
     from fatpipe.infra.spec import TIER_GBPS
     from fatpipe.stacks.providers import provider_for
 
     out = console()
-    if region and not offline:
-        path = provider_for(provider).refresh_catalog(region, project.root)
-        out.print(f"refreshed: {os.path.relpath(path)}")
+    wanted = _names(types), _names(families)
+    if _should_refresh(provider, region, offline, any(wanted)):
+        path, changed = provider_for(provider).refresh_catalog(region, project.root, *wanted)
+        out.print(f"refreshed: {os.path.relpath(path)} ({len(changed) or 'no'} change(s))", soft_wrap=True)
+        for line in changed:
+            out.print(f"  {line}", soft_wrap=True, markup=False)
     found = load_catalog(provider, region, project.root)
     out.print(f"[bold]{found.label()}[/]", soft_wrap=True)
     out.print(_table(found, TIER_GBPS, top))
     out.print("[dim]Gbit/s: baseline (sustained) bandwidth; burst: the ceiling on network credits[/]")
+
+
+def _names(text: str) -> tuple[str, ...]:
+    return tuple(name.strip() for name in text.split(",") if name.strip())
+
+
+def _should_refresh(provider: str, region: str | None, offline: bool, filtered: bool) -> bool:
+    """AWS refreshes for a named region; DigitalOcean whenever its token is in the environment."""
+    if offline:
+        return False
+    if provider == "aws":
+        if filtered and not region:
+            raise click.UsageError("--types/--families refresh a region's catalog: add --region")
+        return bool(region)
+    from fatpipe.stacks.providers.digitalocean_api import TOKEN_ENVS
+
+    if filtered and not any(os.environ.get(name) for name in TOKEN_ENVS):
+        raise click.UsageError("--types/--families refresh from the sizes API: set DIGITALOCEAN_TOKEN")
+    return any(os.environ.get(name) for name in TOKEN_ENVS)
 
 
 def _table(found, tiers: dict[str, int], top: int):

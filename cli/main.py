@@ -16,7 +16,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --he
     "init": ("fatpipe.cli.init:init", "Write a commented fatpipe.toml."),
     "config": ("fatpipe.cli.config:config", "Show the resolved cluster and train settings."),
     "synth": ("fatpipe.cli.synth:synth", "Write each cluster's Terraform JSON; show machines and $/hour."),
-    "catalog": ("fatpipe.cli.catalog:catalog", "Cheapest machine types per tier; refresh AWS's from EC2."),
+    "catalog": ("fatpipe.cli.catalog:catalog", "Cheapest machine types per tier; refresh them from the provider's API."),
     "plan": ("fatpipe.cli.plan:plan", "Rank machine types, tiers and node counts for a job by time or cost."),
     "deploy": ("fatpipe.cli.deploy:deploy", "Create the cluster's nodes and write its outputs."),
     "wait": ("fatpipe.cli.wait:wait", "Wait until every node is reachable, booted and tuned."),

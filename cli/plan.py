@@ -40,6 +40,9 @@ def parse_nodes(text: str) -> range:
               help="Tiers to consider (repeatable; default: all).")
 @click.option("--link", "links", multiple=True, type=float,
               help="Also plan nodes outside the catalogs with this link in Gbit/s (repeatable).")
+@click.option("--span", type=click.Choice(["region", "regions", "internet"]), default="region",
+              show_default=True, help="Where the nodes are: one region, several, or reached over the internet "
+              "(AWS caps egress out of a region).")
 @click.option("--nodes", default="2-8", show_default=True, help="Node count or range, e.g. 8 or 2-8.")
 @click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True)
 @click.option("--top", type=int, default=3, show_default=True, help="Rows shown, best first.")
@@ -68,7 +71,7 @@ def plan(project, **opts):
     # --link alone plans those links; the catalogs join when a --catalog names them.
     providers = opts["providers"] or (() if opts["links"] else planner.PROVIDERS)
     cands = planner.candidates(acc, count, providers,
-                               opts["tiers"] or ("1g", "10g", "25g"), project.root)
+                               opts["tiers"] or ("1g", "10g", "25g"), project.root, opts["span"])
     cands += planner.link_candidates(list(opts["links"]), count) + measured_candidates(project)
     if not cands:
         need = "a GPU" if acc.gpus else "no GPU"

@@ -2,8 +2,10 @@
 
 Offline catalogs ship beside this file (`aws_catalog.json`, `digitalocean_catalog.json`,
 each with its date and source). A provider whose API lists its types refreshes its catalog
-into `.fatpipe/catalog/<provider>-<region>.json` (`fatpipe catalog aws --region R`), which then
-takes precedence for that region; prices always come from the offline table.
+into `.fatpipe/catalog/<provider>-<region>.json` (`fatpipe catalog aws --region R`), or
+`<provider>.json` when the API's answer holds every region (`fatpipe catalog digitalocean`),
+which then takes precedence; prices come from the file's own dated, sourced price block (a
+refresh keeps the offline table's, or takes the provider API's own), else the offline table.
 """
 
 from __future__ import annotations
@@ -63,6 +65,7 @@ class Catalog:
     path: Path
     per_node_extras: dict[str, float]  # USD/h each node costs besides its type (public IPv4, ...)
     refreshable: bool = False  # the provider's API can refresh it (`fatpipe catalog P --region R`)
+    prices_region: str | None = None  # where the prices hold; None: everywhere
 
     def qualifying(self, gbps: float, gpus: int = 0) -> list[MachineType]:
         """Types able to run the trainer whose baseline reaches `gbps`, cheapest first."""
@@ -76,8 +79,7 @@ class Catalog:
         return sorted(found, key=lambda t: (t.price_hourly, t.name))
 
     def offline_prices_label(self) -> str:
-        offline = _read(offline_path(self.provider)).get("prices", {})
-        where = f" {offline['region']}" if offline.get("region") else ""
+        where = f" {self.prices_region}" if self.prices_region else ""
         return f"{self.provider}{where} on-demand prices of {self.prices_date}"
 
     def label(self) -> str:
@@ -108,6 +110,11 @@ def _read(path: Path) -> dict:
         raise ConfigError(f"cannot read machine catalog {path}: {e}") from None
 
 
+def catalog_file(path: Path) -> dict:
+    """A catalog file as written (cached; never modify the result)."""
+    return _read(path)
+
+
 def clear_cache() -> None:
     """Forget catalog files read so far (after a refresh rewrote one)."""
     _read.cache_clear()
@@ -117,19 +124,23 @@ def offline_path(provider: str) -> Path:
     return HERE / f"{provider}_catalog.json"
 
 
-def refreshed_path(root: Path, provider: str, region: str) -> Path:
-    """Where `fatpipe catalog` writes a refreshed catalog inside a project."""
-    return Path(root) / ".fatpipe" / "catalog" / f"{provider}-{region}.json"
+def refreshed_path(root: Path, provider: str, region: str | None) -> Path:
+    """Where `fatpipe catalog` writes a refreshed catalog inside a project (region None: one
+    file for every region)."""
+    return Path(root) / ".fatpipe" / "catalog" / (f"{provider}-{region}.json" if region else f"{provider}.json")
 
 
 def load_catalog(provider: str, region: str | None = None, root: Path | None = None) -> Catalog:
-    """The project's refreshed catalog for `region` when there is one, else the offline one."""
+    """The project's refreshed catalog for `region` (else for every region) when there is one,
+    else the offline one."""
     offline = _read(offline_path(provider))
     path = offline_path(provider)
-    if root is not None and region is not None and refreshed_path(root, provider, region).is_file():
-        path = refreshed_path(root, provider, region)
+    if root is not None:
+        found = [p for p in (refreshed_path(root, provider, region), refreshed_path(root, provider, None))
+                 if p.is_file()]
+        path = found[0] if found else path
     data = _read(path)
-    prices = offline.get("prices", {})
+    prices = data.get("prices") or offline.get("prices", {})
     hourly = prices.get("hourly", {})
     basis = offline.get("bandwidth_basis", "baseline")
     types = {name: _machine(name, raw, hourly, basis) for name, raw in data["types"].items()}
@@ -137,7 +148,7 @@ def load_catalog(provider: str, region: str | None = None, root: Path | None = N
         provider=provider, date=data["date"], source=data["source"], region=data.get("region"),
         prices_date=prices.get("date", "?"),
         types=types, path=path, per_node_extras=dict(prices.get("per_node_extras", {})),
-        refreshable=bool(offline.get("refreshable")),
+        refreshable=bool(offline.get("refreshable")), prices_region=prices.get("region"),
     )
 
 

@@ -6,7 +6,8 @@ Pure arithmetic on published figures, before anything is deployed:
   count (training compute ~ 6 x params x tokens, so tokens/s ~ 1 / params);
 - the link: a machine type's **baseline** bandwidth from its catalog (never the burst), capped
   by what the planned flows can carry (AWS caps one TCP flow; gloo opens one flow per peer,
-  NCCL's socket transport as many as the tier's profile sets);
+  NCCL's socket transport as many as the tier's profile sets) and, for nodes in different
+  regions or reached over the internet, by the provider's egress cap;
 - the traffic: a ring all-reduce of the gradient sends 2 x (N-1)/N x bytes per node.
 
 The comm method, its exposed share and the step time come from the trainer's own comm=auto
@@ -87,6 +88,7 @@ class Job:
     params: int
     tokens: int  # to train on, in all
     tokens_per_step: int = DEFAULT_TOKENS_PER_STEP  # global batch, shared by every node
+    warmup_steps: int | None = None  # LR warm-up (PowerSGD sends plain until then); None: the trainer's
 
     def __post_init__(self):
         for name in ("params", "tokens", "tokens_per_step"):
@@ -121,11 +123,33 @@ def ring_allreduce_bytes(grad_bytes: int, nodes: int) -> float:
 AWS_FLOW_GBPS = {True: 10.0, False: 5.0}
 
 
-def flow_cap_gbps(provider: str, machine: MachineType) -> float | None:
-    """The most one TCP flow carries between two nodes of this type; None: no published cap."""
+def flow_cap_gbps(provider: str, machine: MachineType, span: str = "region") -> float | None:
+    """The most one TCP flow carries between two nodes of this type; None: no published cap.
+    No placement group spans regions or the internet."""
     if provider == "aws":
-        return AWS_FLOW_GBPS[machine.cluster_placement]
+        return AWS_FLOW_GBPS[machine.cluster_placement and span == "region"]
     return None
+
+
+# Where the ring's traffic goes: inside one region (the private network), between regions, or
+# over the internet (public addresses). Outside its region AWS caps an instance's multi-flow
+# traffic at 5 Gbit/s below 32 vCPUs, else at half its bandwidth or 5, whichever is larger
+# ("Amazon EC2 instance network bandwidth", EC2 User Guide: traffic to other Regions, an
+# internet gateway, Direct Connect or local gateways). DigitalOcean publishes no egress cap
+# beyond the per-Droplet limit its catalog already holds.
+SPANS = ("region", "regions", "internet")
+AWS_EGRESS_GBPS, AWS_EGRESS_MIN_VCPUS, AWS_EGRESS_SHARE = 5.0, 32, 0.5
+
+
+def egress_cap_gbps(provider: str, machine: MachineType, span: str = "region") -> float | None:
+    """What all of a node's flows together carry out of its region; None: no published cap."""
+    if span not in SPANS:
+        raise ConfigError(f"span must be one of {', '.join(SPANS)}, not {span!r}")
+    if span == "region" or provider != "aws":
+        return None
+    if machine.vcpus >= AWS_EGRESS_MIN_VCPUS and machine.baseline_gbps is not None:
+        return max(AWS_EGRESS_SHARE * machine.baseline_gbps, AWS_EGRESS_GBPS)
+    return AWS_EGRESS_GBPS
 
 
 # NCCL recognises AWS's ENA and opens 2 threads x 8 sockets per peer by itself; fatpipe leaves
@@ -149,19 +173,22 @@ class Link:
 
     gbps: float  # what the all-reduce gets
     baseline_gbps: float
-    flow_cap_gbps: float | None  # the cap of all the flows together; None: none published
+    flow_cap_gbps: float | None  # the cap of all the flows together (and egress); None: none published
     burst_only: bool  # the advertised rate is mostly burst: baseline under half of it
     tier_unreachable: bool  # the planned flows cannot carry the tier's rate
 
 
 def plan_link(provider: str, machine: MachineType, accel: Accelerator, tier: str,
-              tier_gbps: float) -> Link:
-    """The link a job gets between two nodes of `machine` at `tier` (baseline, never burst)."""
+              tier_gbps: float, span: str = "region") -> Link:
+    """The link a job gets between two nodes of `machine` at `tier` (baseline, never burst),
+    its ring's traffic staying in one region or crossing regions or the internet (`span`)."""
     if machine.baseline_gbps is None:
         raise ConfigError(f"{provider} {machine.name}: the catalog has no baseline bandwidth")
     baseline = machine.baseline_gbps
-    one_flow = flow_cap_gbps(provider, machine)
-    cap = one_flow * flows_per_peer(accel, tier, provider) if one_flow is not None else None
+    one_flow = flow_cap_gbps(provider, machine, span)
+    caps = [c for c in (one_flow * flows_per_peer(accel, tier, provider) if one_flow is not None else None,
+                        egress_cap_gbps(provider, machine, span)) if c is not None]
+    cap = min(caps) if caps else None
     gbps = min(baseline, cap) if cap is not None else baseline
     burst_only = bool(machine.peak_gbps) and baseline < 0.5 * machine.peak_gbps
     return Link(gbps, baseline, cap, burst_only, cap is not None and cap < tier_gbps)

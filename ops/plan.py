@@ -86,6 +86,7 @@ class Candidate:
     nodes: int
     extras_hourly: float = 0.0  # per node, besides the machine: public IPv4 and the like
     measured: LinkEstimate | None = None  # a declared cluster's netcheck: beats the catalog
+    span: str = "region"  # the ring's traffic: in one region, across regions, over the internet
 
 
 @dataclass(frozen=True)
@@ -112,7 +113,7 @@ class Prediction:
             "step_s": self.step_s, "plain_step_s": self.plain_step_s, "method": self.method, "exposed_share": self.exposed_share,
             "ring_bytes": self.ring_bytes, "hours": self.hours, "dollars": self.dollars,
             "hourly": _hourly(c), "reason": self.reason,
-            "link_source": c.measured.source if c.measured else "catalog baseline",
+            "link_source": c.measured.source if c.measured else "catalog baseline", "span": c.span,
         }
 
 
@@ -133,14 +134,15 @@ def predict(job: Job, accel: Accelerator, traffic: ModelTraffic, cand: Candidate
         link = Link(measured.busbw_gbps, measured.busbw_gbps, None, False,
                     measured.busbw_gbps < TIER_GBPS[cand.tier])
     else:
-        link = plan_link(cand.provider, cand.machine, accel, cand.tier, TIER_GBPS[cand.tier])
+        link = plan_link(cand.provider, cand.machine, accel, cand.tier, TIER_GBPS[cand.tier], cand.span)
         measured = LinkEstimate(link.gbps, 2 * (n - 1) * HOP_LATENCY_S, "catalog baseline")
     compute_s = job.compute_s(accel, n, cand.machine)
     grad_bytes = 4 * traffic.params
     grads = GradTraffic(grad_bytes, max(1, math.ceil(grad_bytes / (_DEFAULTS.bucket_cap_mb * MiB))),
                         traffic.powersgd_bytes,
                         powersgd_buckets=1 if accel.gpus == 0 else None)  # gloo: one bucket
-    cost = HookCost({}, {"powersgd": max(2, _DEFAULTS.warmup_steps)}, job.steps)
+    warmup = _DEFAULTS.warmup_steps if job.warmup_steps is None else job.warmup_steps
+    cost = HookCost({}, {"powersgd": max(2, warmup)}, job.steps)
     decision = choose_comm(measured, compute_s, 1, grads, n, hooks=HOOK_NAMES + PERIODIC_NAMES,
                            cost=cost, auto_periodic=auto_periodic)
     chosen = decision.predicted[decision.comm]
@@ -154,8 +156,9 @@ def predict(job: Job, accel: Accelerator, traffic: ModelTraffic, cand: Candidate
 
 
 def candidates(accel: Accelerator, nodes: range, providers=PROVIDERS, tiers=tuple(TIER_GBPS),
-               root: Path | None = None) -> list[Candidate]:
-    """Every priced type of each catalog at the highest of `tiers` its baseline reaches."""
+               root: Path | None = None, span: str = "region") -> list[Candidate]:
+    """Every priced type of each catalog at the highest of `tiers` its baseline reaches, its
+    nodes `span` apart (one region, several, or over the internet)."""
     found = []
     for provider in providers:
         catalog = load_catalog(provider, None, root)
@@ -165,7 +168,7 @@ def candidates(accel: Accelerator, nodes: range, providers=PROVIDERS, tiers=tupl
             for machine in catalog.qualifying(TIER_GBPS[tier], accel.gpus):
                 placed[machine.name] = tier
         for name, tier in sorted(placed.items()):
-            found += [Candidate(provider, catalog.types[name], tier, n, extras) for n in nodes]
+            found += [Candidate(provider, catalog.types[name], tier, n, extras, span=span) for n in nodes]
     return found
 
 

@@ -42,13 +42,16 @@ class Aws(Provider):
         preflight(cluster, root=project.root)
         return cluster
 
-    def refresh_catalog(self, region: str, root: Path) -> Path:
+    def refresh_catalog(self, region: str | None, root: Path, types: tuple[str, ...] = (),
+                        families: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+        if not region:
+            raise FatpipeError("AWS: name the region to refresh (`fatpipe catalog aws --region R`)")
         from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
 
         from .aws_api import refresh_aws_catalog
 
         try:
-            return refresh_aws_catalog(region, root)
+            return refresh_aws_catalog(region, root, types=types, families=families)
         except NoCredentialsError:
             raise FatpipeError("no AWS credentials found: set AWS_PROFILE or run `aws configure` "
                                "(or use --offline)") from None

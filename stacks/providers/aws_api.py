@@ -9,7 +9,15 @@ import re
 from datetime import date
 from pathlib import Path
 
-from fatpipe.infra.catalog import clear_cache, load_catalog, machine_for, refreshed_path
+from fatpipe.infra.catalog import (
+    catalog_file,
+    clear_cache,
+    load_catalog,
+    machine_for,
+    offline_path,
+    refreshed_path,
+)
+from fatpipe.infra.catalogdiff import changes, priced, select
 from fatpipe.infra.errors import ConfigError, FatpipeError
 from fatpipe.infra.files import write_json_atomic
 
@@ -79,31 +87,51 @@ def _qualifying(cluster, root: Path | None, refused: str, offered: set[str] | No
 
 # -- refreshing the AWS catalog from the EC2 API ----------------------------------------------
 
-_GBIT = re.compile(r"^([\d.]+) Gigabit$")
+_RATING = re.compile(r"^(Up to )?([\d.]+) Gigabit$")
+
+
+def rating_gbps(text: str | None) -> tuple[float | None, float | None]:
+    """(baseline, peak) from a NetworkPerformance text: "25 Gigabit" is fixed (both 25); "Up to
+    25 Gigabit" is a burst ceiling (baseline unknown, peak 25); "Moderate" and the like say neither."""
+    m = _RATING.match((text or "").strip())
+    if not m:
+        return None, None
+    rate = float(m.group(2))
+    return (None, rate) if m.group(1) else (rate, rate)
+
+
+def card_record(card: dict, fallback_text: str | None = None) -> dict:
+    """One network card's baseline and peak; its rating text where the API gives no figures."""
+    baseline, peak = card.get("BaselineBandwidthInGbps"), card.get("PeakBandwidthInGbps")
+    text = card.get("NetworkPerformance") or fallback_text
+    if baseline is None:
+        baseline, rated_peak = rating_gbps(text)
+        peak = peak if peak is not None else rated_peak
+    return {"index": card.get("NetworkCardIndex", 0), "baseline_gbps": baseline, "peak_gbps": peak,
+            "network": text}
 
 
 def aws_type_record(info: dict) -> dict:
     """One DescribeInstanceTypes entry reduced to what a tier needs.
 
-    Baseline comes from the default network card (fatpipe attaches one interface). Types
-    without per-card data fall back to a fixed "N Gigabit" rating; "Up to N Gigabit" alone
-    is a burst ceiling, so their baseline stays unknown and they never qualify.
+    Every network card keeps its baseline and peak; the type's baseline is the default card's
+    (fatpipe attaches one interface). Without per-card figures the NetworkPerformance text is
+    parsed: a fixed "N Gigabit" is the baseline, "Up to N Gigabit" only a burst ceiling, so the
+    baseline stays unknown and the type never qualifies for a tier.
     """
     net = info.get("NetworkInfo", {})
-    cards = {c.get("NetworkCardIndex", 0): c for c in net.get("NetworkCards", [])}
-    card = cards.get(net.get("DefaultNetworkCardIndex", 0), {})
-    baseline = card.get("BaselineBandwidthInGbps")
-    peak = card.get("PeakBandwidthInGbps")
-    if baseline is None:
-        fixed = _GBIT.match(net.get("NetworkPerformance", ""))
-        baseline = peak = float(fixed.group(1)) if fixed else None
+    text = net.get("NetworkPerformance")
+    cards = [card_record(c, text) for c in net.get("NetworkCards", [])] or [card_record({}, text)]
+    default = next((c for c in cards if c["index"] == net.get("DefaultNetworkCardIndex", 0)), cards[0])
     gpus = sum(g.get("Count", 0) for g in (info.get("GpuInfo") or {}).get("Gpus", []))
     arches = info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
     strategies = info.get("PlacementGroupInfo", {}).get("SupportedStrategies", ["cluster"])
     return {
-        "baseline_gbps": baseline,
-        "peak_gbps": peak,
-        "network": net.get("NetworkPerformance"),
+        "baseline_gbps": default["baseline_gbps"],
+        "peak_gbps": default["peak_gbps"],
+        "network": text,
+        "network_cards": [{k: v for k, v in c.items() if k != "network"} for c in cards],
+        "ena": net.get("EnaSupport", "unsupported"),
         "vcpus": info.get("VCpuInfo", {}).get("DefaultVCpus", 0),
         "memory_gib": round(info.get("MemoryInfo", {}).get("SizeInMiB", 0) / 1024, 3),
         "gpus": gpus,
@@ -123,34 +151,45 @@ def offered_types(client, location_type: str, location: str) -> set[str]:
     return offered
 
 
-def fetch_aws_types(region: str, client=None) -> dict[str, dict]:
-    """Every instance type offered in `region`, as catalog records."""
+def fetch_aws_types(region: str, client=None, types: tuple[str, ...] = (),
+                    families: tuple[str, ...] = ()) -> dict[str, dict]:
+    """The instance types offered in `region` (those of `types`/`families` when given), as
+    catalog records; both EC2 calls paginated."""
     if client is None:
         import boto3
 
         client = boto3.client("ec2", region_name=region)
-    wanted = sorted(offered_types(client, "region", region))
-    types: dict[str, dict] = {}
+    wanted = select(sorted(offered_types(client, "region", region)), types, families)
+    records: dict[str, dict] = {}
     for start in range(0, len(wanted), 100):  # DescribeInstanceTypes takes 100 names a call
         pages = client.get_paginator("describe_instance_types").paginate(InstanceTypes=wanted[start:start + 100])
         for page in pages:
-            types.update((info["InstanceType"], aws_type_record(info)) for info in page["InstanceTypes"])
-    return dict(sorted(types.items()))
+            records.update((info["InstanceType"], aws_type_record(info)) for info in page["InstanceTypes"])
+    return dict(sorted(records.items()))
 
 
-def refresh_aws_catalog(region: str, root: Path, client=None) -> Path:
-    """Fetch the types offered in `region` and write the project's refreshed AWS catalog."""
-    types = fetch_aws_types(region, client)
-    if not types:
+def refresh_aws_catalog(region: str, root: Path, client=None, types: tuple[str, ...] = (),
+                        families: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+    """Fetch the types offered in `region` and write the project's refreshed AWS catalog
+    atomically, with the offline table's dated prices; return its path and what changed
+    against the catalog in use before."""
+    records = fetch_aws_types(region, client, types, families)
+    if not records:
         raise ConfigError(f"EC2 reported no instance types offered in {region}")
+    before = load_catalog("aws", region, root)
+    records, prices = priced(records, catalog_file(offline_path("aws")).get("prices", {}))
+    chosen = (f" limited to types {', '.join(types)}" if types else "") + \
+        (f" limited to families {', '.join(families)}" if families else "")
     doc = {
         "provider": "aws",
         "date": date.today().isoformat(),
         "region": region,
-        "source": f"EC2 DescribeInstanceTypes + DescribeInstanceTypeOfferings in {region}",
-        "types": types,
+        "source": f"EC2 DescribeInstanceTypes + DescribeInstanceTypeOfferings in {region}{chosen}",
+        "prices": prices,
+        "types": records,
     }
     path = refreshed_path(root, "aws", region)
+    old = catalog_file(before.path)["types"]
     write_json_atomic(path, doc)
     clear_cache()
-    return path
+    return path, changes(old, records)

@@ -64,8 +64,11 @@ class Provider(ABC):
         """
         return cluster
 
-    def refresh_catalog(self, region: str, root: Path) -> Path:
-        """Refresh the machine catalog of `region` from the provider's API; return its file."""
+    def refresh_catalog(self, region: str | None, root: Path, types: tuple[str, ...] = (),
+                        families: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
+        """Refresh the machine catalog of `region` (None: every region, where the API allows)
+        from the provider's API, limited to `types`/`families` when given; return its file and
+        one line per change against the catalog in use before."""
         raise FatpipeError(f"{self.name} has no machine API to refresh from; its catalog ships with fatpipe")
 
     def sweep(self, project, cluster_name: str, log) -> list[str]:

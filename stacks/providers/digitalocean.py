@@ -22,5 +22,10 @@ class DigitalOcean(Provider):
 
         return preflight(cluster, project, size=self.machine(cluster, project.root).name, log=log)
 
+    def refresh_catalog(self, region, root, types=(), families=()):
+        from .digitalocean_sizes import refresh_digitalocean_catalog
+
+        return refresh_digitalocean_catalog(region, root, types=types, families=families)
+
 
 DIGITALOCEAN = DigitalOcean()
