@@ -249,7 +249,8 @@ def stage_data(project, outputs, phases, out) -> None:
     result = phases.run("data", f"stage {data.path} on every node", lambda: push_data(
         project, outputs, remote_python=given_run_options().remote_python, log=note(out)))
     moved = sum(n["received"] for n in (result.fanout or {}).get("nodes", []))
-    phases.get("data").note = f"{result.manifest['total_bytes']} bytes; {moved} moved node to node"
+    how = f"{moved} moved node to node" if result.fetched is None else f"{sum(result.fetched.values())} fetched"
+    phases.get("data").note = f"{result.manifest['total_bytes']} bytes; {how}"
 
 
 def _checker_python(rdzv) -> str | None:

@@ -2,8 +2,8 @@
 
     python -m fatpipe.trainer.fetch SPEC PROJECT_FOLDER
 
-SPEC is the JSON `ops.fetch` ships (source, path, chunk_size and the source's keys; never a
-credential). The node lists the source (S3: every object under the prefix; https: the one file)
+SPEC is the JSON `ops.fetch` ships (source, path, chunk_size and the source's keys, a
+`ca_bundle` relative to SPEC's folder; never a credential). The node lists the source (S3: every object under the prefix; https: the one file)
 with sizes and ETags, keeps a file whose size and ETag match its last fetch and whose sha256 still
 matches, and streams the others 1 MiB at a time into `<file>.fatpipe-partial`, renamed when
 complete. A partial copy whose ETag (kept in `<file>.fatpipe-partial.etag`) still matches is
@@ -158,7 +158,10 @@ def main(argv: list[str]) -> int:
         print("usage: python -m fatpipe.trainer.fetch SPEC PROJECT_FOLDER", file=sys.stderr)
         return 2
     try:
-        manifest = fetch(json.loads(Path(argv[0]).read_text()), Path(argv[1]))
+        spec = json.loads(Path(argv[0]).read_text())
+        if spec.get("ca_bundle"):  # shipped beside the spec
+            spec["ca_bundle"] = str((Path(argv[0]).parent / spec["ca_bundle"]).resolve())
+        manifest = fetch(spec, Path(argv[1]))
     except FetchError as e:
         print(ERROR_PREFIX + " ".join(str(e).split()), flush=True)
         return 1
