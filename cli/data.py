@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 
 import click
 
@@ -93,16 +94,16 @@ def stage_with_progress(project, outputs, remote_python, out):
                 gbps = done / receivers * 8 / elapsed / 1e9
                 bar.update(task, rate=f"{gbps:.2f} of {outputs.tier_gbps:g} Gbit/s per link")
 
-        fetches: dict[str, int] = {}
+        fetches: dict[str, tuple[int, float]] = {}  # node -> (its line, when it began)
 
         def node_progress(node: str, held: int, total: int, fetched: int) -> None:
             """One line per node fetching a remote source: bytes held, rate of what it fetched."""
             if node not in fetches:
-                fetches[node] = bar.add_task(f"{node} fetching", total=total or None, rate="")
-            task_id = fetches[node]
-            elapsed = bar.tasks[task_id].elapsed or 0
+                fetches[node] = (bar.add_task(f"{node} fetching", total=total or None, rate=""), time.monotonic())
+            line, began = fetches[node]
+            elapsed = time.monotonic() - began
             rate = f"{fetched * 8 / elapsed / 1e6:.1f} Mbit/s" if elapsed > 0 else ""
-            bar.update(task_id, completed=held, total=total or None, rate=rate)
+            bar.update(line, completed=held, total=total or None, rate=rate)
 
         if cluster_data(project.spec, outputs.name).remote:
             bar.remove_task(task)
