@@ -91,7 +91,7 @@ def file_difference(reference: dict, mine: dict, others: int) -> str:
         if got is None:
             return f"{shown}: missing"
         if (got["size"], got["sha256"]) != (entry["size"], entry["sha256"]):
-            return f"{shown}: its sha256 differs from {others} other node(s)'"
+            return f"{shown}: its sha256 differs from {others} other node(s)"
     extra = sorted(set(held) - {f["name"] for f in reference["files"]})
     return f"{reference['path']}/{extra[0]}: listed by it alone" if extra else "its manifest differs"
 

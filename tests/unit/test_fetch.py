@@ -148,3 +148,23 @@ def test_the_entry_point_prints_one_error_line(node_env, tmp_path, capsys):
     assert fetch_mod.main([str(spec), str(tmp_path)]) == 1
     out = capsys.readouterr().out.strip().splitlines()
     assert len(out) == 1 and out[0].startswith("FETCH_ERROR URLError: <urlopen error [Errno 111]"), out
+
+
+def node_manifest(files: dict[str, str], fetched: int = 0) -> dict:
+    from fatpipe.trainer.manifest import manifest_of
+
+    entries = [{"name": n, "size": 3, "sha256": sha, "chunks": [sha], "etag": '"e"'} for n, sha in files.items()]
+    return {**manifest_of("folder", "data/set", CHUNK, entries), "source": "s3://b/p", "fetched_bytes": fetched}
+
+
+def test_the_nodes_must_agree_and_the_odd_one_is_named():
+    from fatpipe.ops.fetch import agree
+
+    good = node_manifest({"a.bin": "1" * 64, "b.bin": "2" * 64}, fetched=6)
+    odd = node_manifest({"a.bin": "1" * 64, "b.bin": "9" * 64})
+    short = node_manifest({"a.bin": "1" * 64})
+    reference, problems = agree(["n0", "n1", "n2"], [odd, good, good])
+    assert reference["fingerprint"] == good["fingerprint"] and "fetched_bytes" not in reference
+    assert problems == ["node n0: data/set/b.bin: its sha256 differs from 2 other node(s)"]
+    assert agree(["n0", "n1"], [good, short])[1] == ["node n1: data/set/b.bin: missing"]  # a tie: node 0's
+    assert agree(["n0", "n1"], [good, good])[1] == []
