@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic, write_json_atomic
-from fatpipe.infra.node import REMOTE_PKG
+from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
 from fatpipe.trainer.fetch import ERROR_PREFIX, PROGRESS_PREFIX, RESULT_PREFIX
 
 from .datacheck import (
@@ -33,6 +33,7 @@ from .transport import Transport, fan_out, transports_for
 
 FETCH_MODULE = "fatpipe.trainer.fetch"
 FETCH_SPEC, CA_NAME = "fetch.json", "ca.pem"
+PICK_PYTHON = f"if [ -x {REMOTE_VENV}/bin/python ]; then echo {REMOTE_VENV}/bin/python; else echo python3; fi"
 
 NodeProgress = Callable[[str, int, int, int], None]  # (node, bytes held, bytes in all, bytes fetched)
 
@@ -53,10 +54,13 @@ def write_fetch_spec(project, cluster: str, spec) -> Path:
     return write_json_atomic(folder / FETCH_SPEC, fields)
 
 
-def run_fetch(t: Transport, node: str, workdir: str, python: str, spec_rel: str,
+def run_fetch(t: Transport, node: str, workdir: str, python: str | None, spec_rel: str,
               progress: NodeProgress | None) -> dict:
-    """Run the fetch on one node, passing on its progress; its manifest, or FatpipeError naming it."""
-    command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {shlex.quote(python)} -m {FETCH_MODULE} "
+    """Run the fetch on one node, passing on its progress; its manifest, or FatpipeError naming it.
+
+    Without `python`: the node venv's once built (boto3 comes with [node] packages), else python3."""
+    pick = shlex.quote(python) if python else f'"$({PICK_PYTHON})"'
+    command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {pick} -m {FETCH_MODULE} "
                f"{shlex.quote(spec_rel)} .")
     proc = t.popen(command)
     result, error, tail = None, None, deque(maxlen=3)
@@ -123,8 +127,7 @@ def fetch_data(project, outputs, spec, remote_python: str | None = None,
             node, t = pair
             workdir = node_workdir(outputs, node)
             ship_checker(project, outputs.name, t, workdir)
-            return run_fetch(t, node.name, workdir, remote_python or "python3", f"{MANIFEST_DIR}/{FETCH_SPEC}",
-                             progress)
+            return run_fetch(t, node.name, workdir, remote_python, f"{MANIFEST_DIR}/{FETCH_SPEC}", progress)
         manifests = fan_out(on_node, list(zip(outputs.nodes, transports, strict=True)))
     reference, odd = agree(names, manifests)
     save_local_manifest(project, outputs.name, reference)

@@ -20,7 +20,8 @@ def s3_client(spec: dict, root: Path):
         from botocore import UNSIGNED
         from botocore.config import Config
     except ImportError:
-        raise FetchError(f"boto3 is not installed for {sys.executable}: add it to [node] packages") from None
+        raise FetchError(f"boto3 is not installed for {sys.executable}: add \"boto3\" to [node] packages "
+                         "(the node venv) or install it for that Python") from None
     config = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=30, read_timeout=60)
     if spec.get("anonymous"):
         config = config.merge(Config(signature_version=UNSIGNED))

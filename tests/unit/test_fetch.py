@@ -168,3 +168,11 @@ def test_the_nodes_must_agree_and_the_odd_one_is_named():
     assert problems == ["node n0: data/set/b.bin: its sha256 differs from 2 other node(s)"]
     assert agree(["n0", "n1"], [good, short])[1] == ["node n1: data/set/b.bin: missing"]  # a tie: node 0's
     assert agree(["n0", "n1"], [good, good])[1] == []
+
+
+def test_a_node_without_boto3_is_told_how_to_get_it(node_env, tmp_path, monkeypatch):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 raises ImportError
+    with pytest.raises(FetchError, match=r'boto3 is not installed for .*: add "boto3" to \[node\] packages'):
+        fetch(s3_spec("http://127.0.0.1:1"), tmp_path)
