@@ -176,3 +176,33 @@ def test_a_node_without_boto3_is_told_how_to_get_it(node_env, tmp_path, monkeypa
     monkeypatch.setitem(sys.modules, "boto3", None)  # import boto3 raises ImportError
     with pytest.raises(FetchError, match=r'boto3 is not installed for .*: add "boto3" to \[node\] packages'):
         fetch(s3_spec("http://127.0.0.1:1"), tmp_path)
+
+
+def test_nodes_sharing_this_machines_files_fetch_once_and_check_clean(bucket, node_env, project_dir):
+    import sys
+
+    from fatpipe.infra.outputs import parse_outputs
+    from fatpipe.infra.project import load_project
+    from fatpipe.ops.datacheck import check_data, read_local_manifest
+    from fatpipe.ops.stage import push_data
+
+    node_env.setenv("AWS_ACCESS_KEY_ID", "node-own")
+    node_env.setenv("AWS_SECRET_ACCESS_KEY", "node-own")
+    (project_dir / "fatpipe.toml").write_text(
+        '[clusters.demo]\nprovider = "sim"\nnodes = 2\n[data]\nsource = "s3://corpus/sets/v1/"\npath = "data/set"\n'
+        f'chunk_mib = 1\nendpoint_url = "{bucket}"\ninsecure_http = true\n')
+    project = load_project()
+    outputs = parse_outputs({"name": "demo", "provider": "sim", "tier_gbps": 1, "private_cidr": "10.42.0.0/24",
+                             "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}",
+                                        "transport": "local"} for i in range(2)]})
+    seen = []
+    result = push_data(project, outputs, remote_python=sys.executable,
+                       node_progress=lambda *args: seen.append(args))
+    assert result.fetched == {"demo-0": result.manifest["total_bytes"], "demo-1": 0}
+    assert seen[-1] == ("demo-0", result.manifest["total_bytes"], result.manifest["total_bytes"],
+                        result.manifest["total_bytes"])
+    assert read_local_manifest(project, "demo")["fingerprint"] == result.manifest["fingerprint"]
+    assert (project_dir / "data/set/train.bin").read_bytes() == OBJECTS["sets/v1/train.bin"]
+    assert [v.problem for v in check_data(project, outputs, result.manifest)] == [None, None]
+    spec = json.loads((project_dir / ".fatpipe/demo/data/fetch.json").read_text())
+    assert spec["source"] == "s3://corpus/sets/v1/" and not any("node-own" in str(v) for v in spec.values())
