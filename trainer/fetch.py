@@ -114,7 +114,7 @@ def fetch_file(source, remote: Remote, target: Path, progress: Progress) -> None
                     f.write(block)
                     offset += len(block)
                     progress.add(len(block), fetched=True)
-        except FetchError:
+        except (FetchError, BrokenPipeError):  # BrokenPipeError: the operator went away (Ctrl-C)
             raise
         except Exception as e:  # noqa: BLE001 - a dropped or stalled connection: resume from the partial copy
             problem = f"{type(e).__name__}: {e}"
