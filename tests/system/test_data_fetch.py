@@ -169,3 +169,24 @@ def test_an_https_file_interrupted_half_way_resumes_on_every_node(cluster, tmp_p
         assert verify.returncode == 0 and verify.stdout.count("matches") == NODES, verify.stdout
     finally:
         web.stop()
+
+
+def test_up_fetches_what_a_node_lacks_before_it_launches(cluster):
+    folder, toml, port = cluster
+    declare(folder, toml, f'source = "s3://fp-data/corpus/v1"\npath = "data/set"\nchunk_mib = 1\n'
+                          f'endpoint_url = "http://{HOST}:{port}"\ninsecure_http = true\n')
+    node_python = str(folder / "node-python")
+    assert push(folder, node_python).returncode == 0
+    node_path(folder, 1, "data/set/val.bin").unlink()
+    (folder / "job.py").write_text("import os; print('job sees', os.environ['FATPIPE_DATA'], flush=True)\n")
+    up = fatpipe(folder, "up", CLUSTER, "--netcheck", "off", "--max-restarts", "0", "--remote-python",
+                 node_python, "--", "job.py", timeout=900)
+    assert up.returncode == 0, up.stdout[-5000:]
+    total = sum(len(v) for k, v in OBJECTS.items() if k.startswith("corpus/v1/"))
+    assert f"{CLUSTER}-1: {total} of {total} bytes held, fetching at" in up.stdout, up.stdout[-5000:]
+    report = json.loads(sorted((folder / ".fatpipe" / CLUSTER / "runs").glob("*/up.json"))[-1].read_text())
+    phases = {p["name"]: p for p in report["phases"]}
+    assert phases["data"]["state"] == "done", phases
+    assert phases["data"]["note"] == f"{total} bytes; {len(OBJECTS['corpus/v1/val.bin'])} fetched", phases
+    assert node_path(folder, 1, "data/set/val.bin").read_bytes() == OBJECTS["corpus/v1/val.bin"]
+    assert f"job sees {node_path(folder, 1, 'data/set')}" in up.stdout, up.stdout[-3000:]
