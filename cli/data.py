@@ -105,7 +105,7 @@ def stage_with_progress(project, outputs, remote_python, out):
             rate = f"{fetched * 8 / elapsed / 1e6:.1f} Mbit/s" if elapsed > 0 else ""
             bar.update(line, completed=held, total=total or None, rate=rate)
 
-        if cluster_data(project.spec, outputs.name).remote:
+        if getattr(cluster_data(project.spec, outputs.name), "remote", False):  # none: push_data says so
             bar.remove_task(task)
         return push_data(project, outputs, remote_python=remote_python, log=note(out), progress=progress,
                          node_progress=node_progress)
