@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import importlib
 import sys
+import time
 
 import click
 from rich.markup import escape
@@ -20,7 +21,7 @@ from .steps import changing
 # name -> ("module:attribute", one-line help): add a data subcommand here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("fatpipe.cli.dataprep:prepare", "Text into token shards the trainer reads (llm.c format)."),
-    "push": ("fatpipe.cli.data:push", "Stage [data] on every node: once over the uplink, then node to node."),
+    "push": ("fatpipe.cli.data:push", "Stage [data] on every node: once over the uplink, then node to node (a remote source: each node fetches it)."),
     "verify": ("fatpipe.cli.data:verify", "Check every node's data against the manifest."),
 }
 
@@ -52,7 +53,9 @@ def data():
 @remote_python_option
 @pass_project
 def push(project, cluster, outputs_file, remote_python):
-    """Copy [data] to node 0 once (rsync, resumable), then node to node in a chain; skip what is there."""
+    """Copy [data] to node 0 once (rsync, resumable), then node to node in a chain; skip what is there.
+
+    An s3:// or https:// source is fetched by every node itself, in parallel, resumable."""
     from fatpipe.infra.runs import load_outputs
 
     name = project.cluster(cluster).name
@@ -60,6 +63,11 @@ def push(project, cluster, outputs_file, remote_python):
     out = console()
     with changing(project, name, "data push"):
         result = stage_with_progress(project, outputs, remote_python, out)
+    if result.fetched is not None:
+        out.print(f"[green]fetched[/] {result.manifest['path']} on {len(outputs.nodes)} node(s) from "
+                  f"{result.manifest['source']}: {result.manifest['total_bytes']} bytes, "
+                  f"{sum(result.fetched.values())} fetched ({result.elapsed_s:.1f} s)", highlight=False)
+        return
     moved = sum(n["received"] for n in (result.fanout or {}).get("nodes", []))
     uplink = "already on node 0" if result.uplink_s is None else f"uplink {result.uplink_s:.1f} s"
     fanout = "nothing to fan out" if result.fanout is None else f"{moved} byte(s) moved node to node"
@@ -71,6 +79,7 @@ def stage_with_progress(project, outputs, remote_python, out):
     """Run the push with a progress bar for the fan-out: bytes, rate per link against the tier, ETA."""
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
+    from fatpipe.infra.dataspec import cluster_data
     from fatpipe.ops.stage import push_data
 
     columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
@@ -86,7 +95,21 @@ def stage_with_progress(project, outputs, remote_python, out):
                 gbps = done / receivers * 8 / elapsed / 1e9
                 bar.update(task, rate=f"{gbps:.2f} of {outputs.tier_gbps:g} Gbit/s per link")
 
-        return push_data(project, outputs, remote_python=remote_python, log=note(out), progress=progress)
+        fetches: dict[str, tuple[int, float]] = {}  # node -> (its line, when it began)
+
+        def node_progress(node: str, held: int, total: int, fetched: int) -> None:
+            """One line per node fetching a remote source: bytes held, rate of what it fetched."""
+            if node not in fetches:
+                fetches[node] = (bar.add_task(f"{node} fetching", total=total or None, rate=""), time.monotonic())
+            line, began = fetches[node]
+            elapsed = time.monotonic() - began
+            rate = f"{fetched * 8 / elapsed / 1e6:.1f} Mbit/s" if elapsed > 0 else ""
+            bar.update(line, completed=held, total=total or None, rate=rate)
+
+        if getattr(cluster_data(project.spec, outputs.name), "remote", False):  # none: push_data says so
+            bar.remove_task(task)
+        return push_data(project, outputs, remote_python=remote_python, log=note(out), progress=progress,
+                         node_progress=node_progress)
 
 
 @click.command()

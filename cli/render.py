@@ -102,6 +102,24 @@ def note(out):
     return lambda message: out.print(message, style="dim", markup=False, highlight=False)
 
 
+def fetch_lines(log, every_s: float = 5.0):
+    """A node_progress callback for a remote [data] fetch that logs one line per node every `every_s`."""
+    import time
+
+    began: dict[str, float] = {}
+    said: dict[str, float] = {}
+
+    def progress(node: str, held: int, total: int, fetched: int) -> None:
+        now = time.monotonic()
+        began.setdefault(node, now)
+        if held < total and now - said.get(node, 0.0) < every_s:
+            return
+        said[node] = now
+        rate = fetched * 8 / max(now - began[node], 1e-3) / 1e6
+        log(f"{node}: {held} of {total} bytes held, fetching at {rate:.1f} Mbit/s")
+    return progress
+
+
 def exit_table(result):
     from rich.table import Table
 

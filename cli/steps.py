@@ -12,7 +12,7 @@ import threading
 import click
 
 from .options import console, given_run_options, overrides, resolve_train, script_args
-from .render import exit_table, log_sink, netcheck_tables, note
+from .render import exit_table, fetch_lines, log_sink, netcheck_tables, note
 
 
 class Terminated(KeyboardInterrupt):
@@ -247,9 +247,11 @@ def stage_data(project, outputs, phases, out) -> None:
         phases.skip("data", "no [data] declared")
         return
     result = phases.run("data", f"stage {data.path} on every node", lambda: push_data(
-        project, outputs, remote_python=given_run_options().remote_python, log=note(out)))
+        project, outputs, remote_python=given_run_options().remote_python, log=note(out),
+        node_progress=fetch_lines(note(out))))
     moved = sum(n["received"] for n in (result.fanout or {}).get("nodes", []))
-    phases.get("data").note = f"{result.manifest['total_bytes']} bytes; {moved} moved node to node"
+    how = f"{moved} moved node to node" if result.fetched is None else f"{sum(result.fetched.values())} fetched"
+    phases.get("data").note = f"{result.manifest['total_bytes']} bytes; {how}"
 
 
 def _checker_python(rdzv) -> str | None:

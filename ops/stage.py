@@ -6,7 +6,8 @@
    resumes, a file that matches is skipped), unless node 0 already matches.
 4. `trainer.stage` through the launch path (as netcheck runs its benchmark): a pipelined chain of
    chunks over the private links, carrying only the chunks some node lacks.
-Nodes that share this machine's files get one local copy. docs/ARCHITECTURE.md, "The data contract".
+Nodes that share this machine's files get one local copy. A remote source (s3://, https://) is
+fetched by every node itself instead (`ops.fetch`). docs/ARCHITECTURE.md, "The data contract".
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ class PushResult:
     before: list[NodeData]  # what each node held when the push began
     uplink_s: float | None = None  # None: node 0 already held it
     fanout: dict | None = None  # trainer.stage's report; None: no other node lacked anything
+    fetched: dict[str, int] | None = None  # a remote source: bytes each node fetched from it
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -72,9 +74,19 @@ def make_manifest(project, cluster: str) -> tuple[dict, Path]:
 
 
 def push_data(project, outputs, *, remote_python: str | None = None, log: Log = lambda _: None,
-              progress: Progress | None = None) -> PushResult:
-    """Stage the cluster's [data] on every node, skipping what is there; raise naming a node that failed."""
+              progress: Progress | None = None, node_progress=None) -> PushResult:
+    """Stage the cluster's [data] on every node, skipping what is there; raise naming a node that failed.
+
+    `progress` follows the fan-out of a local source; `node_progress` each node's fetch of a remote one.
+    """
     started = time.monotonic()
+    spec = declared_data(project, outputs.name)
+    if spec.remote:
+        from .fetch import fetch_data
+
+        log(f"every node fetches {spec.source} itself")
+        manifest, fetched = fetch_data(project, outputs, spec, remote_python, node_progress)
+        return PushResult(manifest, [], fetched=fetched, elapsed_s=time.monotonic() - started)
     manifest, source = make_manifest(project, outputs.name)
     log(f"manifest: {len(manifest['files'])} file(s), {manifest['total_bytes']} bytes, "
         f"fingerprint {manifest['fingerprint'][:12]}")

@@ -76,10 +76,14 @@ def build_manifest(source: Path, chunk_size: int, path: str, previous: dict | No
         sha, chunks = hash_file(file, chunk_size)
         files.append({"name": name, "size": stat.st_size, "mtime_ns": stat.st_mtime_ns, "sha256": sha,
                       "chunks": chunks})
+    return manifest_of("file" if Path(source).is_file() else "folder", path, chunk_size, files)
+
+
+def manifest_of(kind: str, path: str, chunk_size: int, files: list[dict]) -> dict:
+    """The manifest of `files` (each with name, size, sha256, chunks), fingerprinted."""
     fingerprint = hashlib.sha256("".join(f"{f['name']}\0{f['sha256']}\n" for f in files).encode())
-    return {"version": VERSION, "kind": "file" if Path(source).is_file() else "folder", "path": path,
-            "chunk_size": chunk_size, "total_bytes": sum(f["size"] for f in files),
-            "fingerprint": fingerprint.hexdigest(), "files": files}
+    return {"version": VERSION, "kind": kind, "path": path, "chunk_size": chunk_size,
+            "total_bytes": sum(f["size"] for f in files), "fingerprint": fingerprint.hexdigest(), "files": files}
 
 
 def file_target(manifest: dict, root: Path, name: str) -> Path:

@@ -31,6 +31,22 @@ def test_a_clusters_own_data_wins(project_dir):
     assert cluster_data(project.spec, "far").path == "data/small"
 
 
+def test_remote_sources_and_their_keys(project_dir):
+    project = load(project_dir, SIM + '[data]\nsource = "s3://my-bucket/corpus/v1"\npath = "data/corpus"\n'
+                   'endpoint_url = "http://10.0.0.1:9000"\nregion = "eu-west-1"\ninsecure_http = true\n'
+                   'anonymous = true\n')
+    data = cluster_data(project.spec, "lab")
+    assert data.remote and (data.path, data.region, data.anonymous) == ("data/corpus", "eu-west-1", True)
+    web = load(project_dir, SIM + '[data]\nsource = "https://example.com/d/train.bin"\npath = "data/t.bin"\n'
+               'ca_bundle = "certs/ca.pem"\n')
+    data = cluster_data(web.spec, "lab")
+    assert data.remote and data.ca_bundle_path(web.root) == (project_dir / "certs" / "ca.pem").resolve()
+    plain = load(project_dir, SIM + '[data]\nsource = "http://10.0.0.1/t.bin"\npath = "t.bin"\n'
+                 'insecure_http = true\n')
+    assert cluster_data(plain.spec, "lab").remote
+    assert not cluster_data(load(project_dir, SIM + '[data]\nsource = "data/x"\n').spec, "lab").remote
+
+
 def test_no_data_declared(project_dir):
     assert cluster_data(load(project_dir, SIM).spec, "lab") is None
 
@@ -39,7 +55,21 @@ def test_no_data_declared(project_dir):
     ('source = "/srv/corpus"', "data: source '/srv/corpus' lies outside the project folder: give path"),
     ('source = "~/corpus"', "lies outside the project folder"),
     ('source = "../corpus"', "lies outside the project folder"),
-    ('source = "s3://bucket/corpus"', "only a local file or folder is supported so far"),
+    ('source = "s3://bucket/corpus"', "source 's3://bucket/corpus' is remote: give path"),
+    ('source = "s3://Bad_Bucket/x"\npath = "d"', "'Bad_Bucket' is not an S3 bucket name"),
+    ('source = "s3://key:secret@bucket/x"\npath = "d"', "holds credentials; a node uses its own"),
+    ('source = "https://u:p@example.com/a.bin"\npath = "d"', "holds credentials"),
+    ('source = "http://example.com/a.bin"\npath = "d"', "is plain http: anyone on the path can alter"),
+    ('source = "https://example.com/"\npath = "d"', "an http(s) source names one file"),
+    ('source = "ftp://example.com/a.bin"\npath = "d"', "only s3://, https://"),
+    ('source = "https://example.com/a b"\npath = "d"', "holds spaces or control characters"),
+    ('source = "https://example.com/a.bin"\npath = "d"\nanonymous = true', "apply to s3:// sources only"),
+    ('source = "s3://bkt/x"\npath = "d"\nendpoint_url = "http://10.0.0.1:9000"', "endpoint_url "
+     "'http://10.0.0.1:9000' is plain http"),
+    ('source = "s3://bkt/x"\npath = "d"\nendpoint_url = "localhost:9000"', "give a URL such as"),
+    ('source = "s3://bkt/x"\npath = "d"\nregion = "us east"', "region 'us east' is not a region name"),
+    ('source = "data/x"\nregion = "us-east-1"', "region applies to an s3:// or https:// source only"),
+    ('source = "s3://bkt/x"\npath = "d"\ninsecure_http = "yes"', "data.insecure_http: Input should be"),
     ('source = "data/x"\npath = "/abs/x"', "path '/abs/x' must be relative"),
     ('source = "data/x"\npath = "a/../../x"', "leaves the project folder"),
     ('source = "data/x"\npath = "."', "names no file"),
