@@ -12,6 +12,10 @@ from fatpipe.infra.runs import runs_dir
 
 from .wait import wait_for_nodes
 
+# How long deployed nodes get to answer before `up` deploys again: ready nodes answer at once,
+# but an SSH round trip and the node check take seconds on a loaded machine or a far node.
+READY_CHECK_S = 20
+
 
 def deployment_mismatch(outputs: ClusterOutputs, spec) -> str | None:
     """Why the existing outputs do not describe the cluster file's cluster, or None if they do."""
@@ -42,7 +46,7 @@ def ready_deployment(project, spec, outputs_path: Path) -> tuple[ClusterOutputs 
     mismatch = deployment_mismatch(outputs, spec)
     if mismatch:
         return None, f"the deployment differs from the cluster file ({mismatch})"
-    states = wait_for_nodes(project, outputs, timeout_s=5, interval_s=1)
+    states = wait_for_nodes(project, outputs, timeout_s=READY_CHECK_S, interval_s=1)
     late = [s for s in states if not s.ready]
     if late:
         return None, f"{late[0].name} is not ready ({late[0].reason})"
