@@ -40,8 +40,8 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
     sink = log_sink(out, [n.name for n in nodes])
     gone = {n.name for n in every_node if node_gone(n)}
     if follow and gone:
-        out.print(f"[dim]{', '.join(sorted(gone & {n.name for n in nodes}))}: gone (cluster down); run "
-                  f"{run_id} has ended: its logs as kept here[/]")
+        out.print(f"[dim]{', '.join(sorted(gone))}: gone (cluster down); run {run_id} has ended: "
+                  "its logs as kept here[/]")
         follow = False
     if not follow:
         for node in nodes:
