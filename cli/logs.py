@@ -52,7 +52,7 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
         followed = follow_nodes(nodes, sink, fail_grace_s=None)
     except KeyboardInterrupt:
         out.print(f"detached; run {run_id} goes on (fatpipe stop {name} ends it)")
-        pull_results(out, every_node, run_dir, run_id, name)  # what exists so far
+        pull_results(out, nodes, run_dir, run_id, name)  # what exists so far
         return
     sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone, followed))
 
