@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
 
 from .options import cluster_argument, console, pass_project
@@ -19,14 +21,16 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
     """Print every node's log, each line prefixed with the node's name.
 
     The run is the last one launched (else the newest with logs). With -f, reattach to a running
-    run (Ctrl-C detaches; the run goes on). Once the cluster is down, the logs kept here.
+    run (Ctrl-C detaches; the run goes on). Once the cluster is down, the logs kept here. A run
+    that has ended closes with how it ended: the failure line `launch` prints, and its exit status.
     """
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.ops.launch import follow_nodes
     from fatpipe.ops.noderun import run_nodes
 
     name = project.cluster(cluster).name
-    run_id, run_dir, nodes = run_nodes(project, name, run_id)
+    run_id, run_dir, every_node = run_nodes(project, name, run_id)
+    nodes = every_node
     if node_names:
         unknown = set(node_names) - {n.name for n in nodes}
         if unknown:
@@ -34,39 +38,64 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
         nodes = [n for n in nodes if n.name in node_names]
     out = console()
     sink = log_sink(out, [n.name for n in nodes])
-    gone = {n.name for n in nodes if node_gone(n)}
+    gone = {n.name for n in every_node if node_gone(n)}
     if follow and gone:
         out.print(f"[dim]{', '.join(sorted(gone))}: gone (cluster down); run {run_id} has ended: "
                   "its logs as kept here[/]")
         follow = False
     if not follow:
         for node in nodes:
-            local = run_dir / f"node-{node.plan.rank}.log"
-            if node.transport.shares_fs or node.name in gone or (local.exists() and node.status() != "running"):
-                text = local.read_text(errors="replace") if local.exists() else ""
-            else:
-                result = node.transport.run(node.follow_command(follow=False), timeout=60)
-                if not result.ok:
-                    raise FatpipeError(f"{node.transport.describe()}: cannot read the log: {result.reason()}")
-                text = result.stdout
-            for line in text.splitlines():
+            for line in _log_text(node, run_dir, gone).splitlines():
                 sink(node.name, line)
-        return
-    from fatpipe.ops.noderun import LaunchResult
-
+        sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone))
     try:
-        codes = follow_nodes(nodes, sink, fail_grace_s=None)
+        followed = follow_nodes(nodes, sink, fail_grace_s=None)
     except KeyboardInterrupt:
         out.print(f"detached; run {run_id} goes on (fatpipe stop {name} ends it)")
         pull_results(out, nodes, run_dir, run_id, name)  # what exists so far
         return
-    pull_results(out, nodes, run_dir, run_id, name)
-    result = LaunchResult(run_id, run_dir, codes)
-    out.print(exit_table(result))
+    sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone, followed))
+
+
+def _log_text(node, run_dir, gone: set[str]) -> str:
+    """The node's log: the copy here once it is final (or the node shares this machine's
+    files, or is gone), else read from the node."""
+    from fatpipe.infra.errors import FatpipeError
+
+    local = run_dir / f"node-{node.plan.rank}.log"
+    if node.transport.shares_fs or node.name in gone or (local.exists() and node.status() != "running"):
+        return local.read_text(errors="replace") if local.exists() else ""
+    result = node.transport.run(node.follow_command(follow=False), timeout=60)
+    if not result.ok:
+        raise FatpipeError(f"{node.transport.describe()}: cannot read the log: {result.reason()}")
+    return result.stdout
+
+
+def _how_it_ended(out, project, cluster: str, run_dir, nodes, gone: set[str],
+                  followed: dict | None = None) -> int:
+    """For a run that is over: pull what its ssh nodes wrote, then print what a followed launch
+    prints when it ends (the exit table after -f, the failure line) and return its exit status.
+    0 while it still runs, and for a run fatpipe stopped (`status` shows it as stopped).
+    `followed`: the exit codes `-f` saw, for when some other node cannot tell yet."""
     from rich.markup import escape
 
     from fatpipe.ops.failure import describe_failure
+    from fatpipe.ops.runend import ended_result, node_exits, stopped_by_fatpipe
 
-    failure = describe_failure(result, nodes[0].rdzv, 0, project.root) if nodes else None
+    run_id = run_dir.name
+    codes = node_exits(run_dir, nodes, gone) or followed
+    if codes is None:
+        return 0  # still running (or a node cannot tell): nothing to judge yet
+    unpulled = [n for n in nodes if not n.transport.shares_fs and n.name not in gone
+                and not (run_dir / f"node-{n.plan.rank}.exit").exists()]
+    if followed is not None or unpulled:  # the error files and stop markers are on the nodes
+        pull_results(out, nodes, run_dir, run_id, cluster)
+    result = ended_result(run_id, run_dir, nodes, codes)
+    if followed is not None:
+        out.print(exit_table(result))
+    if stopped_by_fatpipe(result):
+        return 0  # stopped, not failed: no cause to name
+    failure = describe_failure(result, nodes[0].rdzv, 0, project.root)
     if failure:
         out.print(f"[red]error[/]: {escape(failure)}", soft_wrap=True)  # the line launch prints
+    return result.exit_code

@@ -17,6 +17,7 @@ NODES_FILE, EVENTS_FILE = "nodes.jsonl", "events.jsonl"  # in the run folder, by
 COMPUTE_FACTOR = 1.5  # a node whose compute is this many times the median holds the others up
 LINK_FRACTION = 0.5  # a node whose link reaches less than this share of the others' median
 LINK_OK_SHARE = 0.9  # ...but a link within this share of the tier is never called slow
+LINK_CLEAR_FACTOR = 1.5  # ...and only when every other node's estimate is this many times its own
 SLOW_FACTOR = 2.0  # a window's sync time this many times the run's baseline is an event
 RECOVER_FACTOR = 1.5  # and below this many times the baseline the run has recovered
 BASELINE_WINDOWS = 3  # the run's own baseline: the median of its first windows' sync time
@@ -98,7 +99,13 @@ def find_straggler(nodes: list[dict], tier_gbps: float | None) -> dict | None:
     Compute: in an all-reduce the slowest node waits least while the others wait for it, so a
     node whose compute is COMPUTE_FACTOR times the median and whose wait is at most the median
     is the one. Link: a node whose link estimate is below LINK_FRACTION of the others' median
-    (and not close to the tier). When both rules name a node, the larger ratio wins.
+    (and not close to the tier), and clearly below every other one's (LINK_CLEAR_FACTOR). When
+    both rules name a node, the larger ratio wins.
+
+    The clear margin: a slow node's ring neighbours each share one slow pair with it and keep
+    one fast pair, which alone lifts their estimate. When that fast pair reads slow for a window
+    (a loaded machine delays its acks), the neighbour's estimate drops to the shared slow pair,
+    level with or just under the slow node's: that window is ambiguous and names nobody.
     """
     found = []
     if len(nodes) >= 2:
@@ -114,7 +121,9 @@ def find_straggler(nodes: list[dict], tier_gbps: float | None) -> dict | None:
         slow = min(links, key=links.get)
         others = statistics.median(v for k, v in links.items() if k != slow)
         near_tier = tier_gbps is not None and links[slow] >= LINK_OK_SHARE * tier_gbps
-        if links[slow] < LINK_FRACTION * others and not near_tier:
+        runner_up = min(v for k, v in links.items() if k != slow)
+        clear = runner_up >= LINK_CLEAR_FACTOR * links[slow]
+        if links[slow] < LINK_FRACTION * others and not near_tier and clear:
             tier = f", tier {tier_gbps:g}" if tier_gbps else ""
             found.append({"node": slow, "kind": "link", "ratio": others / links[slow],
                           "reason": f"{slow}: link {links[slow]:.2f} Gbit/s{tier}"})

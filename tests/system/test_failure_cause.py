@@ -4,7 +4,8 @@ nodes run an sshd each (`transport = "ssh"`), deployed once with the real CLI an
 The failure line names the first error of any worker (rank, node, type, message) from torchrun's
 per-rank error files, and treats the connection errors that follow as consequences: a script that
 raises on rank 1 only, one that raises on every rank, one that exits non-zero without an
-exception, the built-in trainer given a git-ignored data file. A file the nodes lack because it
+exception, the built-in trainer given a git-ignored data file. `fatpipe logs` of an ended run,
+followed or not (a detached one too), closes with the same line and a non-zero status. A file the nodes lack because it
 was not copied (git-ignored, outside the project) gets why and how to send it. A detached run's
 last step and loss are visible in `status --json` and `runs --json` while it runs.
 """
@@ -114,9 +115,30 @@ def test_the_rank_that_raised_is_named_not_the_connection_errors_after_it(projec
     assert line.startswith(f"error: rank 1 on {NAME}-1 failed first: ValueError: DistributedDataParallel "
                            "device_ids must be None for CPU modules"), line
     assert f"the connection errors on {NAME}-0 followed from it" in line, line
-    # `fatpipe logs -f` of the ended run closes with the same line.
-    logs = fatpipe(project, "logs", NAME, "-f")
-    assert [out for out in logs.stdout.splitlines() if out.startswith("error: ")] == [line], logs.stdout[-4000:]
+    # `fatpipe logs` of the ended run, followed or not, closes with the same line and status.
+    for follow in ((), ("-f",)):
+        logs = fatpipe(project, "logs", NAME, *follow)
+        assert logs.returncode == 1, logs.stdout[-4000:]
+        assert [out for out in logs.stdout.splitlines() if out.startswith("error: ")] == [line], logs.stdout[-4000:]
+
+
+def test_logs_of_a_detached_run_that_failed_name_the_cause_and_exit_non_zero(project):
+    started = fatpipe(project, "launch", NAME, *RUN, "--detach", "--", "job.py", "rank1")
+    assert started.returncode == 0, started.stdout[-4000:]
+    # While it runs, `logs` prints what there is and exits 0; once over, it pulls the run's
+    # error files from the nodes and ends with the failure line a followed launch prints.
+    deadline, logs = time.monotonic() + 240, None
+    while time.monotonic() < deadline:
+        logs = fatpipe(project, "logs", NAME, timeout=120)
+        if logs.returncode != 0 or "error: " in logs.stdout:
+            break
+        time.sleep(2)
+    line = error_line(logs)
+    assert logs.returncode == 1, logs.stdout[-4000:]
+    assert line.startswith(f"error: rank 1 on {NAME}-1 failed first: ValueError: DistributedDataParallel "
+                           "device_ids must be None for CPU modules"), line
+    followed = fatpipe(project, "logs", NAME, "-f")
+    assert followed.returncode == 1 and error_line(followed) == line, followed.stdout[-4000:]
 
 
 def test_every_rank_raising_names_the_first_one(project):

@@ -72,8 +72,12 @@ def test_worst_status_and_prefixed_logs(run_cli, project_dir):
     assert (run / "node-1.exit").read_text().strip() == "1"
     assert (run / "node-0.exit").exists()
 
+    # `logs` of the failed run ends as the launch did: its failure line and its exit status.
+    failure = [line for line in result.output.splitlines() if line.startswith("error: ")]
+    assert len(failure) == 1 and "rank 1 on demo-1 failed first: exit status 3" in failure[0], result.output
     logs = run_cli("logs", "demo")
-    assert logs.exit_code == 0 and "demo-1 | rank 1 of 2" in logs.output
+    assert logs.exit_code == 1 and "demo-1 | rank 1 of 2" in logs.output, logs.output
+    assert [line for line in logs.output.splitlines() if line.startswith("error: ")] == failure, logs.output
     status = run_cli("status", "--json")
     nodes = json.loads(status.output)["run"]["nodes"]
     assert nodes["demo-1"] == "1" and nodes["demo-0"] not in ("running", "lost")

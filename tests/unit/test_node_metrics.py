@@ -80,6 +80,17 @@ def test_a_slow_link_is_the_straggler_with_its_rate_and_the_tier():
     assert view["nodes"][0]["util"] == pytest.approx(0.5)
 
 
+def test_a_window_where_a_neighbours_fast_pair_reads_slow_names_nobody_not_the_neighbour():
+    # Node 2 shaped (2 -> 1 and 3 -> 2 slow); node 3's one fast pair (0 -> 3) read slow this
+    # window: node 3's estimate is the pair it shares with node 2, just under node 2's own.
+    rates = {(2, 1): 0.24, (3, 2): 0.22, (0, 3): 0.20}
+    links = link_estimates(merge_ranks(ring(rates)))
+    assert links["n-3"] < links["n-2"]
+    assert cluster_view(ring(rates), tier_gbps=1.0)["straggler"] is None
+    # The next window reads it right again: node 2, clearly.
+    assert cluster_view(ring({(2, 1): 0.24, (3, 2): 0.22, (0, 3): 0.9}), 1.0)["straggler"]["node"] == "n-2"
+
+
 def test_a_link_near_the_tier_is_never_slow_however_fast_the_others_burst():
     view = cluster_view(ring({(2, 1): 0.95, (3, 2): 0.95, (0, 3): 3.0, (1, 0): 3.0}), tier_gbps=1.0)
     assert view["straggler"] is None

@@ -121,8 +121,12 @@ def test_status_logs_and_stop_after_down_tell_the_recorded_outcome(project_dir, 
     assert "unreachable" not in text and "last step 6" in text
     doc = json.loads(run_cli("status", "--json").output)
     assert doc["run"]["outcome"] == "failed (exit 1)" and doc["run"]["last_step"] == 6
-    logs = run_cli("logs", "-f")
-    assert logs.exit_code == 0 and "demo-1 | node 1 says hi" in logs.output and "gone" in logs.output
+    # A failed run's logs end as its followed launch did: the failure line and its exit status.
+    for follow in ([], ["-f"]):
+        logs = run_cli("logs", *follow)
+        assert logs.exit_code == 1 and "demo-1 | node 1 says hi" in logs.output, logs.output
+        assert "error: demo-1 failed first: exit status 1" in " ".join(logs.output.split()), logs.output
+    assert "gone" in logs.output
     stop = run_cli("stop")
     assert stop.exit_code == 0 and "is not deployed" in stop.output and "failed (exit 1)" in stop.output
 
