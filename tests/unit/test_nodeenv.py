@@ -12,7 +12,8 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.project import Project, parse_project
 from fatpipe.ops.nodeenv import ENV_FILE, check_node_envs, differences
 from fatpipe.ops.noderun import NodeRun
-from fatpipe.ops.nodevenv import node_venv, venv_command, venv_stamp
+from fatpipe.ops.nodevenv import node_venv, venv_stamp
+from fatpipe.ops.nodewheels import fetch_command, peer_command
 from fatpipe.ops.rendezvous import NodePlan, Rendezvous
 from fatpipe.ops.transport import LocalTransport
 
@@ -81,9 +82,14 @@ def test_the_venv_installs_numpy_with_torch_and_each_requirement_as_one_argument
     monkeypatch.setenv("FATPIPE_TORCH", "torch==2.13.0")
     (tmp_path / "my reqs.txt").write_text("einops\n")
     venv = node_venv(project(tmp_path, '[node]\nrequirements = "my reqs.txt"\npackages = ["a[b]>=1"]\n'), 0)
-    command = venv_command("abc", venv)
-    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0 numpy;" in command  # PowerSGD needs it
-    assert "pip install -q -r 'my reqs.txt' 'a[b]>=1';" in command
+    fetch = fetch_command("abc", venv)
+    # torch and numpy (PowerSGD needs it) from torch's index, the project's from PyPI
+    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0 numpy;" in fetch
+    assert "--find-links .fatpipe/wheels/abc.partial -r 'my reqs.txt' 'a[b]>=1';" in fetch
+    offline = "--no-index --find-links {} torch==2.13.0 numpy -r 'my reqs.txt' 'a[b]>=1';"
+    assert offline.format(".fatpipe/wheels/abc") in fetch  # node 0: from its own folder
+    peer = peer_command("abc", venv, "http://10.0.0.10:8000/")
+    assert offline.format("http://10.0.0.10:8000/") in peer and "pip download" not in peer
 
 
 def probe_nodes(folder: Path, pythons: list[str]) -> list[NodeRun]:
