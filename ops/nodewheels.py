@@ -18,6 +18,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import REMOTE_VENV
@@ -45,11 +46,18 @@ def requirement_args(venv: NodeVenv) -> list[str]:
     return [venv.torch, "numpy", *(["-r", venv.requirements] if venv.requirements else []), *venv.packages]
 
 
+def trusted(url: str) -> list[str]:
+    """pip ignores a plain-http index unless its host is trusted: one declared as http is."""
+    parts = urlsplit(url)
+    return ["--trusted-host", parts.netloc] if parts.scheme == "http" else []
+
+
 def install_line(stamp: str, venv: NodeVenv, find_links: str) -> str:
     """A venv from empty, installed from `find_links` alone, then stamped."""
     py = f"{REMOTE_VENV}/bin/python"
+    source = shlex.join(["--find-links", find_links, *trusted(find_links)])
     return (f"python3 -m venv --clear {REMOTE_VENV}; "
-            f"{py} -m pip install -q --no-index --find-links {shlex.quote(find_links)} "
+            f"{py} -m pip install -q --no-index {source} "
             f"{shlex.join(requirement_args(venv))}; echo {stamp} > {STAMP_FILE}")
 
 
@@ -65,7 +73,7 @@ def fetch_command(stamp: str, venv: NodeVenv) -> str:
     """
     folder = wheel_folder(stamp)
     partial, py = f"{folder}.partial", f"{REMOTE_VENV}/bin/python"
-    index = ["--index-url", venv.index] if venv.index else []
+    index = ["--index-url", venv.index, *trusted(venv.index)] if venv.index else []
     download = f"{py} -m pip download -q --only-binary=:all: -d {partial}"
     first = f"{download} {shlex.join([*index, venv.torch, 'numpy'])}; "
     extra = [*(["-r", venv.requirements] if venv.requirements else []), *venv.packages]

@@ -89,7 +89,8 @@ def test_the_venv_installs_numpy_with_torch_and_each_requirement_as_one_argument
     offline = "--no-index --find-links {} torch==2.13.0 numpy -r 'my reqs.txt' 'a[b]>=1';"
     assert offline.format(".fatpipe/wheels/abc") in fetch  # node 0: from its own folder
     peer = peer_command("abc", venv, "http://10.0.0.10:8000/")
-    assert offline.format("http://10.0.0.10:8000/") in peer and "pip download" not in peer
+    assert "--find-links http://10.0.0.10:8000/ --trusted-host 10.0.0.10:8000 torch==2.13.0" in peer
+    assert "pip download" not in peer
 
 
 def probe_nodes(folder: Path, pythons: list[str]) -> list[NodeRun]:
