@@ -161,19 +161,20 @@ class Up:
         path = Path(flags.outputs_file) if flags.outputs_file else outputs_file(self.project, spec.name)
         outputs, why = ready_deployment(self.project, spec, path)
         if outputs is not None:
-            for phase in ("synth", "deploy", "wait"):
+            for phase in ("synth", "wheels", "deploy", "wait"):
                 phases.skip(phase, "deployed, outputs match the cluster file, every node ready")
             return outputs, path
         if path.exists():
             self.out.print(f"[dim]{why}: deploying[/]")
 
-        def synth():
-            from fatpipe.stacks.engine import synth_stack
+        from fatpipe.stacks.engine import synth_stack
 
-            return synth_stack(self.project, spec.name)
+        from .preflight import wheel_phase
 
-        stack_dir = phases.run("synth", f"the {spec.provider} stack of {spec.name}", synth)
+        stack_dir = phases.run("synth", f"the {spec.provider} stack of {spec.name}",
+                               lambda: synth_stack(self.project, spec.name))
         phases.get("synth").note = str(stack_dir.relative_to(self.project.root))
+        wheel_phase(self.project, spec, phases)  # before anything is paid for
         outputs = phases.run("deploy", f"{spec.nodes} node(s) with {flags.engine}", lambda: deploy_outputs(
             self.project, spec.name, flags.engine, flags.yes, flags.verbose))
         phases.get("deploy").note = f"{len(outputs.nodes)} node(s)"

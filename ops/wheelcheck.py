@@ -51,7 +51,8 @@ def torch_wheel(venv: NodeVenv, python_version: str, machine: str) -> str:
         report = Path(tmp) / "report.json"
         if done.returncode != 0 or not report.is_file():
             lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
-            why = lines[-1] if lines else f"pip exit status {done.returncode}"
+            named = [line for line in lines if "No matching distribution" in line or "satisfies the requ" in line]
+            why = (named or lines or [f"pip exit status {done.returncode}"])[-1]
             raise FatpipeError(f"no wheel for {venv.torch} on Python {python_version} {machine} at "
                                f"{venv.index or 'PyPI'}: {why}")
         url = json.loads(report.read_text())["install"][0]["download_info"]["url"]

@@ -20,6 +20,7 @@ import threading
 from collections import Counter
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from urllib.parse import unquote
 
 import faults
 import pytest
@@ -75,7 +76,7 @@ class CountingIndex:
                 pass
 
             def do_GET(self):
-                name = self.path.rsplit("/", 1)[-1].split("#")[0]
+                name = unquote(self.path.rsplit("/", 1)[-1].split("#")[0])
                 if name.endswith(".whl"):
                     index.served[name] += 1
                     index.bytes += (files / name).stat().st_size
