@@ -35,8 +35,8 @@ from urllib.parse import unquote
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from fatpipe.infra.node import REMOTE_VENV
+from fatpipe.infra.nodevenv import STAMP_FILE
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.nodevenv import STAMP_FILE
 from fatpipe.ops.transport import fan_out, transports_for
 
 NAME, OCTET = "bench-wheels", 187
@@ -129,8 +129,8 @@ def up_to_first_step(folder: Path) -> tuple[float, bool]:
 
 def each_node_from_index(folder: Path, outputs, index_url: str) -> None:
     """The way before: every node makes its venv from the index, and stamps it as fatpipe would."""
+    from fatpipe.infra.nodevenv import node_venv, venv_stamp
     from fatpipe.infra.project import load_project
-    from fatpipe.ops.nodevenv import node_venv, venv_stamp
 
     project = load_project(folder / "fatpipe.toml")
     venv = node_venv(project, gpus=0)

@@ -22,9 +22,9 @@ from urllib.parse import urlsplit
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import REMOTE_VENV
+from fatpipe.infra.nodevenv import STAMP_FILE, NodeVenv
 
 from .noderun import NodeRun
-from .nodevenv import STAMP_FILE, NodeVenv
 from .transport import fan_out
 
 WHEEL_DIR = ".fatpipe/wheels"  # on node 0, one folder per declaration stamp

@@ -12,8 +12,8 @@ from __future__ import annotations
 import re
 
 from fatpipe.infra.catalog import machine_for
+from fatpipe.infra.nodevenv import node_venv
 
-from .nodevenv import node_venv
 from .wheelcheck import torch_wheel
 
 AWS_IMAGE_PYTHON = "3.12"  # the stacks' AMIs: Ubuntu 24.04 (plain, or the Deep Learning Base AMI)

@@ -12,10 +12,10 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER, REMOTE_PKG, REMOTE_VENV
+from fatpipe.infra.nodevenv import node_venv, venv_stamp
 
 from .datacheck import data_excludes
 from .noderun import Log, NodeRun
-from .nodevenv import node_venv, venv_stamp
 from .nodewheels import build_node_envs
 from .projectdir import claim_project_dir
 from .runsync import push_run

@@ -15,8 +15,7 @@ import tempfile
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-
-from .nodevenv import NodeVenv
+from fatpipe.infra.nodevenv import NodeVenv
 
 # Linux wheels of torch carry one of these tags (PyPI: manylinux; the CPU index: often linux_*).
 PLATFORM_TAGS = ("manylinux_2_28_{arch}", "manylinux2014_{arch}", "linux_{arch}")

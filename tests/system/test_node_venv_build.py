@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.node import REMOTE_VENV
-from fatpipe.ops.nodevenv import NodeVenv, venv_stamp
+from fatpipe.infra.nodevenv import NodeVenv, venv_stamp
 from fatpipe.ops.nodewheels import fetch_command, peer_command, wheel_folder
 
 pytestmark = pytest.mark.timeout(600)

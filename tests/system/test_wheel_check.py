@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.ops.nodevenv import NodeVenv
+from fatpipe.infra.nodevenv import NodeVenv
 from fatpipe.ops.wheelcheck import torch_wheel
 
 pytestmark = pytest.mark.timeout(600)

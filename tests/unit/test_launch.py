@@ -6,9 +6,9 @@ import os
 import time
 from pathlib import Path
 
+from fatpipe.infra.nodevenv import NodeVenv, venv_stamp
 from fatpipe.ops.launch import follow_nodes, stop_nodes
 from fatpipe.ops.noderun import LaunchResult, NodeRun, worst_status
-from fatpipe.ops.nodevenv import NodeVenv, venv_stamp
 from fatpipe.ops.nodewheels import fetch_command, peer_command
 from fatpipe.ops.rendezvous import NodePlan, Rendezvous
 from fatpipe.ops.transport import LocalTransport

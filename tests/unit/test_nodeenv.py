@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from fatpipe.infra.project import Project, parse_project
 from fatpipe.ops.nodeenv import ENV_FILE, check_node_envs, differences
 from fatpipe.ops.noderun import NodeRun
-from fatpipe.ops.nodevenv import node_venv, venv_stamp
 from fatpipe.ops.nodewheels import fetch_command, peer_command
 from fatpipe.ops.rendezvous import NodePlan, Rendezvous
 from fatpipe.ops.transport import LocalTransport

@@ -2,7 +2,8 @@
 
 docs/ARCHITECTURE.md, "The node environment": torch, numpy and the project's requirements; the
 stamp covers the whole declaration, so the venv is rebuilt exactly when it changes. How it is
-built (one download, installed offline everywhere): ops/nodewheels.py.
+built: ops/nodewheels.py (ssh: one download, installed offline everywhere) and
+stacks/bootenv.py (clouds: during boot).
 """
 
 from __future__ import annotations
@@ -13,9 +14,9 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.node import REMOTE_VENV
-from fatpipe.infra.nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, requirement
+from .errors import FatpipeError
+from .node import REMOTE_VENV
+from .nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, requirement
 
 TORCH_SPEC_ENV = "FATPIPE_TORCH"  # what the node venv installs for torch (default: this torch's version)
 TORCH_INDEX_ENV = "FATPIPE_TORCH_INDEX_URL"
