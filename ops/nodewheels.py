@@ -31,7 +31,7 @@ WHEEL_DIR = ".fatpipe/wheels"  # on node 0, one folder per declaration stamp
 COMPLETE = ".complete"  # written last: a folder without it is an interrupted download
 PIP_ENV = "export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_NO_INPUT=1"
 BUILD_TIMEOUT_S = 1800
-SERVE_TIMEOUT_S = 60
+SERVE_TIMEOUT_S = 300  # a loaded node starts an interpreter slowly
 PORT_LINE = re.compile(r"port (\d+)")
 
 Log = Callable[[str], None]
@@ -93,10 +93,11 @@ def peer_command(stamp: str, venv: NodeVenv, url: str) -> str:
 
 
 def serve_command(stamp: str, private_ip: str) -> str:
-    """Node 0: serve the folder on its private address (a free port), print the server's pid and port."""
+    """Node 0: serve the folder on its private address (a free port); print the server's process
+    group (setsid: the interpreter and any wrapper that starts it) and its port."""
     folder, log = wheel_folder(stamp), f"{wheel_folder(stamp)}.serve.log"
     return (
-        f"python3 -u -m http.server 0 --bind {shlex.quote(private_ip)} --directory {folder} "
+        f"setsid python3 -u -m http.server 0 --bind {shlex.quote(private_ip)} --directory {folder} "
         f"> {log} 2>&1 < /dev/null & pid=$!; "
         f"for _ in $(seq {SERVE_TIMEOUT_S * 5}); do grep -q 'port [0-9]' {log} && break; sleep 0.2; done; "
         f"echo pid $pid; cat {log}"
@@ -150,4 +151,4 @@ def build_node_envs(nodes: list[NodeRun], venv: NodeVenv, stamp: str, log: Log) 
             f"({time.monotonic() - started:.1f} s)")
     finally:
         if pid:
-            first.transport.run(f"kill {int(pid.group(1))}", timeout=30)
+            first.transport.run(f"kill -- -{int(pid.group(1))}", timeout=30)
