@@ -167,14 +167,14 @@ class Up:
         if path.exists():
             self.out.print(f"[dim]{why}: deploying[/]")
 
+        from fatpipe.ops.preflight import NOTHING_TO_PAY, wheel_preflight
         from fatpipe.stacks.engine import synth_stack
-
-        from .preflight import wheel_phase
 
         stack_dir = phases.run("synth", f"the {spec.provider} stack of {spec.name}",
                                lambda: synth_stack(self.project, spec.name))
         phases.get("synth").note = str(stack_dir.relative_to(self.project.root))
-        wheel_phase(self.project, spec, phases)  # before anything is paid for
+        phases.get("wheels").note = phases.run("wheels", "a torch wheel for the nodes' Python, before anything "
+                                               "is paid for", lambda: wheel_preflight(self.project, spec)) or NOTHING_TO_PAY
         outputs = phases.run("deploy", f"{spec.nodes} node(s) with {flags.engine}", lambda: deploy_outputs(
             self.project, spec.name, flags.engine, flags.yes, flags.verbose))
         phases.get("deploy").note = f"{len(outputs.nodes)} node(s)"

@@ -19,6 +19,7 @@ from .wheelcheck import torch_wheel
 AWS_IMAGE_PYTHON = "3.12"  # the stacks' AMIs: Ubuntu 24.04 (plain, or the Deep Learning Base AMI)
 UBUNTU_PYTHON = {"20-04": "3.8", "22-04": "3.10", "24-04": "3.12", "24-10": "3.12", "25-04": "3.13"}
 UBUNTU_IMAGE = re.compile(r"^ubuntu-(\d\d-\d\d)-")
+NOTHING_TO_PAY = "nothing to pay for: the nodes' environment is checked before launch"
 
 
 def image_python(cluster) -> str | None:
