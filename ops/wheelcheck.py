@@ -3,11 +3,13 @@
 docs/ARCHITECTURE.md, "The node environment": pip resolves the declared torch for the node's
 Python and architecture (`pip install --dry-run --no-deps --only-binary=:all:` with
 `--python-version` and `--platform`, nothing installed) and says which wheel it would take.
+pip reads no config of this machine, as on the nodes: the declaration alone names the index.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -39,12 +41,18 @@ def pip_argv(venv: NodeVenv, python_version: str, machine: str, target: Path) ->
             venv.torch]
 
 
+def node_pip_env() -> dict[str, str]:
+    """pip as the nodes run it (ops/nodewheels.py): no config file, no PIP_* setting of this machine."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
+    return {**env, "PIP_CONFIG_FILE": os.devnull}
+
+
 def torch_wheel(venv: NodeVenv, python_version: str, machine: str) -> str:
     """The file name of the torch wheel the nodes would install, or a FatpipeError naming what is missing."""
     with tempfile.TemporaryDirectory(prefix="fatpipe-wheel-") as tmp:
         argv = pip_argv(venv, python_version, machine, Path(tmp))
         try:
-            done = subprocess.run(argv, capture_output=True, text=True, timeout=WHEEL_TIMEOUT_S)
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=WHEEL_TIMEOUT_S, env=node_pip_env())
         except subprocess.TimeoutExpired:
             raise FatpipeError(f"the index {venv.index or 'PyPI'} did not answer within {WHEEL_TIMEOUT_S} s") from None
         report = Path(tmp) / "report.json"
