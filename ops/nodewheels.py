@@ -97,8 +97,10 @@ def serve_command(stamp: str, private_ip: str) -> str:
     group (setsid: the interpreter and any wrapper that starts it) and its port."""
     folder, log = wheel_folder(stamp), f"{wheel_folder(stamp)}.serve.log"
     return (
-        f"setsid python3 -u -m http.server 0 --bind {shlex.quote(private_ip)} --directory {folder} "
-        f"> {log} 2>&1 < /dev/null & pid=$!; "
+        # In braces: `cd ... && {...}` would otherwise background the whole list, a subshell
+        # that keeps ssh's pipes open and whose pid is not the server's.
+        f"{{ setsid python3 -u -m http.server 0 --bind {shlex.quote(private_ip)} --directory {folder} "
+        f"> {log} 2>&1 < /dev/null & }}; pid=$!; "
         f"for _ in $(seq {SERVE_TIMEOUT_S * 5}); do grep -q 'port [0-9]' {log} && break; sleep 0.2; done; "
         f"echo pid $pid; cat {log}"
     )

@@ -4,7 +4,9 @@ The user data carries the resolved `[node]` declaration as JSON (`BOOT_ENV_SPEC`
 stamp, torch, its index, the packages and the requirements file's text) and a fixed stdlib script
 (`BOOT_ENV_SCRIPT`). cloud-init starts the script as a transient systemd unit right after the
 packages (python3-venv among them) are in, so the GBs of wheels download while the rest of boot
-goes on; the ready marker is written only once the script has finished well. The script builds
+goes on; the ready marker is written only once the script has finished. A build that failed
+(its reason in `BOOT_ENV_DONE` and cloud-init's log) does not keep the node from being ready:
+launch finds no current venv and builds it as on any ssh node, naming what fails. The script builds
 `<login home>/fatpipe/<cluster>/.fatpipe/venv` as the login user, marks the folder as the
 cluster's (so launch adopts it) and stamps the venv as launch would: a launch then finds it
 current and builds nothing. Every value reaches pip as one argv item, never through a shell.
@@ -104,5 +106,5 @@ def boot_env_start() -> list[str]:
 
 
 def boot_env_wait() -> list[str]:
-    """Before the ready marker: wait for the build; its failure keeps the node from being ready."""
+    """Before the ready marker: wait for the build to finish (well or not: launch rebuilds a failed one)."""
     return [BOOT_ENV_SCRIPT, "--wait"]

@@ -209,7 +209,7 @@ def cloud_config(cluster, mtu: int, nccl: dict[str, str], project=None) -> dict:
     ready = [READY_SCRIPT]
     if project is not None:  # in parallel with the rest of boot; the ready marker waits for it
         files |= boot_env_files(project, cluster)
-        ready = ["sh", "-c", f"{shlex.join(boot_env_wait())} && {READY_SCRIPT}"]
+        ready = ["sh", "-c", f"{shlex.join(boot_env_wait())}; {READY_SCRIPT}"]
     return {
         "package_update": True,
         "packages": list(PACKAGES),

@@ -133,3 +133,29 @@ def test_differences_name_the_odd_node_and_each_key():
         "node c: cuda 12.6, the others 12.8", "node c: numpy none, the others 2.3.1"]
     # Two nodes that disagree: the first node's values are "the others".
     assert differences({"a": one, "b": one | {"python": "3.11.9"}}) == ["node b: python 3.11.9, the others 3.12.3"]
+
+
+def test_the_wheel_server_leaves_the_command_and_is_its_own_process_group(tmp_path):
+    """Run as the transport runs it (`cd ... && ...`, output on pipes): the command returns once the
+    server listens, with the server's own process group, which a kill ends whole."""
+    import os
+    import re
+    import signal
+    import subprocess
+
+    from fatpipe.ops.nodewheels import serve_command
+
+    (tmp_path / ".fatpipe" / "wheels" / "abc").mkdir(parents=True)
+    (tmp_path / ".fatpipe" / "wheels" / "abc" / "x-1-py3-none-any.whl").write_bytes(b"w")
+    done = subprocess.run(["bash", "-c", f"cd {tmp_path} && {serve_command('abc', '127.0.0.1')}"],
+                          capture_output=True, text=True, timeout=300)
+    pid = int(re.search(r"^pid (\d+)$", done.stdout, re.M).group(1))
+    try:
+        assert os.getpgid(pid) == pid
+        port = int(re.search(r"port (\d+)", done.stdout).group(1))
+        from urllib.request import urlopen
+
+        with urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
+            assert "x-1-py3-none-any.whl" in page.read().decode()
+    finally:
+        os.killpg(pid, signal.SIGTERM)
