@@ -14,7 +14,7 @@ import re
 from fatpipe.infra.catalog import machine_for
 from fatpipe.infra.nodevenv import node_venv
 
-from .wheelcheck import torch_wheel
+from .wheelcheck import IndexUnreachable, torch_wheel
 
 AWS_IMAGE_PYTHON = "3.12"  # the stacks' AMIs: Ubuntu 24.04 (plain, or the Deep Learning Base AMI)
 UBUNTU_PYTHON = {"20-04": "3.8", "22-04": "3.10", "24-04": "3.12", "24-10": "3.12", "25-04": "3.13"}
@@ -33,7 +33,8 @@ def image_python(cluster) -> str | None:
 def wheel_preflight(project, cluster) -> str | None:
     """The wheel the cluster's nodes will install, in one line; None where nothing is paid for.
 
-    Raises FatpipeError naming the missing wheel (ops/wheelcheck.py).
+    Raises FatpipeError naming the missing wheel (ops/wheelcheck.py); an index that does not
+    answer (offline) is said in the line, and deploy goes on.
     """
     if cluster.provider not in ("aws", "digitalocean"):
         return None
@@ -42,5 +43,8 @@ def wheel_preflight(project, cluster) -> str | None:
         return f"torch wheel not checked: the Python of image {cluster.image!r} is not known to fatpipe"
     machine = machine_for(cluster, project.root).arch
     venv = node_venv(project, cluster.gpus_per_node)
-    wheel = torch_wheel(venv, python, machine)
+    try:
+        wheel = torch_wheel(venv, python, machine)
+    except IndexUnreachable as e:  # offline here is no proof the nodes lack a wheel: say so, go on
+        return f"torch wheel not checked: {e}"
     return f"torch wheel for Python {python} {machine}: {wheel} ({venv.index or 'PyPI'})"

@@ -24,6 +24,13 @@ PLATFORM_TAGS = ("manylinux_2_28_{arch}", "manylinux2014_{arch}", "linux_{arch}"
 ARCHES = {"x86_64": "x86_64", "amd64": "x86_64", "aarch64": "aarch64", "arm64": "aarch64"}
 PYTHON_VERSION = re.compile(r"^3\.\d{1,2}$")
 WHEEL_TIMEOUT_S = 300
+# pip's words for an index it could not reach (as opposed to one that lacks the wheel).
+UNREACHABLE = ("NameResolutionError", "NewConnectionError", "ConnectTimeoutError", "Failed to resolve",
+               "Network is unreachable", "Connection refused")
+
+
+class IndexUnreachable(FatpipeError):
+    """The index did not answer: nothing is known about the wheel (offline, or a blocked host)."""
 
 
 def pip_argv(venv: NodeVenv, python_version: str, machine: str, target: Path) -> list[str]:
@@ -36,7 +43,8 @@ def pip_argv(venv: NodeVenv, python_version: str, machine: str, target: Path) ->
     platforms = [arg for tag in PLATFORM_TAGS for arg in ("--platform", tag.format(arch=arch))]
     index = ["--index-url", venv.index] if venv.index else []
     return [sys.executable, "-m", "pip", "install", "--dry-run", "--ignore-installed", "--no-deps",
-            "--only-binary=:all:", "--disable-pip-version-check", "--quiet", "--python-version", python_version,
+            "--only-binary=:all:", "--disable-pip-version-check", "--quiet", "--retries", "1", "--timeout", "15",
+            "--python-version", python_version,
             *platforms, "--target", str(target / "t"), "--report", str(target / "report.json"), *index,
             venv.torch]
 
@@ -54,8 +62,10 @@ def torch_wheel(venv: NodeVenv, python_version: str, machine: str) -> str:
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=WHEEL_TIMEOUT_S, env=node_pip_env())
         except subprocess.TimeoutExpired:
-            raise FatpipeError(f"the index {venv.index or 'PyPI'} did not answer within {WHEEL_TIMEOUT_S} s") from None
+            raise IndexUnreachable(f"the index {venv.index or 'PyPI'} did not answer within {WHEEL_TIMEOUT_S} s") from None
         report = Path(tmp) / "report.json"
+        if done.returncode != 0 and any(word in done.stderr for word in UNREACHABLE):
+            raise IndexUnreachable(f"the index {venv.index or 'PyPI'} did not answer")
         if done.returncode != 0 or not report.is_file():
             lines = [line.strip() for line in done.stderr.splitlines() if line.strip()]
             named = [line for line in lines if "No matching distribution" in line or "satisfies the requ" in line]

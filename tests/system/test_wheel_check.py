@@ -21,7 +21,7 @@ import pytest
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.nodevenv import NodeVenv
-from fatpipe.ops.wheelcheck import torch_wheel
+from fatpipe.ops.wheelcheck import IndexUnreachable, torch_wheel
 
 pytestmark = pytest.mark.timeout(600)
 WHEEL = "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl"
@@ -72,6 +72,18 @@ def test_the_check_names_the_wheel_or_what_is_missing(index):
         torch_wheel(venv, "3.12", "riscv64")
     with pytest.raises(FatpipeError, match="not a Python version"):
         torch_wheel(venv, "3.12; rm -rf ~", "x86_64")
+
+
+
+def test_an_index_that_does_not_answer_is_not_a_missing_wheel():
+    """Offline here proves nothing about the nodes: the check says the index did not answer."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/simple"
+    with pytest.raises(IndexUnreachable, match=f"the index {url} did not answer"):
+        torch_wheel(NodeVenv("torch==2.13.0", url), "3.12", "x86_64")
 
 
 def test_up_names_a_missing_wheel_before_deploy(index, tmp_path):
