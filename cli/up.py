@@ -1,7 +1,7 @@
-"""`fatpipe up [CLUSTER]`: synth, deploy, wait, netcheck, data, rendezvous, launch, summary.
+"""`fatpipe up [CLUSTER]`: synth, wheels, deploy, wait, netcheck, data, rendezvous, launch, summary.
 
 Re-running `up` skips what is done: a deployment whose outputs match the cluster file and whose
-nodes all answer ready skips synth, deploy and wait; a netcheck that passed on this deployment
+nodes all answer ready skips synth, wheels, deploy and wait; a netcheck that passed on this deployment
 is reused. Training always runs anew. `--down-after` destroys the cluster on every way out:
 success, failure, Ctrl-C, SIGTERM (and says what it destroyed, or that the destroy failed). A
 Ctrl-C during that teardown asks before abandoning it; without a terminal it goes on.
