@@ -12,7 +12,7 @@ from rich.markup import escape
 
 from fatpipe.ops.netgate import fmt_size, link_cell, link_matrix
 
-PHASES = ("synth", "deploy", "wait", "netcheck", "data", "rendezvous", "launch", "summary")
+PHASES = ("synth", "wheels", "deploy", "wait", "netcheck", "data", "rendezvous", "launch", "summary")
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""`fatpipe up [CLUSTER]`: synth, deploy, wait, netcheck, data, rendezvous, launch, summary.
+"""`fatpipe up [CLUSTER]`: synth, wheels, deploy, wait, netcheck, data, rendezvous, launch, summary.
 
 Re-running `up` skips what is done: a deployment whose outputs match the cluster file and whose
-nodes all answer ready skips synth, deploy and wait; a netcheck that passed on this deployment
+nodes all answer ready skips synth, wheels, deploy and wait; a netcheck that passed on this deployment
 is reused. Training always runs anew. `--down-after` destroys the cluster on every way out:
 success, failure, Ctrl-C, SIGTERM (and says what it destroyed, or that the destroy failed). A
 Ctrl-C during that teardown asks before abandoning it; without a terminal it goes on.
@@ -161,19 +161,20 @@ class Up:
         path = Path(flags.outputs_file) if flags.outputs_file else outputs_file(self.project, spec.name)
         outputs, why = ready_deployment(self.project, spec, path)
         if outputs is not None:
-            for phase in ("synth", "deploy", "wait"):
+            for phase in ("synth", "wheels", "deploy", "wait"):
                 phases.skip(phase, "deployed, outputs match the cluster file, every node ready")
             return outputs, path
         if path.exists():
             self.out.print(f"[dim]{why}: deploying[/]")
 
-        def synth():
-            from fatpipe.stacks.engine import synth_stack
+        from fatpipe.ops.preflight import NOTHING_TO_PAY, wheel_preflight
+        from fatpipe.stacks.engine import synth_stack
 
-            return synth_stack(self.project, spec.name)
-
-        stack_dir = phases.run("synth", f"the {spec.provider} stack of {spec.name}", synth)
+        stack_dir = phases.run("synth", f"the {spec.provider} stack of {spec.name}",
+                               lambda: synth_stack(self.project, spec.name))
         phases.get("synth").note = str(stack_dir.relative_to(self.project.root))
+        phases.get("wheels").note = phases.run("wheels", "a torch wheel for the nodes' Python, before anything "
+                                               "is paid for", lambda: wheel_preflight(self.project, spec)) or NOTHING_TO_PAY
         outputs = phases.run("deploy", f"{spec.nodes} node(s) with {flags.engine}", lambda: deploy_outputs(
             self.project, spec.name, flags.engine, flags.yes, flags.verbose))
         phases.get("deploy").note = f"{len(outputs.nodes)} node(s)"

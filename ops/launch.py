@@ -25,7 +25,7 @@ from .noderun import (
     node_states,
     run_nodes,
 )
-from .prepare import prepare_node
+from .prepare import prepare_envs, prepare_node
 from .rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, plan_rendezvous
 from .runsync import pull_runs
 from .transport import fan_out
@@ -111,6 +111,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
     started, since = time.monotonic(), time.time()
     try:
         fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
+        prepare_envs(project, nodes, rdzv.gpus_per_node, log)  # after the project: its requirements file
         log(check_node_envs(nodes, run_dir))  # unequal nodes are refused before anything starts
         try:
             start_nodes(nodes)

@@ -1,4 +1,4 @@
-"""Get ssh nodes ready for a run: ship the project, the run folder and the trainer; make the venv.
+"""Get ssh nodes ready for a run: ship the project, the run folder and the trainer; make the venvs.
 
 Sim nodes share this machine's files and interpreter and need none of it.
 """
@@ -12,10 +12,11 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER, REMOTE_PKG, REMOTE_VENV
+from fatpipe.infra.nodevenv import node_venv, venv_stamp
 
 from .datacheck import data_excludes
 from .noderun import Log, NodeRun
-from .nodevenv import node_venv, venv_command, venv_stamp
+from .nodewheels import build_node_envs
 from .projectdir import claim_project_dir
 from .runsync import push_run
 
@@ -56,11 +57,7 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
         trainer_dir = trainer_package_dir()
         steps.append(("copy the trainer",
                       lambda: t.push(trainer_dir, f"{plan.workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES)))
-    if plan.python == f"{REMOTE_VENV}/bin/python":
-        venv = node_venv(project, gpus)
-        command = venv_command(venv_stamp(project.root, venv), venv)
-        steps.append(("make the venv", lambda: t.run(node.sh(command), timeout=1800)))
-    else:  # a given interpreter (an image that ships torch): only check it can
+    if plan.python != f"{REMOTE_VENV}/bin/python":  # a given interpreter (an image that ships torch)
         check = f'{shlex.quote(plan.python)} -c "import torch"'
         steps.append((f"check {plan.python}", lambda: t.run(node.sh(check), timeout=120)))
     for what, step in steps:
@@ -70,3 +67,11 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
             raise FatpipeError(f"{t.describe()}: {what} failed: {result.reason()}")
         log(f"{node.name}: {what} ({time.monotonic() - started:.1f} s)")
 
+
+
+def prepare_envs(project, nodes: list[NodeRun], gpus: int, log: Log) -> None:
+    """The venvs of the nodes that run in fatpipe's venv, from one download (ops/nodewheels.py)."""
+    built = [n for n in nodes if not n.transport.shares_fs and n.plan.python == f"{REMOTE_VENV}/bin/python"]
+    if built:
+        venv = node_venv(project, gpus)
+        build_node_envs(built, venv, venv_stamp(project.root, venv), log)

@@ -37,11 +37,12 @@ class Provider(ABC):
 
         return dict(tier_profile(cluster.tier).nccl)
 
-    def user_data(self, cluster) -> str:
-        """The node profile as cloud-init user data, for this provider's MTU and size limit."""
+    def user_data(self, cluster, project=None) -> str:
+        """The node profile as cloud-init user data, for this provider's MTU and size limit; with
+        `project`, the nodes also build its node venv during boot (stacks/bootenv.py)."""
         from fatpipe.stacks.node_profile import render_cloud_init
 
-        return render_cloud_init(cluster, self.mtu, self.user_data_limit, self.nccl_env(cluster))
+        return render_cloud_init(cluster, self.mtu, self.user_data_limit, self.nccl_env(cluster), project)
 
     def warnings(self, cluster) -> list[str]:
         """What the user should know before deploying this cluster (shown by synth)."""

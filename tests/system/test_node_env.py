@@ -20,8 +20,8 @@ import faults
 import pytest
 
 from fatpipe.infra.node import PROJECT_MARKER, REMOTE_VENV
+from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from fatpipe.infra.project import load_project
-from fatpipe.ops.nodevenv import node_venv, venv_stamp
 
 from .conftest import free_port
 

@@ -1,8 +1,9 @@
-"""The node venv command, run by bash with the real venv and pip, against a local wheel folder.
+"""The node venv commands, run by bash with the real venv and pip, against a local wheel folder.
 
-Stand-in wheels for torch, numpy and a declared package (no network): the venv fatpipe builds
-imports numpy beside torch, the same declaration is reused as it is, and another declaration
-rebuilds it from empty (a package dropped from `[node]` is gone).
+Stand-in wheels for torch, numpy and a declared package (no network): node 0's command downloads
+them into its wheel folder and builds its venv from that folder, which imports numpy beside
+torch; the same declaration is reused as it is, and another declaration rebuilds it from empty
+(a package dropped from `[node]` is gone). A peer builds the same venv from node 0's folder alone.
 """
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.node import REMOTE_VENV
-from fatpipe.ops.nodevenv import NodeVenv, venv_command, venv_stamp
+from fatpipe.infra.nodevenv import NodeVenv, venv_stamp
+from fatpipe.ops.nodewheels import fetch_command, peer_command, wheel_folder
 
 pytestmark = pytest.mark.timeout(600)
 
@@ -41,9 +43,10 @@ def make_wheel(folder: Path, name: str, version: str) -> None:
 
 
 def build(project: Path, venv: NodeVenv, wheels: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    """Node 0's command; "the index" is the local folder (pip's environment, not a config file)."""
+    env = {**os.environ, "PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(wheels)}
     env.pop("VIRTUAL_ENV", None)
-    command = venv_command(venv_stamp(project, venv), venv)
+    command = fetch_command(venv_stamp(project, venv), venv)
     return subprocess.run(["bash", "-c", command], cwd=project, env=env, text=True, capture_output=True, timeout=500)
 
 
@@ -70,6 +73,16 @@ def test_the_node_venv_holds_numpy_and_is_rebuilt_only_when_the_declaration_chan
     before = stamp.stat().st_mtime_ns
     again = build(project, declared, wheels)  # the same declaration: reused, nothing installed
     assert again.returncode == 0 and stamp.stat().st_mtime_ns == before, again.stderr[-3000:]
+
+    peer = tmp_path / "peer"
+    peer.mkdir()
+    (peer / "reqs.txt").write_text("einops\n")
+    folder = project / wheel_folder(venv_stamp(project, declared))
+    env = {k: v for k, v in os.environ.items() if k != "VIRTUAL_ENV"}
+    built = subprocess.run(["bash", "-c", peer_command(venv_stamp(project, declared), declared, str(folder))],
+                           cwd=peer, env=env, text=True, capture_output=True, timeout=500)
+    assert built.returncode == 0, built.stderr[-3000:]
+    assert [imports(peer, m) for m in ("torch", "numpy", "einops", "tiktoken")] == ["2.13.0", "2.3.1", "0.8.0", "0.9.0"]
 
     rebuilt = build(project, NodeVenv(declared.torch, declared.index, (), "reqs.txt"), wheels)
     assert rebuilt.returncode == 0, rebuilt.stderr[-3000:]

@@ -92,7 +92,7 @@ def test_up_default_cluster_on_netns(needs_netns, project_dir):
     assert up["summary"]["world_size"] == 4 and up["summary"]["netcheck_busbw_gbps"] > 0
     states = {p["name"]: p["state"] for p in up["phases"]}
     assert states.pop("data") == "skipped"  # no [data] declared
-    assert list(states.values()) == ["done"] * 8
+    assert list(states.values()) == ["done"] * 9  # wheels: done, with nothing to pay for on sim
     assert_nothing_left(project_dir, "upns")
 
 
@@ -107,7 +107,7 @@ def test_up_on_loopback_reruns_skip_what_is_done(project_dir):
         assert again.returncode == 0, again.stdout[-6000:]
         up = up_report(project_dir, "uplb")
         states = {p["name"]: p["state"] for p in up["phases"]}
-        assert states == {"synth": "skipped", "deploy": "skipped", "wait": "skipped", "netcheck": "skipped",
+        assert states == {"synth": "skipped", "wheels": "skipped", "deploy": "skipped", "wait": "skipped", "netcheck": "skipped",
                           "data": "skipped", "rendezvous": "done", "launch": "done", "summary": "done", "down": "done"}
         # The earlier netcheck was copied in, so the trainer's comm=auto read it for this run too.
         assert up["summary"]["netcheck_busbw_gbps"] > 0 and up["summary"]["final_loss"] > 0

@@ -9,6 +9,9 @@ from __future__ import annotations
 import base64
 import functools
 import hashlib
+import os
+import subprocess
+import sys
 import threading
 import zipfile
 from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
@@ -17,8 +20,8 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.ops.nodevenv import NodeVenv
-from fatpipe.ops.wheelcheck import torch_wheel
+from fatpipe.infra.nodevenv import NodeVenv
+from fatpipe.ops.wheelcheck import IndexUnreachable, torch_wheel
 
 pytestmark = pytest.mark.timeout(600)
 WHEEL = "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl"
@@ -69,3 +72,48 @@ def test_the_check_names_the_wheel_or_what_is_missing(index):
         torch_wheel(venv, "3.12", "riscv64")
     with pytest.raises(FatpipeError, match="not a Python version"):
         torch_wheel(venv, "3.12; rm -rf ~", "x86_64")
+
+
+
+def test_an_index_that_does_not_answer_is_not_a_missing_wheel():
+    """Offline here proves nothing about the nodes: the check says the index did not answer."""
+    import socket
+
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}/simple"
+    with pytest.raises(IndexUnreachable, match=f"the index {url} did not answer"):
+        torch_wheel(NodeVenv("torch==2.13.0", url), "3.12", "x86_64")
+
+
+def test_up_names_a_missing_wheel_before_deploy(index, tmp_path):
+    """An AWS cluster declaring a torch the index lacks for the AMI's Python 3.12: `up` stops at the
+    wheels phase, in one line, before the deploy phase (no credentials are ever asked for)."""
+    folder = tmp_path / "project"
+    folder.mkdir()
+    (folder / "id.pub").write_text("ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAITestKeyForValidationOnly t@t\n")
+    (folder / "fatpipe.toml").write_text(f"""\
+[clusters.awswheel]
+provider = "aws"
+region = "us-east-1"
+nodes = 2
+tier = "10g"
+instance_type = "c5n.2xlarge"
+ssh_public_key = "{folder / 'id.pub'}"
+ssh_cidr = "203.0.113.7/32"
+
+[node]
+torch = "torch==2.99.0"
+torch_index = "{index}"
+""")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("AWS_", "FATPIPE_TORCH"))}
+    env["COLUMNS"] = "300"
+    up = subprocess.run([sys.executable, "-m", "fatpipe.cli", "up", "awswheel", "--yes", "--", "train.py"],
+                        cwd=folder, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=600)
+    assert up.returncode != 0, up.stdout[-3000:]
+    errors = [line for line in up.stdout.splitlines() if line.lower().startswith("error:")]
+    assert len(errors) == 1 and f"no wheel for torch==2.99.0 on Python 3.12 x86_64 at {index}: " in errors[0], \
+        up.stdout[-3000:]
+    assert "torch==2.99.0" in errors[0].split(": ", 2)[-1]  # pip's own reason names it too
+    assert "wheels: a torch wheel" in up.stdout and "deploy: " not in up.stdout, up.stdout[-3000:]
+    assert not (folder / ".fatpipe" / "awswheel" / "outputs.json").exists()

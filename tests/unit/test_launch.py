@@ -6,9 +6,10 @@ import os
 import time
 from pathlib import Path
 
+from fatpipe.infra.nodevenv import NodeVenv, venv_stamp
 from fatpipe.ops.launch import follow_nodes, stop_nodes
 from fatpipe.ops.noderun import LaunchResult, NodeRun, worst_status
-from fatpipe.ops.nodevenv import NodeVenv, venv_command, venv_stamp
+from fatpipe.ops.nodewheels import fetch_command, peer_command
 from fatpipe.ops.rendezvous import NodePlan, Rendezvous
 from fatpipe.ops.transport import LocalTransport
 
@@ -82,11 +83,17 @@ def test_venv_is_reused_while_its_inputs_stay_the_same(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'y'\n")
     assert stamp != venv_stamp(tmp_path, venv)
 
-    command = venv_command(stamp, venv)
-    # With a matching stamp the command returns at once: nothing is built or downloaded.
+    # With a matching stamp the peer's command returns at once: nothing is built or downloaded.
     (tmp_path / ".fatpipe/venv").mkdir(parents=True)
     (tmp_path / ".fatpipe/venv/.fatpipe-stamp").write_text(stamp + "\n")
+    command = peer_command(stamp, venv, "http://10.0.0.10:1/")
     done = LocalTransport("n").run(f"cd {tmp_path} && PATH=/nonexistent; {command}", timeout=10)
+    assert done.ok, done.stderr
+    assert os.listdir(tmp_path / ".fatpipe/venv") == [".fatpipe-stamp"]
+    # Node 0 with its venv and a complete wheel folder: nothing either.
+    (tmp_path / ".fatpipe/wheels" / stamp).mkdir(parents=True)
+    (tmp_path / ".fatpipe/wheels" / stamp / ".complete").write_text("")
+    done = LocalTransport("n").run(f"cd {tmp_path} && PATH=/nonexistent; {fetch_command(stamp, venv)}", timeout=10)
     assert done.ok, done.stderr
     assert os.listdir(tmp_path / ".fatpipe/venv") == [".fatpipe-stamp"]
 

@@ -9,10 +9,11 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from fatpipe.infra.project import Project, parse_project
 from fatpipe.ops.nodeenv import ENV_FILE, check_node_envs, differences
 from fatpipe.ops.noderun import NodeRun
-from fatpipe.ops.nodevenv import node_venv, venv_command, venv_stamp
+from fatpipe.ops.nodewheels import fetch_command, peer_command
 from fatpipe.ops.rendezvous import NodePlan, Rendezvous
 from fatpipe.ops.transport import LocalTransport
 
@@ -81,9 +82,15 @@ def test_the_venv_installs_numpy_with_torch_and_each_requirement_as_one_argument
     monkeypatch.setenv("FATPIPE_TORCH", "torch==2.13.0")
     (tmp_path / "my reqs.txt").write_text("einops\n")
     venv = node_venv(project(tmp_path, '[node]\nrequirements = "my reqs.txt"\npackages = ["a[b]>=1"]\n'), 0)
-    command = venv_command("abc", venv)
-    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0 numpy;" in command  # PowerSGD needs it
-    assert "pip install -q -r 'my reqs.txt' 'a[b]>=1';" in command
+    fetch = fetch_command("abc", venv)
+    # torch and numpy (PowerSGD needs it) from torch's index, the project's from PyPI
+    assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0 numpy;" in fetch
+    assert "--find-links .fatpipe/wheels/abc.partial -r 'my reqs.txt' 'a[b]>=1';" in fetch
+    offline = "--no-index --find-links {} torch==2.13.0 numpy -r 'my reqs.txt' 'a[b]>=1';"
+    assert offline.format(".fatpipe/wheels/abc") in fetch  # node 0: from its own folder
+    peer = peer_command("abc", venv, "http://10.0.0.10:8000/")
+    assert "--find-links http://10.0.0.10:8000/ --trusted-host 10.0.0.10:8000 torch==2.13.0" in peer
+    assert "pip download" not in peer
 
 
 def probe_nodes(folder: Path, pythons: list[str]) -> list[NodeRun]:
@@ -126,3 +133,29 @@ def test_differences_name_the_odd_node_and_each_key():
         "node c: cuda 12.6, the others 12.8", "node c: numpy none, the others 2.3.1"]
     # Two nodes that disagree: the first node's values are "the others".
     assert differences({"a": one, "b": one | {"python": "3.11.9"}}) == ["node b: python 3.11.9, the others 3.12.3"]
+
+
+def test_the_wheel_server_leaves_the_command_and_is_its_own_process_group(tmp_path):
+    """Run as the transport runs it (`cd ... && ...`, output on pipes): the command returns once the
+    server listens, with the server's own process group, which a kill ends whole."""
+    import os
+    import re
+    import signal
+    import subprocess
+
+    from fatpipe.ops.nodewheels import serve_command
+
+    (tmp_path / ".fatpipe" / "wheels" / "abc").mkdir(parents=True)
+    (tmp_path / ".fatpipe" / "wheels" / "abc" / "x-1-py3-none-any.whl").write_bytes(b"w")
+    done = subprocess.run(["bash", "-c", f"cd {tmp_path} && {serve_command('abc', '127.0.0.1')}"],
+                          capture_output=True, text=True, timeout=300)
+    pid = int(re.search(r"^pid (\d+)$", done.stdout, re.M).group(1))
+    try:
+        assert os.getpgid(pid) == pid
+        port = int(re.search(r"port (\d+)", done.stdout).group(1))
+        from urllib.request import urlopen
+
+        with urlopen(f"http://127.0.0.1:{port}/", timeout=30) as page:
+            assert "x-1-py3-none-any.whl" in page.read().decode()
+    finally:
+        os.killpg(pid, signal.SIGTERM)

@@ -1,7 +1,9 @@
-"""The venv an ssh node runs in: what it holds (`[node]` resolved), its stamp, the command that builds it.
+"""The venv an ssh node runs in: what it holds (`[node]` resolved) and its stamp.
 
-docs/ARCHITECTURE.md, "The node environment": torch and numpy in one pip call, then the project's
-requirements; the stamp covers the whole declaration, so the venv is rebuilt exactly when it changes.
+docs/ARCHITECTURE.md, "The node environment": torch, numpy and the project's requirements; the
+stamp covers the whole declaration, so the venv is rebuilt exactly when it changes. How it is
+built: ops/nodewheels.py (ssh: one download, installed offline everywhere) and
+stacks/bootenv.py (clouds: during boot).
 """
 
 from __future__ import annotations
@@ -9,13 +11,12 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shlex
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.node import REMOTE_VENV
-from fatpipe.infra.nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, requirement
+from .errors import FatpipeError
+from .node import REMOTE_VENV
+from .nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, requirement
 
 TORCH_SPEC_ENV = "FATPIPE_TORCH"  # what the node venv installs for torch (default: this torch's version)
 TORCH_INDEX_ENV = "FATPIPE_TORCH_INDEX_URL"
@@ -65,22 +66,3 @@ def venv_stamp(project_root: Path, venv: NodeVenv) -> str:
         path = project_root / name if name else None
         digest.update(path.read_bytes() if path and path.is_file() else b"-")
     return digest.hexdigest()[:16]
-
-
-def venv_command(stamp: str, venv: NodeVenv) -> str:
-    """Make or reuse the project venv on a node; torch (pinned) and numpy first, then the rest.
-
-    numpy comes in the same pip call as torch: PowerSGD needs it, and one resolve keeps the pair
-    compatible. Another stamp rebuilds the venv from empty, so what the declaration dropped goes.
-    """
-    py = f"{REMOTE_VENV}/bin/python"
-    index_flag = f"--index-url {shlex.quote(venv.index)} " if venv.index else ""
-    extra = [*(["-r", venv.requirements] if venv.requirements else []), *venv.packages]
-    rest = f"{py} -m pip install -q {shlex.join(extra)}; " if extra else ""
-    return (
-        f"have=; [ -f {STAMP_FILE} ] && read -r have < {STAMP_FILE}; "
-        f'[ "$have" = {stamp} ] && exit 0; set -e; '
-        f"python3 -m venv --clear {REMOTE_VENV}; {py} -m pip install -q --upgrade pip; "
-        f"{py} -m pip install -q {index_flag}{shlex.quote(venv.torch)} numpy; "
-        f"{rest}echo {stamp} > {STAMP_FILE}"
-    )

@@ -1,0 +1,205 @@
+"""From `fatpipe up` to the first training step on cold nodes, and the bytes over the operator's link.
+
+Four sim nodes over SSH (netns, an sshd each, their own folders), deployed once. "The index" is a
+PEP 503 index this script serves on the operator's address of the private network, made from
+the wheels pip finds for this machine's torch and numpy (this machine reaches PyPI only; torch
+is a local CPU wheel, so a local index stands in for the real one), counting the bytes it serves.
+Two ways, side by side in one run, each from cold folders (no venv, no wheels):
+
+- before: every node builds its venv from the index (`pip install --index-url ...`, as node
+  venvs were built before wheels travelled like data), then `fatpipe up`;
+- after: `fatpipe up` alone: node 0 downloads once, the others install from it offline.
+
+Then the API's step overhead on a user script (bench/api_overhead.py, run as it is). Needs root,
+sshd and terraform, like the sim's system tests.
+
+    sudo .venv/bin/python bench/first_step.py [--nodes 4] [--out bench/results]
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
+from pathlib import Path
+from urllib.parse import unquote
+
+from packaging.utils import canonicalize_name, parse_wheel_filename
+
+from fatpipe.infra.node import REMOTE_VENV
+from fatpipe.infra.nodevenv import STAMP_FILE
+from fatpipe.infra.outputs import parse_outputs
+from fatpipe.ops.transport import fan_out, transports_for
+
+NAME, OCTET = "bench-wheels", 187
+BENCH = Path(__file__).resolve().parent
+
+
+def cli(folder: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+def index_files(folder: Path) -> None:
+    import torch
+
+    subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder),
+                    f"torch=={torch.__version__}", "numpy"], check=True, timeout=1800)
+
+
+class CountingIndex:
+    """A PEP 503 index over the wheel files in `files`, on `host`, counting the bytes it serves."""
+
+    def __init__(self, files: Path, root: Path, host: str):
+        for wheel in files.glob("*.whl"):
+            project = root / "simple" / canonicalize_name(parse_wheel_filename(wheel.name)[0])
+            project.mkdir(parents=True, exist_ok=True)
+            (project / wheel.name).symlink_to(wheel)
+            with open(project / "index.html", "a") as page:
+                page.write(f'<a href="{wheel.name}">{wheel.name}</a>\n')
+        self.bytes, index = 0, self
+
+        class Handler(SimpleHTTPRequestHandler):
+            def log_message(self, *args):
+                pass
+
+            def do_GET(self):
+                name = unquote(self.path.rsplit("/", 1)[-1])
+                if name.endswith(".whl"):
+                    index.bytes += (files / name).stat().st_size
+                super().do_GET()
+
+        self.server = ThreadingHTTPServer((host, 0), functools.partial(Handler, directory=str(root)))
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+        self.url = f"http://{host}:{self.server.server_address[1]}/simple"
+
+
+def project_toml(nodes: int) -> str:
+    return f"""\
+[clusters.{NAME}]
+provider = "sim"
+nodes = {nodes}
+tier = "1g"
+isolation = "netns"
+transport = "ssh"
+private_cidr = "10.{OCTET}.0.0/24"
+
+[train]
+preset = "tiny"
+steps = 3
+comm = "none"
+batch_size = 2
+seq_len = 32
+warmup_steps = 1
+checkpoint_every = 100
+node_metrics_every = 0
+"""
+
+
+def make_cold(outputs) -> None:
+    """No venv and no wheels on any node: each scenario starts from nothing."""
+    for node in outputs.nodes:
+        for path in (REMOTE_VENV, ".fatpipe/wheels"):
+            shutil.rmtree(Path(node.remote_dir) / path, ignore_errors=True)
+
+
+def up_to_first_step(folder: Path) -> tuple[float, bool]:
+    """Seconds from starting `fatpipe up` (deployed: no deploy phase) to the first step's line."""
+    started = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "fatpipe.cli", "up", NAME, "--netcheck", "off"], cwd=folder,
+                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    first, lines = None, []
+    for line in proc.stdout:
+        lines.append(line)
+        if first is None and "step 1/" in line:
+            first = time.monotonic() - started
+    ok = proc.wait() == 0 and first is not None
+    if not ok:
+        print("".join(lines[-40:]), file=sys.stderr)
+    return first or float("nan"), ok
+
+
+def each_node_from_index(folder: Path, outputs, index_url: str) -> None:
+    """The way before: every node makes its venv from the index, and stamps it as fatpipe would."""
+    from fatpipe.infra.nodevenv import node_venv, venv_stamp
+    from fatpipe.infra.project import load_project
+
+    project = load_project(folder / "fatpipe.toml")
+    venv = node_venv(project, gpus=0)
+    stamp, host = venv_stamp(project.root, venv), index_url.split("/")[2]
+    py = f"{REMOTE_VENV}/bin/python"
+    command = (f"export PIP_CONFIG_FILE=/dev/null; set -e; python3 -m venv --clear {REMOTE_VENV}; "
+               f"{py} -m pip install -q --index-url {shlex.quote(index_url)} --trusted-host {shlex.quote(host)} "
+               f"{shlex.quote(venv.torch)} numpy; echo {stamp} > {STAMP_FILE}")
+    transports = transports_for(outputs, project.state_dir(NAME))
+    dirs = [shlex.quote(n.remote_dir) for n in outputs.nodes]
+    results = fan_out(lambda pair: pair[0].run(f"mkdir -p {pair[1]} && cd {pair[1]} && {command}", timeout=3600),
+                      list(zip(transports, dirs, strict=True)))
+    bad = [r.reason() for r in results if not r.ok]
+    if bad:
+        raise SystemExit(f"a node could not build its venv from the index: {bad[0]}")
+
+
+def scenario(folder: Path, outputs, index: CountingIndex, before: bool) -> dict:
+    make_cold(outputs)
+    index.bytes, started = 0, time.monotonic()
+    if before:
+        each_node_from_index(folder, outputs, index.url)
+    installed_s = time.monotonic() - started
+    up_s, ok = up_to_first_step(folder)
+    return {"ok": ok, "to_first_step_s": installed_s + up_s, "index_bytes": index.bytes}
+
+
+def api_overhead(out: Path) -> dict:
+    subprocess.run([sys.executable, str(BENCH / "api_overhead.py"), "--steps", "100", "--out", str(out)],
+                   check=True, timeout=1800)
+    return json.loads((out / "api_overhead.json").read_text())
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--nodes", type=int, default=4)
+    p.add_argument("--out", type=Path, default=BENCH / "results")
+    args = p.parse_args()
+    with tempfile.TemporaryDirectory(prefix="fp-first-step-") as tmp:
+        folder, files = Path(tmp) / "project", Path(tmp) / "files"
+        folder.mkdir()
+        files.mkdir()
+        index_files(files)
+        (folder / "fatpipe.toml").write_text(project_toml(args.nodes))
+        deployed = cli(folder, "deploy", NAME, "--yes")
+        if deployed.returncode:
+            raise SystemExit(deployed.stdout[-3000:])
+        try:
+            outputs = parse_outputs(json.loads((folder / ".fatpipe" / NAME / "outputs.json").read_text()))
+            index = CountingIndex(files, Path(tmp) / "index", f"10.{OCTET}.0.1")
+            with open(folder / "fatpipe.toml", "a") as toml:
+                toml.write(f'\n[node]\ntorch_index = "{index.url}"\n')
+            doc = {"nodes": args.nodes, "wheel_bytes": sum(f.stat().st_size for f in files.glob("*.whl")),
+                   "before": scenario(folder, outputs, index, before=True),
+                   "after": scenario(folder, outputs, index, before=False)}
+            index.server.shutdown()
+        finally:
+            cli(folder, "down", NAME, timeout=600)
+        doc["api_overhead"] = api_overhead(Path(tmp) / "api")
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "first_step.json").write_text(json.dumps(doc, indent=2) + "\n")
+    b, a = doc["before"], doc["after"]
+    print(f"{args.nodes} cold nodes        {'before':>12} {'after':>12}")
+    print(f"up -> first step (s)  {b['to_first_step_s']:12.1f} {a['to_first_step_s']:12.1f}")
+    print(f"index bytes (MB)      {b['index_bytes'] / 1e6:12.1f} {a['index_bytes'] / 1e6:12.1f}")
+    o = doc["api_overhead"]
+    print(f"API step overhead: ratio {o['ratio']:.3f} ({(o['ratio'] - 1) * 100:+.1f}%, goal < 2%)")
+    return 0 if b["ok"] and a["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
