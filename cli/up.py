@@ -1,10 +1,10 @@
 """`fatpipe up [CLUSTER]`: synth, wheels, deploy, wait, netcheck, data, rendezvous, launch, summary.
 
 Re-running `up` skips what is done: a deployment whose outputs match the cluster file and whose
-nodes all answer ready skips synth, wheels, deploy and wait; a netcheck that passed on this deployment
-is reused. Training always runs anew. `--down-after` destroys the cluster on every way out:
-success, failure, Ctrl-C, SIGTERM (and says what it destroyed, or that the destroy failed). A
-Ctrl-C during that teardown asks before abandoning it; without a terminal it goes on.
+nodes all answer ready skips synth, wheels, deploy and wait; a netcheck that passed on this
+deployment is reused. Training always runs anew. `--down-after` destroys the cluster on every way
+out (success, failure, Ctrl-C, SIGTERM) and says what it destroyed, or that the destroy failed; a
+Ctrl-C during that teardown asks before abandoning it, without a terminal it goes on.
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ from .options import (
     verbose_option,
     yes_option,
 )
-from .render import Phases, note, readiness_table, summary_table
+from .render import Phases, escape, note, readiness_table, summary_table
 from .steps import (
     TERMINATED,
     TeardownAbandoned,
@@ -119,7 +119,7 @@ class Up:
             code = 143 if isinstance(e, Terminated) else 130
             self.say("[yellow]terminated[/]" if code == 143 else "[yellow]interrupted[/]")
         except FatpipeError as e:
-            self.say(f"[red]error[/]: {e}")
+            self.say(f"[red]error[/]: {escape(str(e))}")
             code = e.exit_code
         except BrokenPipeError:  # the reader of our output went away: finish quietly
             silence_output()
@@ -216,7 +216,7 @@ class Up:
             "passed" if passed else "below the tier (--no-gate)")
 
     def train(self, outputs, run: tuple[str, Path], train, script: list[str]) -> int:
-        from fatpipe.ops.summary import run_summary
+        from fatpipe.ops.summary import no_steps_hint, run_summary
 
         phases, run_dir = self.phases, run[1]
         rdzv, _ = phases.run("rendezvous", f"c10d at {outputs.rdzv_endpoint}", lambda: new_rendezvous(
@@ -227,20 +227,16 @@ class Up:
             self.project, outputs, rdzv, run_dir, self.out, timeout_s=self.flags.timeout_s), spinner=False)
         self.report["exit_codes"] = result.exit_codes
         launch = phases.get("launch")
+        launch.note = f"all {len(result.exit_codes)} node(s) exit 0" if result.ok else (
+            "interrupted" if result.interrupted else "timed out" if result.timed_out else
+            result.failure or f"worst exit {result.exit_code}")
         if not result.ok:
             launch.state = "failed"
-            launch.note = "interrupted" if result.interrupted else "timed out" if result.timed_out else (
-                result.failure or f"worst exit {result.exit_code}")
-        else:
-            launch.note = f"all {len(result.exit_codes)} node(s) exit 0"
 
         def summary():
             doc = run_summary(run_dir, outputs.tier_gbps)
-            if script and result.ok and doc.get("steps") is None:
-                note(self.out)(f"{script[0]} recorded no steps for fatpipe: three lines give it comm=auto, "
-                               "per-node metrics, top and the report (README: Your own script)")
-                return doc
-            self.out.print(summary_table(doc))
+            hint = no_steps_hint(script, result.ok, doc)  # a script that does not use the API
+            self.out.print(hint or summary_table(doc), style="dim" if hint else None, markup=False)
             return doc
 
         self.report["summary"] = phases.run("summary", "what the run achieved", summary, spinner=False)
@@ -280,7 +276,7 @@ class Up:
                      f"`fatpipe down {name}` removes them")
             return code or 130
         except Exception as e:  # noqa: BLE001 - whatever broke, the user must hear the cluster may be up
-            self.say(f"[red]destroy of {name} failed[/]: {e}\nresources may be left: run `fatpipe down {name}`")
+            self.say(f"[red]destroy of {name} failed[/]: {escape(str(e))}\nresources may be left: run `fatpipe down {name}`")
             return code or 1
         self.phases.get("down").note = result.summary()
         self.report["teardown"] = asdict(result)

@@ -40,3 +40,11 @@ def run_summary(run_dir: Path, tier_gbps: float) -> dict:
         "collectives_attempted": train.get("collectives_attempted"),
         "sync_failure_rate": train.get("sync_failure_rate"),
     }
+
+
+def no_steps_hint(script: list[str], ok: bool, doc: dict) -> str | None:
+    """What to say instead of an empty summary when a script that ran fine recorded no steps."""
+    if not script or not ok or doc.get("steps") is not None:
+        return None
+    return (f"{script[0]} recorded no steps for fatpipe: three lines give it comm=auto, per-node "
+            "metrics, top and the report (README: Your own script)")
