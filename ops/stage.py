@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.trainer.hashcache import CACHE_SUFFIX
 from fatpipe.trainer.manifest import (
     MANIFEST_NAME,
     PARTIAL_SUFFIX,
@@ -32,9 +33,9 @@ from .datacheck import (
     NodeData,
     check_data,
     declared_data,
+    local_hash_cache,
     local_manifest_path,
     node_workdir,
-    read_local_manifest,
     save_local_manifest,
 )
 from .transport import transports_for
@@ -66,7 +67,9 @@ def make_manifest(project, cluster: str) -> tuple[dict, Path]:
         raise FatpipeError(f"data source {spec.source}: no such file or folder ({source})", exit_code=2)
     if not (source.is_file() or source.is_dir()):
         raise FatpipeError(f"data source {spec.source}: neither a file nor a folder", exit_code=2)
-    manifest = build_manifest(source, spec.chunk_size, spec.path, previous=read_local_manifest(project, cluster))
+    cache = local_hash_cache(project, cluster, spec.chunk_size)
+    manifest = build_manifest(source, spec.chunk_size, spec.path, cache=cache)
+    cache.save()
     save_local_manifest(project, cluster, manifest)
     return manifest, source
 
@@ -123,7 +126,8 @@ def _uplink(t, workdir: str, source: Path, manifest: dict) -> float:
         dest += "/"
     # Random data does not compress: --no-z saves the CPU; --checksum finds a corrupted file of
     # the right size and time; the manifest and partial chain copies stay out of it.
-    extra = ["--no-z", "--checksum", f"--exclude={MANIFEST_NAME}", f"--exclude=*{PARTIAL_SUFFIX}"]
+    extra = ["--no-z", "--checksum", f"--exclude={MANIFEST_NAME}", f"--exclude=*{PARTIAL_SUFFIX}",
+             f"--exclude=*{CACHE_SUFFIX}"]
     done = t.copy_to(src, dest, extra, timeout=UPLINK_TIMEOUT_S)
     if not done.ok:
         raise FatpipeError(f"{t.describe()}: copying the data failed: {done.reason()} (run the push "

@@ -29,6 +29,7 @@ from fatpipe.trainer.manifest import (
     file_target,
     hash_file,
     held_chunks,
+    node_cache,
     write_manifest,
 )
 
@@ -155,17 +156,19 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
     return received
 
 
-def finish_files(manifest: dict, root: Path, touched: set[int]) -> str | None:
-    """Rename every complete partial copy into place once its sha256 matches; the first problem, if any."""
+def finish_files(manifest: dict, root: Path, touched: set[int], cache) -> str | None:
+    """Rename every complete partial copy into place once its sha256 matches (remembered in the hash
+    cache, so the next check does not read it again); the first problem, if any."""
     for f, entry in enumerate(manifest["files"]):
         target = file_target(manifest, root, entry["name"])
         part = target.with_name(target.name + PARTIAL_SUFFIX)
         if f not in touched:
             continue
-        sha, _ = hash_file(part, manifest["chunk_size"])
+        sha, chunks = hash_file(part, manifest["chunk_size"])
         if sha != entry["sha256"]:
             return f"{entry['name']}: the received copy's sha256 does not match the manifest"
         os.replace(part, target)
+        cache.remember(target, sha, chunks)
     return None
 
 
@@ -183,7 +186,8 @@ def stage(manifest: dict, root: Path) -> dict:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    held = [held_chunks(manifest, root, entry) for entry in manifest["files"]]
+    cache = node_cache(manifest, root)
+    held = [held_chunks(manifest, root, entry, cache) for entry in manifest["files"]]
     everyone: list = [None] * world
     dist.all_gather_object(everyone, held)
     if not all(all(chunks) for chunks in everyone[0]):
@@ -207,7 +211,8 @@ def stage(manifest: dict, root: Path) -> dict:
     finally:
         files.close()
     progress(received, final=True)
-    problem = finish_files(manifest, root, touched)
+    problem = finish_files(manifest, root, touched, cache)
+    cache.save()
     if problem is None:
         write_manifest(manifest, root)
     mine = {"node": os.environ.get("FATPIPE_NODE_NAME", f"rank-{rank}"), "received": received,

@@ -54,12 +54,17 @@ def test_a_folder_manifest_lists_every_file_sorted_and_skips_its_own_files(tmp_p
 
 
 def test_unchanged_files_keep_their_hashes_without_reading(tmp_path, monkeypatch):
-    folder = make_folder(tmp_path, {"a": CHUNK})
-    first = build_manifest(folder, CHUNK, "data/set")
+    import fatpipe.trainer.hashcache as hc
     import fatpipe.trainer.manifest as m
+    from fatpipe.trainer.hashcache import HashCache
 
+    monkeypatch.setattr(hc, "RACY_NS", 0)  # the files were written a moment ago
+    folder = make_folder(tmp_path, {"a": CHUNK})
+    cache = HashCache(tmp_path / "hashes.json", CHUNK)
+    first = build_manifest(folder, CHUNK, "data/set", cache=cache)
+    cache.save()
     monkeypatch.setattr(m, "hash_file", lambda *a, **k: (_ for _ in ()).throw(AssertionError("hashed again")))
-    assert build_manifest(folder, CHUNK, "data/set", previous=first) == first
+    assert build_manifest(folder, CHUNK, "data/set", cache=HashCache(tmp_path / "hashes.json", CHUNK)) == first
 
 
 def test_a_corrupted_chunk_is_named_with_its_file(tmp_path):
