@@ -5,9 +5,10 @@
 Run from the project folder, one process per node, gloo on the nodes' private interfaces. Every
 rank first hashes what it holds (a file, else its partial copy) and the ranks all-gather which
 chunks each lacks. A chunk travels from the nearest rank before its first taker that holds it,
-rank r receiving it from r - 1 and forwarding it to r + 1 while it already receives the next one
-(isend/irecv, three chunk buffers per rank: memory stays bounded whatever the data size). Only
-chunks some rank lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
+rank r receiving it from r - 1 and forwarding it to r + 1 while it already receives the next ones
+(isend/irecv). A chunk travels in pieces of PIECE_SIZE, so a rank forwards the start of a chunk
+before the rest arrives (the chain's time hardly grows with its length) and holds BUFFERS pieces
+at most (memory stays bounded whatever the data and chunk size). Only chunks some rank lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
 its sha256 matches the manifest, so an interrupted push leaves only partial files, whose right
 chunks the next push keeps. Rank 0 prints the outcome on one `STAGE_JSON ` line; every rank
 prints `STAGE_PROGRESS <rank> <received> <to receive>` as it goes.
@@ -35,7 +36,8 @@ from fatpipe.trainer.manifest import (
 
 RESULT_PREFIX = "STAGE_JSON "
 PROGRESS_PREFIX = "STAGE_PROGRESS "
-BUFFERS = 3  # one being received, one being written and forwarded, one still being sent
+PIECE_SIZE = 4 << 20  # bytes per message: small enough to pipeline, large enough for full links
+BUFFERS = 6  # pieces per rank: up to four being received, one written and forwarded, one still being sent
 PROGRESS_EVERY_S = 0.5
 
 
@@ -43,7 +45,7 @@ PROGRESS_EVERY_S = 0.5
 class Task:
     """This rank's part in moving one chunk: read it from disk or receive it; write it; forward it."""
 
-    tag: int  # the chunk's index over the whole data set: sender and receiver agree on it
+    tag: int  # the piece's index over the whole data set: sender and receiver agree on it
     file: int
     offset: int
     length: int
@@ -52,9 +54,11 @@ class Task:
     send: bool
 
 
-def plan(manifest: dict, held: list[list[list[bool]]], rank: int) -> list[Task]:
-    """This rank's tasks, in the order every rank walks the chunks. `held[r][f][c]`: rank r holds it."""
+def plan(manifest: dict, held: list[list[list[bool]]], rank: int, piece_size: int = PIECE_SIZE) -> list[Task]:
+    """This rank's tasks, a piece each, in the order every rank walks the chunks. `held[r][f][c]`:
+    rank r holds chunk c of file f."""
     tasks, tag, size = [], 0, manifest["chunk_size"]
+    per_chunk = -(-size // piece_size)
     for f, entry in enumerate(manifest["files"]):
         for c in range(len(entry["chunks"])):
             takers = [r for r in range(len(held)) if not held[r][f][c]]
@@ -67,8 +71,9 @@ def plan(manifest: dict, held: list[list[list[bool]]], rank: int) -> list[Task]:
                 continue
             source = holders[-1]
             length = min(size, entry["size"] - c * size)
-            tasks.append(Task(tag, f, c * size, length, receive=rank > source,
-                              write=rank in takers, send=rank < last))
+            for p, at in enumerate(range(0, length, piece_size)):
+                tasks.append(Task((tag - 1) * per_chunk + p + 1, f, c * size + at, min(piece_size, length - at),
+                                  receive=rank > source, write=rank in takers, send=rank < last))
     return tasks
 
 
@@ -116,7 +121,9 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
 
     if not tasks:
         return 0
-    bufs = [torch.empty(manifest["chunk_size"], dtype=torch.uint8) for _ in range(min(BUFFERS, len(tasks)))]
+    longest = max(t.length for t in tasks)
+    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(min(BUFFERS, len(tasks)))]
+    ahead = max(1, len(bufs) - 2)  # receives posted beyond the piece in hand; two buffers left to send from
     sends: dict[int, object] = {}
     recvs: dict[int, object] = {}
     received = 0
@@ -124,7 +131,7 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
     def view(i: int):
         return bufs[i % len(bufs)][: tasks[i].length]
 
-    def claim(i: int) -> None:  # the buffer of task i is free once task i - BUFFERS was sent
+    def claim(i: int) -> None:  # the buffer of task i is free once task i - len(bufs) was sent
         work = sends.pop(i - len(bufs), None)
         if work is not None:
             work.wait()
@@ -134,9 +141,10 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
             claim(i)
             recvs[i] = dist.irecv(view(i), src=rank - 1, tag=tasks[i].tag)
 
-    post_receive(0)
+    for i in range(ahead):
+        post_receive(i)
     for i, task in enumerate(tasks):
-        post_receive(i + 1)  # the next chunk arrives while this one is written and forwarded
+        post_receive(i + ahead)  # the next pieces arrive while this one is written and forwarded
         data = view(i)
         if task.receive:
             recvs.pop(i).wait()

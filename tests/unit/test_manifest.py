@@ -127,3 +127,11 @@ def test_a_chain_relays_through_ranks_that_hold_a_chunk():
     held = [[[True]], [[False]], [[True]], [[False]]]
     roles = [[(t.receive, t.write, t.send) for t in plan(manifest, held, r)] for r in range(4)]
     assert roles == [[(False, False, True)], [(True, True, True)], [(True, False, True)], [(True, True, False)]]
+
+
+def test_a_chunk_travels_in_pieces_each_with_its_own_tag():
+    manifest = {"chunk_size": 10, "files": [{"size": 25, "chunks": ["a", "b", "c"]}]}
+    held = [[[True, True, True]], [[False, True, False]]]
+    got = [(t.tag, t.offset, t.length) for t in plan(manifest, held, 1, piece_size=4)]
+    # chunk 0: bytes 0-9 in pieces of 4, 4, 2 (tags 1-3); chunk 1 is held (tags 4-6 unused); chunk 2: 5 bytes
+    assert got == [(1, 0, 4), (2, 4, 4), (3, 8, 2), (7, 20, 4), (8, 24, 1)]
