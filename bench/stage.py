@@ -38,8 +38,13 @@ def fatpipe(folder: Path, *args: str, timeout: float = 3600) -> subprocess.Compl
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "NO_COLOR": "1",
            "COLUMNS": "200"}
     env.pop("FATPIPE_CONFIG", None)
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    started, lines = time.monotonic(), []
+    with subprocess.Popen([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT) as proc:
+        for line in proc.stdout:  # each line stamped with when it came: where a push spends its time
+            lines.append(f"[{time.monotonic() - started:7.2f} s] {line}")
+        proc.wait(timeout=timeout)
+    return subprocess.CompletedProcess(proc.args, proc.returncode, "".join(lines))
 
 
 def checked(done: subprocess.CompletedProcess, what: str) -> subprocess.CompletedProcess:
@@ -65,6 +70,7 @@ class MemoryPoll:
         self.ns_ino = {os.stat(f"/run/netns/{ns}").st_ino: i for i, ns in enumerate(namespaces)}
         self.every_s, self.stop = every_s, threading.Event()
         self.peak_sum = [0] * len(namespaces)  # kB: VmRSS summed over the node's processes
+        self.peak_anon = [0] * len(namespaces)  # kB: RssAnon summed (not torch's shared library pages)
         self.peak_proc = [(0, "")] * len(namespaces)  # kB, name: the largest VmHWM of one process
         self.thread = threading.Thread(target=self._loop, daemon=True)
 
@@ -78,7 +84,7 @@ class MemoryPoll:
 
     def _loop(self) -> None:
         while not self.stop.wait(self.every_s):
-            sums = [0] * len(self.peak_sum)
+            sums, anon = [0] * len(self.peak_sum), [0] * len(self.peak_sum)
             for pid in filter(str.isdigit, os.listdir("/proc")):
                 try:
                     node = self.ns_ino.get(os.stat(f"/proc/{pid}/ns/net").st_ino)
@@ -87,11 +93,13 @@ class MemoryPoll:
                     status = Path(f"/proc/{pid}/status").read_text()
                 except OSError:
                     continue
-                fields = dict(re.findall(r"^(Name|VmRSS|VmHWM):\s+(\S+)", status, re.M))
+                fields = dict(re.findall(r"^(Name|VmRSS|VmHWM|RssAnon):\s+(\S+)", status, re.M))
                 sums[node] += int(fields.get("VmRSS", 0))
+                anon[node] += int(fields.get("RssAnon", 0))
                 if int(fields.get("VmHWM", 0)) > self.peak_proc[node][0]:
                     self.peak_proc[node] = (int(fields["VmHWM"]), fields.get("Name", "?"))
             self.peak_sum = [max(a, b) for a, b in zip(self.peak_sum, sums, strict=True)]
+            self.peak_anon = [max(a, b) for a, b in zip(self.peak_anon, anon, strict=True)]
 
 
 def star(root: Path, outputs_file: Path, source: Path) -> float:
@@ -131,7 +139,7 @@ def clear_nodes(node_dirs: list[Path]) -> None:
         shutil.rmtree(d / "data", ignore_errors=True)
 
 
-def one_case(root: Path, size_mib: int, n: int, node_dirs: list[Path], namespaces: list[str]) -> dict:
+def one_case(root: Path, size_mib: int, n: int, node_dirs: list[Path], namespaces: list[str], logs: Path) -> dict:
     outputs = json.loads((root / ".fatpipe" / CLUSTER / "outputs.json").read_text())
     outputs_file = root / f"outputs-{n}.json"
     outputs_file.write_text(json.dumps({**outputs, "nodes": outputs["nodes"][:n]}))
@@ -145,6 +153,8 @@ def one_case(root: Path, size_mib: int, n: int, node_dirs: list[Path], namespace
     started = time.monotonic()
     again = checked(fatpipe(root, *push), "second data push")
     again_s = time.monotonic() - started
+    (logs / f"{size_mib}mib-{n}nodes-push.log").write_text(first.stdout)
+    (logs / f"{size_mib}mib-{n}nodes-again.log").write_text(again.stdout)
     if "nothing to fan out" not in again.stdout:
         raise RuntimeError(f"the second push moved data:\n{again.stdout[-2000:]}")
     clear_nodes(node_dirs[:n])
@@ -152,6 +162,7 @@ def one_case(root: Path, size_mib: int, n: int, node_dirs: list[Path], namespace
     clear_nodes(node_dirs[:n])
     return {"size_mib": size_mib, "nodes": n, "push_s": push_s, "uplink_s": float(uplink[1]) if uplink else None,
             "repush_s": again_s, "star_s": star_s, "peak_node_rss_mb": max(memory.peak_sum) / 1024,
+            "peak_node_anon_mb": max(memory.peak_anon) / 1024,
             "peak_process_hwm_mb": max(p[0] for p in memory.peak_proc) / 1024,
             "peak_process": max(memory.peak_proc)[1]}
 
@@ -180,8 +191,10 @@ def goals(rows: list[dict], uplink_mbit: float, link_gbit: float) -> list[str]:
     worst = max(r["repush_s"] for r in rows)
     out.append(f"second push, nothing changed: at most {worst:.1f} s <= 5 s (hashes cached): "
                f"{'met' if worst <= 5 else 'MISSED'}")
-    peak = max(r["peak_node_rss_mb"] for r in rows)
-    out.append(f"peak memory of a node's processes: {peak:.0f} MB < 256 MB: {'met' if peak < 256 else 'MISSED'}")
+    peak, anon = max(r["peak_node_rss_mb"] for r in rows), max(r["peak_node_anon_mb"] for r in rows)
+    out.append(f"peak memory of a node's processes: {anon:.0f} MB private (RssAnon) < 256 MB: "
+               f"{'met' if anon < 256 else 'MISSED'}; {peak:.0f} MB resident with torch's shared library "
+               f"pages: {'met' if peak < 256 else 'MISSED'}")
     return out
 
 
@@ -207,6 +220,8 @@ def main() -> int:
         f'transport = "ssh"\nprivate_cidr = "{CIDR}"\nrdzv_port = 29651\nlink_gbps = {args.link_gbit}\n\n'
         '[data]\nsource = "data/set"\n')
     rows: list[dict] = []
+    logs = Path(args.out) / "stage-logs"
+    logs.mkdir(parents=True, exist_ok=True)
     try:
         checked(fatpipe(root, "deploy", CLUSTER, "--yes"), "deploy")
         names = [link_names(CLUSTER, i) for i in range(max(counts))]
@@ -218,11 +233,11 @@ def main() -> int:
             time.sleep(1.5)  # past the hash cache's racy window, then warm the operator's hashes
             warm_operator_hashes(root)
             for n in counts:
-                rows.append(one_case(root, size, n, node_dirs, [x["netns"] for x in names]))
+                rows.append(one_case(root, size, n, node_dirs, [x["netns"] for x in names], logs))
                 r = rows[-1]
                 print(f"{size:>5} MiB {n} nodes: push {r['push_s']:6.1f} s (uplink {r['uplink_s']} s), again "
                       f"{r['repush_s']:4.1f} s, star {r['star_s']:6.1f} s, ratio {r['star_s'] / r['push_s']:.2f}, "
-                      f"node memory {r['peak_node_rss_mb']:.0f} MB (one process {r['peak_process_hwm_mb']:.0f} "
+                      f"node memory {r['peak_node_anon_mb']:.0f} MB private, {r['peak_node_rss_mb']:.0f} MB resident (one process {r['peak_process_hwm_mb']:.0f} "
                       f"MB, {r['peak_process']}), load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         fatpipe(root, "down", CLUSTER)

@@ -230,16 +230,33 @@ def stage(manifest: dict, root: Path) -> dict:
     return {"fingerprint": manifest["fingerprint"], "nodes": report}
 
 
+def wait_for_source(ready: Path, wait_s: float) -> None:
+    """Node 0's data arrives over the uplink while the chain starts: wait for the operator's word."""
+    deadline = time.monotonic() + wait_s
+    while not ready.is_file():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"fatpipe: the copy to node 0 did not finish within {wait_s:.0f} s")
+        time.sleep(0.2)
+    word = ready.read_text().strip()
+    if word != "ok":
+        raise SystemExit(f"fatpipe: the copy to node 0 {word}")
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.stage", description=__doc__.split("\n")[0])
     p.add_argument("--manifest", required=True, help="the manifest of the data to stage")
     p.add_argument("--timeout-s", type=float, default=600.0, help="the longest wait for one chunk")
+    p.add_argument("--source-ready", help="rank 0 waits for this file (`ok`, or `failed: why`): the copy to node 0")
+    p.add_argument("--wait-s", type=float, default=0.0, help="how long rank 0 may wait for --source-ready")
     args = p.parse_args(argv)
     manifest = json.loads(Path(args.manifest).read_text())
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    wait = args.wait_s if args.source_ready else 0.0
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s + wait))
     try:
+        if args.source_ready and dist.get_rank() == 0:
+            wait_for_source(Path(args.source_ready), wait)
         result = stage(manifest, Path.cwd())
         if dist.get_rank() == 0:
             print(RESULT_PREFIX + json.dumps(result), flush=True)
