@@ -49,6 +49,24 @@ def hash_file(path: Path, chunk_size: int, limit: int | None = None) -> tuple[st
     return whole.hexdigest(), chunks
 
 
+class ChunkCheck:
+    """The sha256 of each chunk a node receives, fed piece by piece as they arrive (a chunk's pieces
+    come in order), so a received file is checked without reading it again."""
+
+    def __init__(self, manifest: dict):
+        self.manifest, self.running, self.good = manifest, {}, set()
+
+    def feed(self, f: int, offset: int, data) -> None:
+        size, entry = self.manifest["chunk_size"], self.manifest["files"][f]
+        c = offset // size
+        running = self.running.setdefault((f, c), hashlib.sha256())
+        running.update(data)
+        if offset + len(data) == min((c + 1) * size, entry["size"]):  # the chunk's last piece
+            del self.running[(f, c)]
+            if running.hexdigest() == entry["chunks"][c]:
+                self.good.add((f, c))
+
+
 def data_files(source: Path) -> list[tuple[str, Path]]:
     """(name in the manifest, path) of every file of a folder, sorted; a file source is itself."""
     source = Path(source)

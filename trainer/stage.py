@@ -9,8 +9,8 @@ rank r receiving it from r - 1 and forwarding it to r + 1 while it already recei
 (isend/irecv). A chunk travels in pieces of PIECE_SIZE, so a rank forwards the start of a chunk
 before the rest arrives (the chain's time hardly grows with its length) and holds BUFFERS pieces
 at most (memory stays bounded whatever the data and chunk size). Only chunks some rank lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
-its sha256 matches the manifest, so an interrupted push leaves only partial files, whose right
-chunks the next push keeps. Rank 0 prints the outcome on one `STAGE_JSON ` line; every rank
+every chunk's sha256, checked as its pieces arrive, matches the manifest (no second read), so an
+interrupted push leaves only partial files, whose right chunks the next push keeps. Rank 0 prints the outcome on one `STAGE_JSON ` line; every rank
 prints `STAGE_PROGRESS <rank> <received> <to receive>` as it goes.
 """
 
@@ -27,8 +27,8 @@ from pathlib import Path
 
 from fatpipe.trainer.manifest import (
     PARTIAL_SUFFIX,
+    ChunkCheck,
     file_target,
-    hash_file,
     held_chunks,
     node_cache,
     write_manifest,
@@ -114,8 +114,8 @@ class Files:
             handle.close()
 
 
-def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progress) -> int:
-    """Move this rank's chunks; returns the bytes it received."""
+def run_chain(tasks: list[Task], files: Files, check: ChunkCheck, rank: int, progress) -> int:
+    """Move this rank's pieces, checking each chunk it writes as it comes; returns the bytes it received."""
     import torch
     import torch.distributed as dist
 
@@ -156,6 +156,7 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
             handle = files.partial(task.file)
             handle.seek(task.offset)
             handle.write(memoryview(data.numpy()))
+            check.feed(task.file, task.offset, memoryview(data.numpy()))
         if task.send:
             sends[i] = dist.isend(data, dst=rank + 1, tag=task.tag)
         progress(received)
@@ -164,19 +165,19 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
     return received
 
 
-def finish_files(manifest: dict, root: Path, touched: set[int], cache) -> str | None:
-    """Rename every complete partial copy into place once its sha256 matches (remembered in the hash
-    cache, so the next check does not read it again); the first problem, if any."""
-    for f, entry in enumerate(manifest["files"]):
+def finish_files(manifest: dict, root: Path, touched: set[int], held: list[list[bool]], check: ChunkCheck,
+                 cache) -> str | None:
+    """Rename every partial copy into place once each chunk is right: held from the start, or received
+    with its sha256 checked on arrival (so not read again); the hash cache remembers it. The first
+    problem, if any."""
+    for f in sorted(touched):
+        entry = manifest["files"][f]
         target = file_target(manifest, root, entry["name"])
-        part = target.with_name(target.name + PARTIAL_SUFFIX)
-        if f not in touched:
-            continue
-        sha, chunks = hash_file(part, manifest["chunk_size"])
-        if sha != entry["sha256"]:
-            return f"{entry['name']}: the received copy's sha256 does not match the manifest"
-        os.replace(part, target)
-        cache.remember(target, sha, chunks)
+        wrong = [c for c in range(len(entry["chunks"])) if not held[f][c] and (f, c) not in check.good]
+        if wrong:
+            return f"{entry['name']}: chunk {wrong[0]} of the received copy does not match the manifest (sha256)"
+        os.replace(target.with_name(target.name + PARTIAL_SUFFIX), target)
+        cache.remember(target, entry["sha256"], entry["chunks"])
     return None
 
 
@@ -202,7 +203,7 @@ def stage(manifest: dict, root: Path) -> dict:
         raise SystemExit("fatpipe: node 0 does not hold every chunk of the data it should send")
     tasks = plan(manifest, everyone, rank)
     to_receive = sum(t.length for t in tasks if t.receive)
-    files, last = Files(manifest, root), [0.0]
+    files, check, last = Files(manifest, root), ChunkCheck(manifest), [0.0]
 
     def progress(received: int, final: bool = False) -> None:
         if final or time.monotonic() - last[0] > PROGRESS_EVERY_S:
@@ -214,12 +215,12 @@ def stage(manifest: dict, root: Path) -> dict:
     try:
         for f in needs_opening(manifest, root, held):
             files.partial(f)
-        received = run_chain(tasks, files, manifest, rank, progress)
+        received = run_chain(tasks, files, check, rank, progress)
         touched = set(files.open)
     finally:
         files.close()
     progress(received, final=True)
-    problem = finish_files(manifest, root, touched, cache)
+    problem = finish_files(manifest, root, touched, held, check, cache)
     cache.save()
     if problem is None:
         write_manifest(manifest, root)

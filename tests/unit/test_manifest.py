@@ -135,3 +135,32 @@ def test_a_chunk_travels_in_pieces_each_with_its_own_tag():
     got = [(t.tag, t.offset, t.length) for t in plan(manifest, held, 1, piece_size=4)]
     # chunk 0: bytes 0-9 in pieces of 4, 4, 2 (tags 1-3); chunk 1 is held (tags 4-6 unused); chunk 2: 5 bytes
     assert got == [(1, 0, 4), (2, 4, 4), (3, 8, 2), (7, 20, 4), (8, 24, 1)]
+
+
+def test_received_chunks_are_checked_as_their_pieces_arrive_and_a_wrong_one_is_not_renamed(tmp_path):
+    from fatpipe.trainer.hashcache import HashCache
+    from fatpipe.trainer.manifest import ChunkCheck
+    from fatpipe.trainer.stage import finish_files
+
+    data = os.urandom(2 * CHUNK + 10)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(data)
+    manifest = build_manifest(tmp_path / "src" / "f.bin", CHUNK, "data/f.bin")
+    check = ChunkCheck(manifest)
+    piece = CHUNK // 4
+    for at in range(0, len(data), piece):
+        chunk_end = (at // CHUNK + 1) * CHUNK
+        part = data[at:min(at + piece, chunk_end, len(data))]
+        if at == CHUNK + piece:  # chunk 1 arrives with one byte flipped
+            part = bytes([part[0] ^ 1]) + part[1:]
+        check.feed(0, at, part)
+    assert check.good == {(0, 0), (0, 2)}
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / ("f.bin" + PARTIAL_SUFFIX)).write_bytes(data)
+    cache = HashCache(tmp_path / "cache.json", CHUNK)
+    problem = finish_files(manifest, tmp_path, {0}, [[False, False, False]], check, cache)
+    assert problem == "f.bin: chunk 1 of the received copy does not match the manifest (sha256)"
+    assert not (tmp_path / "data" / "f.bin").exists()
+    assert finish_files(manifest, tmp_path, {0}, [[False, True, False]], check, cache) is None  # chunk 1 was held
+    assert (tmp_path / "data" / "f.bin").read_bytes() == data and cache.files
