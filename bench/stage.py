@@ -235,6 +235,8 @@ def main() -> int:
             for n in counts:
                 rows.append(one_case(root, size, n, node_dirs, [x["netns"] for x in names], logs))
                 r = rows[-1]
+                r["load_after"] = os.getloadavg()[0]
+                write_report(Path(args.out), args, rows, [])
                 print(f"{size:>5} MiB {n} nodes: push {r['push_s']:6.1f} s (uplink {r['uplink_s']} s), again "
                       f"{r['repush_s']:4.1f} s, star {r['star_s']:6.1f} s, ratio {r['star_s'] / r['push_s']:.2f}, "
                       f"node memory {r['peak_node_anon_mb']:.0f} MB private, {r['peak_node_rss_mb']:.0f} MB resident (one process {r['peak_process_hwm_mb']:.0f} "
@@ -242,19 +244,22 @@ def main() -> int:
     finally:
         fatpipe(root, "down", CLUSTER)
         shutil.rmtree(root, ignore_errors=True)
-    verdicts = goals(rows, args.uplink_mbit, args.link_gbit)
+    verdicts = goals(rows, args.uplink_mbit, args.link_gbit) if rows else []
     print("\n".join(verdicts))
+    print(f"wrote {write_report(Path(args.out), args, rows, verdicts)}")
+    return 0
+
+
+def write_report(out: Path, args, rows: list[dict], verdicts: list[str]) -> Path:
+    """The JSON report; written after every case too, so a run cut short keeps what it measured."""
     import torch
 
     report = {"bench": "stage", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
               "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
                        "torch": torch.__version__},
               "uplink_mbit": args.uplink_mbit, "link_gbit": args.link_gbit, "rows": rows, "goals": verdicts}
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "stage.json").write_text(json.dumps(report, indent=2) + "\n")
-    print(f"wrote {out / 'stage.json'}")
-    return 0
+    return out / "stage.json"
 
 
 if __name__ == "__main__":
