@@ -22,6 +22,7 @@ import platform
 import re
 import shlex
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -242,6 +243,7 @@ def main() -> int:
                       f"node memory {r['peak_node_anon_mb']:.0f} MB private, {r['peak_node_rss_mb']:.0f} MB resident (one process {r['peak_process_hwm_mb']:.0f} "
                       f"MB, {r['peak_process']}), load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
+        signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave the cluster up
         fatpipe(root, "down", CLUSTER)
         shutil.rmtree(root, ignore_errors=True)
     verdicts = goals(rows, args.uplink_mbit, args.link_gbit) if rows else []
