@@ -118,7 +118,7 @@ def stage_with_progress(project, outputs, remote_python, out):
 @remote_python_option
 @pass_project
 def verify(project, cluster, outputs_file, remote_python):
-    """Every node hashes what it holds against the manifest; exit 1 naming each node and file that differ."""
+    """Every node reads and hashes all it holds against the manifest; exit 1 naming each node and file that differ."""
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.runs import load_outputs
     from fatpipe.ops.datacheck import check_data, declared_data, read_local_manifest
@@ -130,7 +130,7 @@ def verify(project, cluster, outputs_file, remote_python):
     if manifest is None:
         raise FatpipeError(f"nothing staged on cluster {name} yet: run `fatpipe data push {name}`")
     out = console()
-    verdicts = check_data(project, outputs, manifest, remote_python)
+    verdicts = check_data(project, outputs, manifest, remote_python, rehash=True)  # no trust in the caches
     for v in verdicts:
         if v.problem:
             out.print(f"[red]{v.node}[/]: {escape(v.problem)}", markup=True, highlight=False)

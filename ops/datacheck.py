@@ -16,7 +16,8 @@ from fatpipe.infra.dataspec import LOCAL_MANIFEST, DataSpec, cluster_data
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG
-from fatpipe.trainer.manifest import first_difference
+from fatpipe.trainer.hashcache import HashCache
+from fatpipe.trainer.manifest import first_difference, node_cache
 
 from .projectdir import claim_project_dir
 from .rendezvous import remote_dir
@@ -24,6 +25,7 @@ from .transport import Transport, fan_out, transports_for
 
 MANIFEST_DIR = ".fatpipe/data"  # on a node, inside its project folder: the manifest it is checked against
 CHECK_TIMEOUT_S = 3600  # hashing a large dataset on a slow disk
+LOCAL_HASHES = "data-hashes.json"  # the operator's hash cache, beside its manifest; stays here
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,10 @@ def read_local_manifest(project, cluster: str) -> dict | None:
                            exit_code=2) from None
 
 
+def local_hash_cache(project, cluster: str, chunk_size: int) -> HashCache:
+    return HashCache(local_manifest_path(project, cluster).with_name(LOCAL_HASHES), chunk_size)
+
+
 def save_local_manifest(project, cluster: str, manifest: dict) -> Path:
     return write_json_atomic(local_manifest_path(project, cluster), manifest)
 
@@ -83,7 +89,8 @@ def ship_checker(project, cluster: str, t: Transport, workdir: str) -> None:
     claim_project_dir(t, workdir, cluster)
     steps = (
         ("copy the trainer", trainer_package_dir(), f"{workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES),
-        ("copy the manifest", local_manifest_path(project, cluster).parent, f"{workdir}/{MANIFEST_DIR}", ()),
+        ("copy the manifest", local_manifest_path(project, cluster).parent, f"{workdir}/{MANIFEST_DIR}",
+         (LOCAL_HASHES,)),
     )
     for what, src, dest, excludes in steps:
         done = t.push(Path(src), dest, excludes, timeout=600)
@@ -91,11 +98,11 @@ def ship_checker(project, cluster: str, t: Transport, workdir: str) -> None:
             raise FatpipeError(f"{t.describe()}: {what} failed: {done.reason()}")
 
 
-def check_node(project, outputs, node, t: Transport, python: str) -> NodeData:
+def check_node(project, outputs, node, t: Transport, python: str, rehash: bool = False) -> NodeData:
     workdir = node_workdir(outputs, node)
     ship_checker(project, outputs.name, t, workdir)
     command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {shlex.quote(python)} -m "
-               f"fatpipe.trainer.manifest check {MANIFEST_DIR}/{LOCAL_MANIFEST} .")
+               f"fatpipe.trainer.manifest check {'--rehash ' if rehash else ''}{MANIFEST_DIR}/{LOCAL_MANIFEST} .")
     done = t.run(command, timeout=CHECK_TIMEOUT_S)
     if done.ok:
         return NodeData(node.name, None)
@@ -104,16 +111,22 @@ def check_node(project, outputs, node, t: Transport, python: str) -> NodeData:
     raise FatpipeError(f"{t.describe()}: could not check its data: {done.reason()}")
 
 
-def check_data(project, outputs, manifest: dict, python: str | None = None) -> list[NodeData]:
-    """Every node's verdict, in node order (nodes sharing this machine's files: one check for all)."""
+def check_data(project, outputs, manifest: dict, python: str | None = None, rehash: bool = False) -> list[NodeData]:
+    """Every node's verdict, in node order (nodes sharing this machine's files: one check for all).
+
+    Each node skips files its hash cache knows unchanged; `rehash` reads every file again."""
     transports = transports_for(outputs, project.state_dir(outputs.name))
     if all(t.shares_fs for t in transports):
-        problem = first_difference(manifest, project.root)
+        cache = node_cache(manifest, project.root)
+        if rehash:
+            cache.files.clear()
+        problem = first_difference(manifest, project.root, cache)
+        cache.save()
         return [NodeData(node.name, problem) for node in outputs.nodes]
     if any(t.shares_fs for t in transports):
         raise FatpipeError(f"cluster {outputs.name} mixes ssh nodes with local ones; data staging needs one kind")
     pairs = list(zip(outputs.nodes, transports, strict=True))
-    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3"), pairs)
+    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3", rehash), pairs)
 
 
 def require_data(project, outputs, python: str | None = None) -> dict | None:

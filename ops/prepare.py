@@ -5,7 +5,6 @@ Sim nodes share this machine's files and interpreter and need none of it.
 
 from __future__ import annotations
 
-import shlex
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -39,7 +38,8 @@ def trainer_package_dir() -> Path:
 
 
 def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
-    """Ship the project and the run's inputs to an ssh node and make sure its Python can run torch."""
+    """Ship the project, the run's inputs and the trainer package to an ssh node (its Python:
+    prepare_envs, then the ops.nodeenv probe)."""
     t, plan = node.transport, node.plan
     if t.shares_fs:
         return
@@ -57,16 +57,14 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
         trainer_dir = trainer_package_dir()
         steps.append(("copy the trainer",
                       lambda: t.push(trainer_dir, f"{plan.workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES)))
-    if plan.python != f"{REMOTE_VENV}/bin/python":  # a given interpreter (an image that ships torch)
-        check = f'{shlex.quote(plan.python)} -c "import torch"'
-        steps.append((f"check {plan.python}", lambda: t.run(node.sh(check), timeout=120)))
+    # A given interpreter (an image that ships torch) is not checked here: the node environment
+    # probe that follows (ops.nodeenv) imports torch and names a node that cannot.
     for what, step in steps:
         started = time.monotonic()
         result = step()
         if not result.ok:
             raise FatpipeError(f"{t.describe()}: {what} failed: {result.reason()}")
         log(f"{node.name}: {what} ({time.monotonic() - started:.1f} s)")
-
 
 
 def prepare_envs(project, nodes: list[NodeRun], gpus: int, log: Log) -> None:

@@ -2,10 +2,11 @@
 
 1. Hash the source into the manifest (files whose size and mtime did not change keep their hashes).
 2. Every node checks what it holds (`ops.datacheck`); when all match, nothing moves.
-3. rsync over the cluster's ssh transport to node 0 (`--partial --checksum`: an interrupted copy
-   resumes, a file that matches is skipped), unless node 0 already matches.
-4. `trainer.stage` through the launch path (as netcheck runs its benchmark): a pipelined chain of
-   chunks over the private links, carrying only the chunks some node lacks.
+3. rsync over the cluster's ssh transport to node 0 (`ops.uplink`: an interrupted copy resumes, a
+   file that matches is skipped), unless node 0 already matches.
+4. Meanwhile `trainer.stage` starts through the launch path (as netcheck runs its benchmark), its
+   rank 0 waiting for the copy: a pipelined chain of chunks over the private links, carrying only
+   the chunks some node lacks.
 Nodes that share this machine's files get one local copy. A remote source (s3://, https://) is
 fetched by every node itself instead (`ops.fetch`). docs/ARCHITECTURE.md, "The data contract".
 """
@@ -13,7 +14,6 @@ fetched by every node itself instead (`ops.fetch`). docs/ARCHITECTURE.md, "The d
 from __future__ import annotations
 
 import json
-import shlex
 import subprocess
 import time
 from collections.abc import Callable
@@ -22,10 +22,7 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.trainer.manifest import (
-    MANIFEST_NAME,
-    PARTIAL_SUFFIX,
     build_manifest,
-    manifest_target,
     write_manifest,
 )
 
@@ -33,12 +30,13 @@ from .datacheck import (
     NodeData,
     check_data,
     declared_data,
+    local_hash_cache,
     local_manifest_path,
     node_workdir,
-    read_local_manifest,
     save_local_manifest,
 )
 from .transport import transports_for
+from .uplink import UplinkCopy
 
 STAGE_MODULE = "fatpipe.trainer.stage"
 RESULT_PREFIX, PROGRESS_PREFIX = "STAGE_JSON ", "STAGE_PROGRESS "  # as trainer.stage prints them
@@ -68,7 +66,9 @@ def make_manifest(project, cluster: str) -> tuple[dict, Path]:
         raise FatpipeError(f"data source {spec.source}: no such file or folder ({source})", exit_code=2)
     if not (source.is_file() or source.is_dir()):
         raise FatpipeError(f"data source {spec.source}: neither a file nor a folder", exit_code=2)
-    manifest = build_manifest(source, spec.chunk_size, spec.path, previous=read_local_manifest(project, cluster))
+    cache = local_hash_cache(project, cluster, spec.chunk_size)
+    manifest = build_manifest(source, spec.chunk_size, spec.path, cache=cache)
+    cache.save()
     save_local_manifest(project, cluster, manifest)
     return manifest, source
 
@@ -97,11 +97,21 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
     result = PushResult(manifest, before)
     if before[0].problem:
         log(f"{outputs.nodes[0].name}: {before[0].problem}: copying over the uplink")
-        workdir = node_workdir(outputs, outputs.nodes[0])
-        result.uplink_s = _uplink(transports[0], workdir, source, manifest)
-        _place_manifest(project, outputs.name, transports[0], workdir, manifest)
-        log(f"{outputs.nodes[0].name}: uplink copy done ({result.uplink_s:.1f} s)")
-    if any(v.problem for v in before[1:]):
+        copy = UplinkCopy(transports[0], node_workdir(outputs, outputs.nodes[0]), source, manifest,
+                          local_manifest_path(project, outputs.name))
+        copy.start(log)
+        try:
+            if any(v.problem for v in before[1:]):
+                result.fanout = fan_out_chain(project, outputs, manifest, remote_python, log, progress,
+                                              source_ready=copy.ready_rel)
+        except BaseException:
+            failed = copy.failed()  # the chain failed because the copy did: say why the copy did
+            copy.stop()
+            if failed:
+                raise failed from None
+            raise
+        result.uplink_s = copy.wait()
+    elif any(v.problem for v in before[1:]):
         result.fanout = fan_out_chain(project, outputs, manifest, remote_python, log, progress)
     result.elapsed_s = time.monotonic() - started
     return result
@@ -122,38 +132,11 @@ def _stage_here(project, manifest: dict, source: Path, outputs, started: float) 
     return PushResult(manifest, verdict, elapsed_s=time.monotonic() - started)
 
 
-def _uplink(t, workdir: str, source: Path, manifest: dict) -> float:
-    """rsync the source to node 0 once: resumable (--partial), matching files skipped (--checksum)."""
-    started = time.monotonic()
-    dest = f"{workdir}/{manifest['path']}"
-    parent = dest.rsplit("/", 1)[0]
-    made = t.run(f"mkdir -p -- {shlex.quote(parent)}", timeout=60)
-    if not made.ok:
-        raise FatpipeError(f"{t.describe()}: cannot make {parent}: {made.reason()}")
-    src = f"{source}/" if manifest["kind"] == "folder" else str(source)
-    if manifest["kind"] == "folder":
-        dest += "/"
-    # Random data does not compress: --no-z saves the CPU; --checksum finds a corrupted file of
-    # the right size and time; the manifest and partial chain copies stay out of it.
-    extra = ["--no-z", "--checksum", f"--exclude={MANIFEST_NAME}", f"--exclude=*{PARTIAL_SUFFIX}"]
-    done = t.copy_to(src, dest, extra, timeout=UPLINK_TIMEOUT_S)
-    if not done.ok:
-        raise FatpipeError(f"{t.describe()}: copying the data failed: {done.reason()} (run the push "
-                           "again: it resumes)")
-    return time.monotonic() - started
-
-
-def _place_manifest(project, cluster: str, t, workdir: str, manifest: dict) -> None:
-    """Node 0's copy of the manifest, beside its data (the chain writes the others' copies)."""
-    rel = manifest_target(manifest, Path(".")).as_posix()
-    done = t.copy_to(str(local_manifest_path(project, cluster)), f"{workdir}/{rel}", ["--no-z"], timeout=120)
-    if not done.ok:
-        raise FatpipeError(f"{t.describe()}: writing the manifest failed: {done.reason()}")
-
-
 def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, log: Log,
-                  progress: Progress | None) -> dict:
-    """Run trainer.stage on every node through the launch path; returns rank 0's report."""
+                  progress: Progress | None, source_ready: str | None = None) -> dict:
+    """Run trainer.stage on every node through the launch path; returns rank 0's report.
+
+    With `source_ready` (a path in node 0's project folder), rank 0 first waits for the uplink copy's word."""
     from fatpipe.infra.defaults import BENCH_MAX_RESTARTS
     from fatpipe.infra.files import write_json_atomic
     from fatpipe.infra.runs import new_run_id
@@ -182,9 +165,14 @@ def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, l
 
     link_s = manifest["total_bytes"] * 8 / (outputs.tier_gbps * 1e9)
     timeout = STARTUP_ALLOWANCE_S + 4 * link_s + 2 * len(outputs.nodes) * manifest["chunk_size"] * 8 / 1e8
-    log(f"fan-out: {len(outputs.nodes)} nodes in a chain over the private links, up to {timeout:.0f} s")
+    log(f"fan-out: {len(outputs.nodes)} nodes in a chain over the private links, up to {timeout:.0f} s"
+        + (" after the uplink copy" if source_ready else ""))
+    entry = ["-m", STAGE_MODULE, "--manifest", manifest_rel]
+    if source_ready:
+        entry += ["--source-ready", source_ready, "--wait-s", str(UPLINK_TIMEOUT_S)]
+        timeout += UPLINK_TIMEOUT_S
     options = RunOptions(nproc_per_node=1, max_restarts=BENCH_MAX_RESTARTS, remote_python=remote_python)
-    result = run_on_all_nodes(project, outputs, ["-m", STAGE_MODULE, "--manifest", manifest_rel],
+    result = run_on_all_nodes(project, outputs, entry,
                               run_dir=run_dir, options=options, timeout_s=timeout, sink=catch, log=log)
     report = found[-1] if found else None
     problems = [f"{n['node']}: {n['problem']}" for n in (report or {}).get("nodes", []) if n.get("problem")]

@@ -190,11 +190,14 @@ class SshTransport(Transport):
         # `--`: nothing after it is an option, whatever the host value holds.
         return [*self.ssh_options(), "--", self.host, "bash -c " + shlex.quote(command)]
 
-    def _rsync(self, src: str, dest: str, extra: list[str], timeout: float) -> Result:
+    def rsync_argv(self, src: str, dest: str, extra: Iterable[str] = ()) -> list[str]:
+        """rsync's command line through this node's ssh (`dest` names the remote side as `host:path`)."""
         self.known_hosts.parent.mkdir(parents=True, exist_ok=True)
         # -s: the remote path travels inside rsync's protocol, never through the node's shell.
-        argv = ["rsync", "-azs", "--partial", "-e", shlex.join(self.ssh_options()), *extra, "--", src, dest]
-        return _run(argv, timeout)
+        return ["rsync", "-azs", "--partial", "-e", shlex.join(self.ssh_options()), *extra, "--", src, dest]
+
+    def _rsync(self, src: str, dest: str, extra: list[str], timeout: float) -> Result:
+        return _run(self.rsync_argv(src, dest, extra), timeout)
 
     def push(self, src: Path, dest: str, excludes: Iterable[str] = (), timeout: float = 900) -> Result:
         made = self.run(f"mkdir -p -- {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)

@@ -5,11 +5,12 @@
 Run from the project folder, one process per node, gloo on the nodes' private interfaces. Every
 rank first hashes what it holds (a file, else its partial copy) and the ranks all-gather which
 chunks each lacks. A chunk travels from the nearest rank before its first taker that holds it,
-rank r receiving it from r - 1 and forwarding it to r + 1 while it already receives the next one
-(isend/irecv, three chunk buffers per rank: memory stays bounded whatever the data size). Only
-chunks some rank lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
-its sha256 matches the manifest, so an interrupted push leaves only partial files, whose right
-chunks the next push keeps. Rank 0 prints the outcome on one `STAGE_JSON ` line; every rank
+rank r receiving it from r - 1 and forwarding it to r + 1 while it already receives the next ones
+(isend/irecv). A chunk travels in pieces of PIECE_SIZE, so a rank forwards the start of a chunk
+before the rest arrives (the chain's time hardly grows with its length) and holds BUFFERS pieces
+at most (memory stays bounded whatever the data and chunk size). Only chunks some rank lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
+every chunk's sha256, checked as its pieces arrive, matches the manifest (no second read), so an
+interrupted push leaves only partial files, whose right chunks the next push keeps. Rank 0 prints the outcome on one `STAGE_JSON ` line; every rank
 prints `STAGE_PROGRESS <rank> <received> <to receive>` as it goes.
 """
 
@@ -26,15 +27,17 @@ from pathlib import Path
 
 from fatpipe.trainer.manifest import (
     PARTIAL_SUFFIX,
+    ChunkCheck,
     file_target,
-    hash_file,
     held_chunks,
+    node_cache,
     write_manifest,
 )
 
 RESULT_PREFIX = "STAGE_JSON "
 PROGRESS_PREFIX = "STAGE_PROGRESS "
-BUFFERS = 3  # one being received, one being written and forwarded, one still being sent
+PIECE_SIZE = 4 << 20  # bytes per message: small enough to pipeline, large enough for full links
+BUFFERS = 6  # pieces per rank: up to four being received, one written and forwarded, one still being sent
 PROGRESS_EVERY_S = 0.5
 
 
@@ -42,7 +45,7 @@ PROGRESS_EVERY_S = 0.5
 class Task:
     """This rank's part in moving one chunk: read it from disk or receive it; write it; forward it."""
 
-    tag: int  # the chunk's index over the whole data set: sender and receiver agree on it
+    tag: int  # the piece's index over the whole data set: sender and receiver agree on it
     file: int
     offset: int
     length: int
@@ -51,9 +54,11 @@ class Task:
     send: bool
 
 
-def plan(manifest: dict, held: list[list[list[bool]]], rank: int) -> list[Task]:
-    """This rank's tasks, in the order every rank walks the chunks. `held[r][f][c]`: rank r holds it."""
+def plan(manifest: dict, held: list[list[list[bool]]], rank: int, piece_size: int = PIECE_SIZE) -> list[Task]:
+    """This rank's tasks, a piece each, in the order every rank walks the chunks. `held[r][f][c]`:
+    rank r holds chunk c of file f."""
     tasks, tag, size = [], 0, manifest["chunk_size"]
+    per_chunk = -(-size // piece_size)
     for f, entry in enumerate(manifest["files"]):
         for c in range(len(entry["chunks"])):
             takers = [r for r in range(len(held)) if not held[r][f][c]]
@@ -66,8 +71,9 @@ def plan(manifest: dict, held: list[list[list[bool]]], rank: int) -> list[Task]:
                 continue
             source = holders[-1]
             length = min(size, entry["size"] - c * size)
-            tasks.append(Task(tag, f, c * size, length, receive=rank > source,
-                              write=rank in takers, send=rank < last))
+            for p, at in enumerate(range(0, length, piece_size)):
+                tasks.append(Task((tag - 1) * per_chunk + p + 1, f, c * size + at, min(piece_size, length - at),
+                                  receive=rank > source, write=rank in takers, send=rank < last))
     return tasks
 
 
@@ -108,14 +114,16 @@ class Files:
             handle.close()
 
 
-def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progress) -> int:
-    """Move this rank's chunks; returns the bytes it received."""
+def run_chain(tasks: list[Task], files: Files, check: ChunkCheck, rank: int, progress) -> int:
+    """Move this rank's pieces, checking each chunk it writes as it comes; returns the bytes it received."""
     import torch
     import torch.distributed as dist
 
     if not tasks:
         return 0
-    bufs = [torch.empty(manifest["chunk_size"], dtype=torch.uint8) for _ in range(min(BUFFERS, len(tasks)))]
+    longest = max(t.length for t in tasks)
+    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(min(BUFFERS, len(tasks)))]
+    ahead = max(1, len(bufs) - 2)  # receives posted beyond the piece in hand; two buffers left to send from
     sends: dict[int, object] = {}
     recvs: dict[int, object] = {}
     received = 0
@@ -123,7 +131,7 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
     def view(i: int):
         return bufs[i % len(bufs)][: tasks[i].length]
 
-    def claim(i: int) -> None:  # the buffer of task i is free once task i - BUFFERS was sent
+    def claim(i: int) -> None:  # the buffer of task i is free once task i - len(bufs) was sent
         work = sends.pop(i - len(bufs), None)
         if work is not None:
             work.wait()
@@ -133,9 +141,10 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
             claim(i)
             recvs[i] = dist.irecv(view(i), src=rank - 1, tag=tasks[i].tag)
 
-    post_receive(0)
+    for i in range(ahead):
+        post_receive(i)
     for i, task in enumerate(tasks):
-        post_receive(i + 1)  # the next chunk arrives while this one is written and forwarded
+        post_receive(i + ahead)  # the next pieces arrive while this one is written and forwarded
         data = view(i)
         if task.receive:
             recvs.pop(i).wait()
@@ -147,6 +156,7 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
             handle = files.partial(task.file)
             handle.seek(task.offset)
             handle.write(memoryview(data.numpy()))
+            check.feed(task.file, task.offset, memoryview(data.numpy()))
         if task.send:
             sends[i] = dist.isend(data, dst=rank + 1, tag=task.tag)
         progress(received)
@@ -155,17 +165,19 @@ def run_chain(tasks: list[Task], files: Files, manifest: dict, rank: int, progre
     return received
 
 
-def finish_files(manifest: dict, root: Path, touched: set[int]) -> str | None:
-    """Rename every complete partial copy into place once its sha256 matches; the first problem, if any."""
-    for f, entry in enumerate(manifest["files"]):
+def finish_files(manifest: dict, root: Path, touched: set[int], held: list[list[bool]], check: ChunkCheck,
+                 cache) -> str | None:
+    """Rename every partial copy into place once each chunk is right: held from the start, or received
+    with its sha256 checked on arrival (so not read again); the hash cache remembers it. The first
+    problem, if any."""
+    for f in sorted(touched):
+        entry = manifest["files"][f]
         target = file_target(manifest, root, entry["name"])
-        part = target.with_name(target.name + PARTIAL_SUFFIX)
-        if f not in touched:
-            continue
-        sha, _ = hash_file(part, manifest["chunk_size"])
-        if sha != entry["sha256"]:
-            return f"{entry['name']}: the received copy's sha256 does not match the manifest"
-        os.replace(part, target)
+        wrong = [c for c in range(len(entry["chunks"])) if not held[f][c] and (f, c) not in check.good]
+        if wrong:
+            return f"{entry['name']}: chunk {wrong[0]} of the received copy does not match the manifest (sha256)"
+        os.replace(target.with_name(target.name + PARTIAL_SUFFIX), target)
+        cache.remember(target, entry["sha256"], entry["chunks"])
     return None
 
 
@@ -183,14 +195,15 @@ def stage(manifest: dict, root: Path) -> dict:
     import torch.distributed as dist
 
     rank, world = dist.get_rank(), dist.get_world_size()
-    held = [held_chunks(manifest, root, entry) for entry in manifest["files"]]
+    cache = node_cache(manifest, root)
+    held = [held_chunks(manifest, root, entry, cache) for entry in manifest["files"]]
     everyone: list = [None] * world
     dist.all_gather_object(everyone, held)
     if not all(all(chunks) for chunks in everyone[0]):
         raise SystemExit("fatpipe: node 0 does not hold every chunk of the data it should send")
     tasks = plan(manifest, everyone, rank)
     to_receive = sum(t.length for t in tasks if t.receive)
-    files, last = Files(manifest, root), [0.0]
+    files, check, last = Files(manifest, root), ChunkCheck(manifest), [0.0]
 
     def progress(received: int, final: bool = False) -> None:
         if final or time.monotonic() - last[0] > PROGRESS_EVERY_S:
@@ -202,12 +215,13 @@ def stage(manifest: dict, root: Path) -> dict:
     try:
         for f in needs_opening(manifest, root, held):
             files.partial(f)
-        received = run_chain(tasks, files, manifest, rank, progress)
+        received = run_chain(tasks, files, check, rank, progress)
         touched = set(files.open)
     finally:
         files.close()
     progress(received, final=True)
-    problem = finish_files(manifest, root, touched)
+    problem = finish_files(manifest, root, touched, held, check, cache)
+    cache.save()
     if problem is None:
         write_manifest(manifest, root)
     mine = {"node": os.environ.get("FATPIPE_NODE_NAME", f"rank-{rank}"), "received": received,
@@ -217,16 +231,33 @@ def stage(manifest: dict, root: Path) -> dict:
     return {"fingerprint": manifest["fingerprint"], "nodes": report}
 
 
+def wait_for_source(ready: Path, wait_s: float) -> None:
+    """Node 0's data arrives over the uplink while the chain starts: wait for the operator's word."""
+    deadline = time.monotonic() + wait_s
+    while not ready.is_file():
+        if time.monotonic() > deadline:
+            raise SystemExit(f"fatpipe: the copy to node 0 did not finish within {wait_s:.0f} s")
+        time.sleep(0.2)
+    word = ready.read_text().strip()
+    if word != "ok":
+        raise SystemExit(f"fatpipe: the copy to node 0 {word}")
+
+
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
     p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.stage", description=__doc__.split("\n")[0])
     p.add_argument("--manifest", required=True, help="the manifest of the data to stage")
     p.add_argument("--timeout-s", type=float, default=600.0, help="the longest wait for one chunk")
+    p.add_argument("--source-ready", help="rank 0 waits for this file (`ok`, or `failed: why`): the copy to node 0")
+    p.add_argument("--wait-s", type=float, default=0.0, help="how long rank 0 may wait for --source-ready")
     args = p.parse_args(argv)
     manifest = json.loads(Path(args.manifest).read_text())
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s))
+    wait = args.wait_s if args.source_ready else 0.0
+    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s + wait))
     try:
+        if args.source_ready and dist.get_rank() == 0:
+            wait_for_source(Path(args.source_ready), wait)
         result = stage(manifest, Path.cwd())
         if dist.get_rank() == 0:
             print(RESULT_PREFIX + json.dumps(result), flush=True)

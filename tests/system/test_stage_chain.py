@@ -8,6 +8,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fatpipe.trainer.manifest import PARTIAL_SUFFIX, build_manifest, first_difference
@@ -18,14 +19,15 @@ CHUNK = 1 << 20
 WORLD = 4
 
 
-def start_ranks(tmp_path: Path, manifest_file: Path, port: int) -> list[subprocess.Popen]:
+def start_ranks(tmp_path: Path, manifest_file: Path, port: int, world: int = WORLD,
+                extra: tuple[str, ...] = ()) -> list[subprocess.Popen]:
     procs = []
-    for rank in range(WORLD):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(WORLD), "MASTER_ADDR": "127.0.0.1",
+    for rank in range(world):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo",
                "FATPIPE_NODE_NAME": f"n{rank}"}
         procs.append(subprocess.Popen([sys.executable, "-m", "fatpipe.trainer.stage", "--manifest",
-                                       str(manifest_file), "--timeout-s", "120"], cwd=tmp_path / f"node{rank}",
+                                       str(manifest_file), "--timeout-s", "120", *extra], cwd=tmp_path / f"node{rank}",
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
 
@@ -65,6 +67,37 @@ def test_the_chain_fills_each_node_with_only_what_it_lacks(tmp_path):
         assert (tmp_path / f"node{rank}" / "data" / "set" / ".fatpipe-manifest.json").is_file()
         assert not list((tmp_path / f"node{rank}").rglob(f"*{PARTIAL_SUFFIX}"))
     assert any(line.startswith("STAGE_PROGRESS 3 ") for line in outs[3].splitlines())
+
+
+def test_rank_0_waits_for_the_uplink_copy_then_chains_it_or_stops_with_its_error(tmp_path):
+    """The chain starts while node 0's copy is still arriving: rank 0 waits for the copy's word."""
+    data = os.urandom(3 * CHUNK + 5)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "c.bin").write_bytes(data)
+    manifest_file = tmp_path / "manifest.json"
+    manifest_file.write_text(json.dumps(build_manifest(tmp_path / "src" / "c.bin", CHUNK, "data/c.bin")))
+    ready = ".fatpipe/data/source-ready-t1"
+    for rank in range(2):
+        (tmp_path / f"node{rank}" / ".fatpipe" / "data").mkdir(parents=True)
+    procs = start_ranks(tmp_path, manifest_file, free_port(), world=2, extra=("--source-ready", ready, "--wait-s", "240"))
+    time.sleep(3)  # the ranks are up and waiting; node 0's copy lands, then its word
+    assert all(p.poll() is None for p in procs)
+    (tmp_path / "node0" / "data").mkdir()
+    (tmp_path / "node0" / "data" / "c.bin").write_bytes(data)
+    (tmp_path / "node0" / ready).write_text("ok\n")
+    outs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], "\n".join(outs)
+    assert (tmp_path / "node1" / "data" / "c.bin").read_bytes() == data
+
+    (tmp_path / "node1" / "data" / "c.bin").unlink()
+    (tmp_path / "node0" / ".fatpipe" / "data" / "source-ready-t2").write_text("failed: rsync: connection reset\n")
+    procs = start_ranks(tmp_path, manifest_file, free_port(), world=2,
+                        extra=("--source-ready", ".fatpipe/data/source-ready-t2", "--wait-s", "240"))
+    rank0 = procs[0].communicate(timeout=300)[0]
+    for p in procs[1:]:
+        p.kill()
+        p.communicate()
+    assert procs[0].returncode != 0 and "fatpipe: the copy to node 0 failed: rsync: connection reset" in rank0
 
 
 def local_outputs(port: int) -> dict:

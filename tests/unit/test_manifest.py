@@ -54,12 +54,17 @@ def test_a_folder_manifest_lists_every_file_sorted_and_skips_its_own_files(tmp_p
 
 
 def test_unchanged_files_keep_their_hashes_without_reading(tmp_path, monkeypatch):
-    folder = make_folder(tmp_path, {"a": CHUNK})
-    first = build_manifest(folder, CHUNK, "data/set")
+    import fatpipe.trainer.hashcache as hc
     import fatpipe.trainer.manifest as m
+    from fatpipe.trainer.hashcache import HashCache
 
+    monkeypatch.setattr(hc, "RACY_NS", 0)  # the files were written a moment ago
+    folder = make_folder(tmp_path, {"a": CHUNK})
+    cache = HashCache(tmp_path / "hashes.json", CHUNK)
+    first = build_manifest(folder, CHUNK, "data/set", cache=cache)
+    cache.save()
     monkeypatch.setattr(m, "hash_file", lambda *a, **k: (_ for _ in ()).throw(AssertionError("hashed again")))
-    assert build_manifest(folder, CHUNK, "data/set", previous=first) == first
+    assert build_manifest(folder, CHUNK, "data/set", cache=HashCache(tmp_path / "hashes.json", CHUNK)) == first
 
 
 def test_a_corrupted_chunk_is_named_with_its_file(tmp_path):
@@ -122,3 +127,40 @@ def test_a_chain_relays_through_ranks_that_hold_a_chunk():
     held = [[[True]], [[False]], [[True]], [[False]]]
     roles = [[(t.receive, t.write, t.send) for t in plan(manifest, held, r)] for r in range(4)]
     assert roles == [[(False, False, True)], [(True, True, True)], [(True, False, True)], [(True, True, False)]]
+
+
+def test_a_chunk_travels_in_pieces_each_with_its_own_tag():
+    manifest = {"chunk_size": 10, "files": [{"size": 25, "chunks": ["a", "b", "c"]}]}
+    held = [[[True, True, True]], [[False, True, False]]]
+    got = [(t.tag, t.offset, t.length) for t in plan(manifest, held, 1, piece_size=4)]
+    # chunk 0: bytes 0-9 in pieces of 4, 4, 2 (tags 1-3); chunk 1 is held (tags 4-6 unused); chunk 2: 5 bytes
+    assert got == [(1, 0, 4), (2, 4, 4), (3, 8, 2), (7, 20, 4), (8, 24, 1)]
+
+
+def test_received_chunks_are_checked_as_their_pieces_arrive_and_a_wrong_one_is_not_renamed(tmp_path):
+    from fatpipe.trainer.hashcache import HashCache
+    from fatpipe.trainer.manifest import ChunkCheck
+    from fatpipe.trainer.stage import finish_files
+
+    data = os.urandom(2 * CHUNK + 10)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "f.bin").write_bytes(data)
+    manifest = build_manifest(tmp_path / "src" / "f.bin", CHUNK, "data/f.bin")
+    check = ChunkCheck(manifest)
+    piece = CHUNK // 4
+    for at in range(0, len(data), piece):
+        chunk_end = (at // CHUNK + 1) * CHUNK
+        part = data[at:min(at + piece, chunk_end, len(data))]
+        if at == CHUNK + piece:  # chunk 1 arrives with one byte flipped
+            part = bytes([part[0] ^ 1]) + part[1:]
+        check.feed(0, at, part)
+    assert check.good == {(0, 0), (0, 2)}
+
+    (tmp_path / "data").mkdir()
+    (tmp_path / "data" / ("f.bin" + PARTIAL_SUFFIX)).write_bytes(data)
+    cache = HashCache(tmp_path / "cache.json", CHUNK)
+    problem = finish_files(manifest, tmp_path, {0}, [[False, False, False]], check, cache)
+    assert problem == "f.bin: chunk 1 of the received copy does not match the manifest (sha256)"
+    assert not (tmp_path / "data" / "f.bin").exists()
+    assert finish_files(manifest, tmp_path, {0}, [[False, True, False]], check, cache) is None  # chunk 1 was held
+    assert (tmp_path / "data" / "f.bin").read_bytes() == data and cache.files
