@@ -42,7 +42,7 @@ def free_port() -> int:
 def build(args, rank: int, comm: str):
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from fatpipe.trainer.hooks import TimedCommHook, make_powersgd_state
+    from fatpipe.trainer.comm.hooks import TimedCommHook, make_powersgd_state
     from fatpipe.trainer.model import GPT, preset_config
 
     cuda = torch.cuda.device_count() >= NPROC

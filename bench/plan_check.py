@@ -89,7 +89,7 @@ def write(doc: dict, out: Path) -> int:
 def sim_traffic(seq_len: int):
     """The sim model's exact size and PowerSGD wire bytes, as `ops.plan` counts a preset's."""
     from fatpipe.ops.plan import _DEFAULTS, ModelTraffic
-    from fatpipe.trainer.autocomm import powersgd_wire_elements
+    from fatpipe.trainer.comm.autocomm import powersgd_wire_elements
     from fatpipe.trainer.model import GPT, preset_config
 
     shapes = [t.shape for t in GPT(preset_config("tiny", seq_len)).parameters()]
@@ -114,7 +114,7 @@ def predict_sim(args, nodes: int, tier: str, rate_gbps: float, compute_s: float,
     from fatpipe.infra.catalog import MachineType
     from fatpipe.infra.jobmodel import REFERENCE_PARAMS, Accelerator, Job
     from fatpipe.ops.plan import Candidate, predict
-    from fatpipe.trainer.autocomm import LinkEstimate
+    from fatpipe.trainer.comm.autocomm import LinkEstimate
 
     traffic = sim_traffic(args.seq_len)
     per_rank = args.batch_size * args.seq_len

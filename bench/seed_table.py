@@ -78,8 +78,8 @@ def main() -> int:
     from fatpipe.infra.project import load_project
     from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
     from fatpipe.stacks.simnet import reshape_node
-    from fatpipe.trainer.autocomm import powersgd_wire_elements
     from fatpipe.trainer.bandwidth import bus_factor
+    from fatpipe.trainer.comm.autocomm import powersgd_wire_elements
     from fatpipe.trainer.model import GPT, preset_config
 
     shapes = {preset: [t.shape for t in GPT(preset_config(preset, args.seq_len)).parameters()]

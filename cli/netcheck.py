@@ -11,7 +11,7 @@ from .steps import changing, run_netcheck
 
 
 def _size(ctx, param, value):
-    from fatpipe.trainer.netbench import parse_size
+    from fatpipe.trainer.net.netbench import parse_size
 
     if value is None:
         return None

@@ -16,8 +16,8 @@ from fatpipe.infra.dataspec import LOCAL_MANIFEST, DataSpec, cluster_data
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG
-from fatpipe.trainer.hashcache import HashCache
-from fatpipe.trainer.manifest import first_difference, node_cache
+from fatpipe.trainer.staging.hashcache import HashCache
+from fatpipe.trainer.staging.manifest import first_difference, node_cache
 
 from .projectdir import claim_project_dir
 from .rendezvous import remote_dir
@@ -102,7 +102,7 @@ def check_node(project, outputs, node, t: Transport, python: str, rehash: bool =
     workdir = node_workdir(outputs, node)
     ship_checker(project, outputs.name, t, workdir)
     command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {shlex.quote(python)} -m "
-               f"fatpipe.trainer.manifest check {'--rehash ' if rehash else ''}{MANIFEST_DIR}/{LOCAL_MANIFEST} .")
+               f"fatpipe.trainer.staging.manifest check {'--rehash ' if rehash else ''}{MANIFEST_DIR}/{LOCAL_MANIFEST} .")
     done = t.run(command, timeout=CHECK_TIMEOUT_S)
     if done.ok:
         return NodeData(node.name, None)

@@ -2,7 +2,7 @@
 
 This machine writes the fetch spec (the source and its keys, never a credential) and, when one is
 given, the CA bundle into .fatpipe/<cluster>/data/; `datacheck.ship_checker` ships that folder
-with the trainer package, and `python -m fatpipe.trainer.fetch` runs on every node in parallel,
+with the trainer package, and `python -m fatpipe.trainer.staging.fetch` runs on every node in parallel,
 its progress read line by line. The nodes' manifests must agree file by file: the one most nodes
 hold becomes this machine's copy, which `data verify` and `launch` check every node against.
 docs/ARCHITECTURE.md, "The data contract".
@@ -20,7 +20,7 @@ from pathlib import Path
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
-from fatpipe.trainer.fetch import ERROR_PREFIX, PROGRESS_PREFIX, RESULT_PREFIX
+from fatpipe.trainer.staging.fetch import ERROR_PREFIX, PROGRESS_PREFIX, RESULT_PREFIX
 
 from .datacheck import (
     MANIFEST_DIR,
@@ -31,7 +31,7 @@ from .datacheck import (
 )
 from .transport import Transport, fan_out, transports_for
 
-FETCH_MODULE = "fatpipe.trainer.fetch"
+FETCH_MODULE = "fatpipe.trainer.staging.fetch"
 FETCH_SPEC, CA_NAME = "fetch.json", "ca.pem"
 PICK_PYTHON = f"if [ -x {REMOTE_VENV}/bin/python ]; then echo {REMOTE_VENV}/bin/python; else echo python3; fi"
 

@@ -169,7 +169,7 @@ def run_on_all_nodes(project, outputs, entry: list[str], *, run_dir: Path | None
                      sink: Sink | None = None, log: Log = lambda _: None) -> LaunchResult:
     """Run a torchrun entry on every node of `outputs` and wait for it: the call netcheck uses.
 
-    `entry` is what follows torchrun's options, e.g. `["-m", "fatpipe.trainer.netbench", ...]`
+    `entry` is what follows torchrun's options, e.g. `["-m", "fatpipe.trainer.net.netbench", ...]`
     or `["train.py", "--lr", "1e-3"]`. Without `run_dir` a new run is made under
     `.fatpipe/<cluster>/runs/`; a given `run_dir` (inside the project folder) gets the
     rendezvous files, logs and exit files, and its last two path parts name the run.

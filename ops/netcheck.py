@@ -1,6 +1,6 @@
 """`fatpipe netcheck`: run the network benchmark on every node, judge it, write netcheck.json and a plot.
 
-The benchmark (`fatpipe.trainer.netbench`: all-reduce sweep, p2p TCP, latency) runs as one
+The benchmark (`fatpipe.trainer.net.netbench`: all-reduce sweep, p2p TCP, latency) runs as one
 torchrun job through the launch path, so it crosses the same rendezvous, interfaces and links
 as training will. Its rendezvous files and logs go to `<run>/netcheck/`; the verdict goes to
 `<run>/netcheck.json` (read by the trainer's comm=auto) and `<run>/netcheck.png`.
@@ -28,7 +28,7 @@ from .netgate import (
     worst_link,
 )
 
-NETBENCH_MODULE = "fatpipe.trainer.netbench"
+NETBENCH_MODULE = "fatpipe.trainer.net.netbench"
 RESULT_PREFIX = "NETBENCH_JSON "  # netbench's rank 0 prints its result on one such line
 MiB = 1 << 20
 FULL_MAX_SIZE, QUICK_MAX_SIZE = 256 * MiB, 32 * MiB

@@ -25,7 +25,7 @@ function n(a,  p) { split(a, p, "."); return ((p[1] * 256 + p[2]) * 256 + p[3]) 
 END { if (exact != "") print exact; else if (dev != "") print dev }
 """.strip()
 
-USER_SCRIPT_MODULE = "fatpipe.trainer.userscript"  # runs a user script with per-rank error files
+USER_SCRIPT_MODULE = "fatpipe.trainer.api.userscript"  # runs a user script with per-rank error files
 
 
 def torchrun_log_dir(rdzv: Rendezvous, rank: int) -> str:
@@ -41,7 +41,7 @@ def runs_trainer_module(entry: list[str]) -> bool:
 
 def worker_entry(entry: list[str]) -> list[str]:
     """What torchrun starts: a fatpipe.trainer module as it is (it records its own errors), any
-    other script or module through trainer.userscript, which records its first exception."""
+    other script or module through trainer.api.userscript, which records its first exception."""
     return list(entry) if runs_trainer_module(entry) else ["-m", USER_SCRIPT_MODULE, *entry]
 
 

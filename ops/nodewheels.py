@@ -7,7 +7,7 @@ its private address while the others install from it over the private links, and
 (node 0's too) installs with `--no-index` from those files alone, so all nodes resolve the same
 versions. pip reads no config file on the nodes: the declaration alone says where wheels come from.
 
-The private links carry the wheels over HTTP, not over the data chain (`trainer.stage`): that
+The private links carry the wheels over HTTP, not over the data chain (`trainer.staging.stage`): that
 chain runs on torch, which is what the nodes are installing.
 """
 

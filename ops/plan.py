@@ -2,7 +2,7 @@
 
 The candidates are the catalogs' machine types at each tier and node count; the job model
 (`infra.jobmodel`) gives each one's compute and link; the trainer's own comm=auto model
-(`trainer.autocomm.choose_comm`, the same code the run will use, docs/ARCHITECTURE.md, "Data
+(`trainer.comm.autocomm.choose_comm`, the same code the run will use, docs/ARCHITECTURE.md, "Data
 flow") picks the method and predicts the step from a synthetic "measured" link: the catalog's
 baseline, capped by the flows, at default hook costs (none measured yet: 0 s).
 """
@@ -19,14 +19,14 @@ from fatpipe.infra.catalog import MachineType, load_catalog
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.jobmodel import Accelerator, Job, Link, plan_link, ring_allreduce_bytes
 from fatpipe.infra.spec import TIER_GBPS
-from fatpipe.trainer.autocomm import (
+from fatpipe.trainer.bandwidth import MiB
+from fatpipe.trainer.comm.autocomm import (
     GradTraffic,
     HookCost,
     LinkEstimate,
     choose_comm,
     powersgd_wire_elements,
 )
-from fatpipe.trainer.bandwidth import MiB
 from fatpipe.trainer.config import HOOK_NAMES, PERIODIC_NAMES, PRESETS, TrainConfig
 
 # One hop of a ring step inside a region: in-region round trips are 0.05-2 ms (infra/tiers.py),

@@ -8,7 +8,7 @@ from pathlib import Path
 from fatpipe.infra.catalog import MachineType, load_catalog, machine_for
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.runs import runs_dir
-from fatpipe.trainer.autocomm import LinkEstimate
+from fatpipe.trainer.comm.autocomm import LinkEstimate
 
 from .plan import Candidate
 

@@ -2,7 +2,7 @@
 
 Every worker's first exception is in its torchrun error file, in the run folder on its node
 (`torchrun/node-<rank>/`, pulled back with the run; trainer.errorfile writes them, for user
-scripts through trainer.userscript). A worker that exits non-zero without an exception leaves
+scripts through trainer.api.userscript). A worker that exits non-zero without an exception leaves
 none; torchrun's own report in the node log (ChildFailedError: `rank`, `exitcode`,
 `error_file: <N/A>`) names it. Errors of the connection kind that follow a rank's failure (gloo's
 connectFullMesh, a refused or reset connection, the store or the rendezvous gone) are

@@ -4,7 +4,7 @@
 2. Every node checks what it holds (`ops.datacheck`); when all match, nothing moves.
 3. rsync over the cluster's ssh transport to node 0 (`ops.uplink`: an interrupted copy resumes, a
    file that matches is skipped), unless node 0 already matches.
-4. Meanwhile `trainer.stage` starts through the launch path (as netcheck runs its benchmark), its
+4. Meanwhile `trainer.staging.stage` starts through the launch path (as netcheck runs its benchmark), its
    rank 0 waiting for the copy: a pipelined chain of chunks over the private links, carrying only
    the chunks some node lacks.
 Nodes that share this machine's files get one local copy. A remote source (s3://, https://) is
@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.trainer.manifest import (
+from fatpipe.trainer.staging.manifest import (
     build_manifest,
     write_manifest,
 )
@@ -38,8 +38,8 @@ from .datacheck import (
 from .transport import transports_for
 from .uplink import UplinkCopy
 
-STAGE_MODULE = "fatpipe.trainer.stage"
-RESULT_PREFIX, PROGRESS_PREFIX = "STAGE_JSON ", "STAGE_PROGRESS "  # as trainer.stage prints them
+STAGE_MODULE = "fatpipe.trainer.staging.stage"
+RESULT_PREFIX, PROGRESS_PREFIX = "STAGE_JSON ", "STAGE_PROGRESS "  # as trainer.staging.stage prints them
 STARTUP_ALLOWANCE_S = 180
 UPLINK_TIMEOUT_S = 24 * 3600
 
@@ -52,7 +52,7 @@ class PushResult:
     manifest: dict
     before: list[NodeData]  # what each node held when the push began
     uplink_s: float | None = None  # None: node 0 already held it
-    fanout: dict | None = None  # trainer.stage's report; None: no other node lacked anything
+    fanout: dict | None = None  # trainer.staging.stage's report; None: no other node lacked anything
     fetched: dict[str, int] | None = None  # a remote source: bytes each node fetched from it
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
@@ -134,7 +134,7 @@ def _stage_here(project, manifest: dict, source: Path, outputs, started: float) 
 
 def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, log: Log,
                   progress: Progress | None, source_ready: str | None = None) -> dict:
-    """Run trainer.stage on every node through the launch path; returns rank 0's report.
+    """Run trainer.staging.stage on every node through the launch path; returns rank 0's report.
 
     With `source_ready` (a path in node 0's project folder), rank 0 first waits for the uplink copy's word."""
     from fatpipe.infra.defaults import BENCH_MAX_RESTARTS

@@ -16,8 +16,8 @@ import uuid
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.trainer.hashcache import CACHE_SUFFIX
-from fatpipe.trainer.manifest import MANIFEST_NAME, PARTIAL_SUFFIX, manifest_target
+from fatpipe.trainer.staging.hashcache import CACHE_SUFFIX
+from fatpipe.trainer.staging.manifest import MANIFEST_NAME, PARTIAL_SUFFIX, manifest_target
 
 from .datacheck import MANIFEST_DIR
 

@@ -20,7 +20,7 @@ PRESETS = ("tiny", "small", "124m")
 # is silent. PowerSGD is a low-rank approximation.
 HOOK_NAMES = ("none", "bf16", "fp16", "powersgd")
 # Methods that skip the per-step gradient sync and synchronise every `sync_every` steps instead
-# (trainer/periodic.py). DiLoCo first: at the same interval its outer Nesterov step reaches a
+# (trainer/comm/periodic.py). DiLoCo first: at the same interval its outer Nesterov step reaches a
 # lower loss than plain parameter averaging (DiLoCo, Douillard et al. 2023).
 PERIODIC_NAMES = ("diloco", "localsgd")
 COMMS = ("auto", *HOOK_NAMES, *PERIODIC_NAMES)

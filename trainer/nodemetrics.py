@@ -34,7 +34,7 @@ FINAL_WAIT_S = 10.0  # at the last step, how long rank 0 waits for the others' l
 
 def _identity(env: DistEnv) -> dict:
     """Which node this rank is on: the launch path's node env, else torchrun's group rank."""
-    from .netnodes import node_ip
+    from .net.netnodes import node_ip
 
     group = int(os.environ.get("GROUP_RANK", env.rank))
     try:

@@ -17,11 +17,14 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .allreduce import barrier, sync
 from .bandwidth import MiB, busbw_gbs
 from .checkpoint import load_agreed_checkpoint, load_rank_state, rank_folder, save_checkpoint
 from .collectives import all_gather_objects
-from .commsetup import decide_comm
+from .comm.allreduce import barrier, sync
+from .comm.commsetup import decide_comm
+from .comm.hooks import TimedCommHook, load_powersgd_state, make_powersgd_state, powersgd_state_dict
+from .comm.periodic import make_periodic
+from .comm.redecide import AutoComm
 from .config import HOOK_NAMES, TrainConfig
 from .data import Corpus, describe_data
 from .datacheck import open_data
@@ -29,14 +32,11 @@ from .distenv import DistEnv
 from .faults import FaultLedger, is_collective_failure
 from .files import write_text_atomic
 from .heldout import heldout_loss, heldout_windows
-from .hooks import TimedCommHook, load_powersgd_state, make_powersgd_state, powersgd_state_dict
 from .metrics import MetricsLog, read_metrics, summarize
 from .model import GPT, preset_config
 from .nic import NicMeter, traffic_interface
 from .nodemetrics import NodeMetrics
 from .optim import build_optimizer, build_scheduler
-from .periodic import make_periodic
-from .redecide import AutoComm
 from .replicas import param_digest
 from .torchstate import autocast, configure_determinism, fork_rng, rng_state, set_rng_state
 

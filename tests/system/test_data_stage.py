@@ -2,7 +2,7 @@
 
 Three sim nodes with an sshd each (`transport = "ssh"`, network namespaces on a bridge), each
 with its own project folder. The dataset is a git-ignored folder, so the project sync never
-carries it: `data push` rsyncs it to node 0, and `trainer.stage` chains its chunks over the
+carries it: `data push` rsyncs it to node 0, and `trainer.staging.stage` chains its chunks over the
 private links to the others (gloo send/recv through torchrun). Chunks are 1 MiB here.
 """
 

@@ -211,7 +211,7 @@ def test_a_user_script_keeps_its_main_semantics_and_its_error_lands_in_the_error
     env = {**os.environ, "TORCHELASTIC_ERROR_FILE": "error.json", "RANK": "3", "FATPIPE_NODE_NAME": "n-1"}
 
     def run(arg: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "fatpipe.trainer.userscript", "sub/job.py", arg],
+        return subprocess.run([sys.executable, "-m", "fatpipe.trainer.api.userscript", "sub/job.py", arg],
                               cwd=tmp_path, env=env, text=True, capture_output=True, timeout=120)
 
     done = run("raise")

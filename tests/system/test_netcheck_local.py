@@ -11,8 +11,8 @@ import threading
 
 import pytest
 
-from fatpipe.trainer import netbench as nb
-from fatpipe.trainer import p2p
+from fatpipe.trainer.net import netbench as nb
+from fatpipe.trainer.net import p2p
 
 JOIN_TIMEOUT_S = 120
 
@@ -41,10 +41,10 @@ def test_socket_tool_measures_on_the_receiving_side():
 
 def test_p2p_cli_client_against_cli_server():
     port = free_port()
-    server = subprocess.Popen([sys.executable, "-m", "fatpipe.trainer.p2p", "server", "--bind", "127.0.0.1",
+    server = subprocess.Popen([sys.executable, "-m", "fatpipe.trainer.net.p2p", "server", "--bind", "127.0.0.1",
                                "--port", str(port), "--sessions", "1", "--idle-timeout", "30"])
     try:
-        out = subprocess.run([sys.executable, "-m", "fatpipe.trainer.p2p", "client", "--connect", "127.0.0.1",
+        out = subprocess.run([sys.executable, "-m", "fatpipe.trainer.net.p2p", "client", "--connect", "127.0.0.1",
                               "--port", str(port), "--tool", "socket", "--streams", "2", "--seconds", "0.5"],
                              capture_output=True, text=True, timeout=60, check=True).stdout
         result = json.loads(out)
@@ -90,7 +90,7 @@ def test_netbench_under_torchrun_on_two_local_nodes(tmp_path):
     for node in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master),
-               "-m", "fatpipe.trainer.netbench", "--out", str(out), "--min-size", "64K", "--max-size", "1M",
+               "-m", "fatpipe.trainer.net.netbench", "--out", str(out), "--min-size", "64K", "--max-size", "1M",
                "--quick", "--timeout-s", "60", "--p2p-tool", "socket", "--p2p-seconds", "0.5",
                "--p2p-port", str(p2p_port), "--streams", "2"]
         procs.append(subprocess.Popen(cmd, env={**env, "FATPIPE_NODE_NAME": f"local-{node}"},

@@ -63,14 +63,14 @@ def test_p2p_tool_between_two_namespaces_at_1g(netns_pair, tool):
         skip_or_fail("iperf3 is not installed")
     a, b = PAIR
     port = "5299"
-    server_cmd = ["ip", "netns", "exec", a, sys.executable, "-m", "fatpipe.trainer.p2p", "server",
+    server_cmd = ["ip", "netns", "exec", a, sys.executable, "-m", "fatpipe.trainer.net.p2p", "server",
                   "--bind", PAIR_IPS[0], "--port", port, "--tool", tool, "--idle-timeout", "60"]
     server = subprocess.Popen(server_cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         results = []
         for streams in ("1", "4"):
             out = subprocess.run(
-                ["ip", "netns", "exec", b, sys.executable, "-m", "fatpipe.trainer.p2p", "client",
+                ["ip", "netns", "exec", b, sys.executable, "-m", "fatpipe.trainer.net.p2p", "client",
                  "--connect", PAIR_IPS[0], "--bind", PAIR_IPS[1], "--port", port, "--tool", tool,
                  "--streams", streams, "--seconds", "2"],
                 capture_output=True, text=True, timeout=60, check=True).stdout

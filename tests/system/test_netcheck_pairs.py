@@ -106,7 +106,7 @@ def test_pairs_name_the_three_links_of_the_slow_node(slow_node_cluster):
 def test_netbench_pairs_on_three_loopback_nodes(tmp_path):
     """Three torchrun agents, each a "node" on its own loopback address: 3 rounds of one pair, every
     pair measured once with throughput and round trips, the result the same on every rank."""
-    from fatpipe.trainer import netbench as nb
+    from fatpipe.trainer.net import netbench as nb
 
     out = tmp_path / "netbench.json"
     master, p2p_port = free_port(), free_port()
@@ -114,7 +114,7 @@ def test_netbench_pairs_on_three_loopback_nodes(tmp_path):
     for node in range(3):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node-rank", str(node),
                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master),
-               "-m", "fatpipe.trainer.netbench", "--out", str(out), "--min-size", "64K", "--max-size", "64K",
+               "-m", "fatpipe.trainer.net.netbench", "--out", str(out), "--min-size", "64K", "--max-size", "64K",
                "--quick", "--timeout-s", "120", "--no-p2p", "--pairs", "--p2p-tool", "socket",
                "--p2p-seconds", "0.5", "--p2p-port", str(p2p_port), "--streams", "2"]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "FATPIPE_NODE_NAME": f"lo-{node}",

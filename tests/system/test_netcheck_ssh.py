@@ -19,7 +19,7 @@ def test_netcheck_over_ssh(sshd, run_cli, project_dir):  # noqa: F811
     assert result.exit_code == 0, result.output
     assert "p2p TCP to demo-0 (socket" in result.output
     # The node ran the copy of fatpipe.trainer shipped to it.
-    assert (sshd / "remote" / "demo-0" / ".fatpipe/pkg/fatpipe/trainer/netbench.py").exists()
+    assert (sshd / "remote" / "demo-0" / ".fatpipe/pkg/fatpipe/trainer/net/netbench.py").exists()
     [path] = list((project_dir / ".fatpipe/demo/runs").glob("*/netcheck.json"))
     doc = json.loads(path.read_text())
     assert doc["world_size"] == 2 and doc["nnodes"] == 2 and doc["busbw_size"] == 1 << 20

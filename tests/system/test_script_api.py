@@ -31,7 +31,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp_script.py"
 COMPRESSING = ("bf16", "fp16", "powersgd")
-DECIDE_AT = 4  # trainer.scriptrun: auto decides after the script's 4th step
+DECIDE_AT = 4  # trainer.api.scriptrun: auto decides after the script's 4th step
 
 
 def _free_port() -> int:

@@ -1,4 +1,4 @@
-"""trainer.stage's chain on its own: four real processes on gloo over loopback sockets, each in a
+"""trainer.staging.stage's chain on its own: four real processes on gloo over loopback sockets, each in a
 project folder of its own, holding different parts of the data; only what each lacks travels.
 And nodes that share this machine's files: one local copy, checked before a launch."""
 
@@ -11,7 +11,7 @@ import sys
 import time
 from pathlib import Path
 
-from fatpipe.trainer.manifest import PARTIAL_SUFFIX, build_manifest, first_difference
+from fatpipe.trainer.staging.manifest import PARTIAL_SUFFIX, build_manifest, first_difference
 
 from .conftest import free_port
 
@@ -26,7 +26,7 @@ def start_ranks(tmp_path: Path, manifest_file: Path, port: int, world: int = WOR
         env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
                "MASTER_PORT": str(port), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo",
                "FATPIPE_NODE_NAME": f"n{rank}"}
-        procs.append(subprocess.Popen([sys.executable, "-m", "fatpipe.trainer.stage", "--manifest",
+        procs.append(subprocess.Popen([sys.executable, "-m", "fatpipe.trainer.staging.stage", "--manifest",
                                        str(manifest_file), "--timeout-s", "120", *extra], cwd=tmp_path / f"node{rank}",
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs

@@ -122,7 +122,7 @@ def test_train_keys_are_the_trainers_flags():
 
 def test_p2p_tools_are_the_trainers():
     from fatpipe.infra.defaults import P2P_TOOLS
-    from fatpipe.trainer.p2p import TOOLS
+    from fatpipe.trainer.net.p2p import TOOLS
 
     assert P2P_TOOLS == TOOLS
 

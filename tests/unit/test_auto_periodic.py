@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from fatpipe.infra.trainspec import TrainSpec
-from fatpipe.trainer.autocomm import GradTraffic, HookCost, LinkEstimate, choose_comm
+from fatpipe.trainer.comm.autocomm import GradTraffic, HookCost, LinkEstimate, choose_comm
+from fatpipe.trainer.comm.periodic import MIN_AUTO_SYNC_EVERY
 from fatpipe.trainer.config import HOOK_NAMES, PERIODIC_NAMES, parse_config
-from fatpipe.trainer.periodic import MIN_AUTO_SYNC_EVERY
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -11,10 +11,10 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fatpipe.trainer.autocomm import GradTraffic, HookCost, LinkEstimate, choose_comm
-from fatpipe.trainer.commsetup import plain_steps
+from fatpipe.trainer.comm.autocomm import GradTraffic, HookCost, LinkEstimate, choose_comm
+from fatpipe.trainer.comm.commsetup import plain_steps
+from fatpipe.trainer.comm.redecide import MAX_SWITCHES, THRESHOLD, WARM_STEPS, WINDOW, AutoComm
 from fatpipe.trainer.config import TrainConfig
-from fatpipe.trainer.redecide import MAX_SWITCHES, THRESHOLD, WARM_STEPS, WINDOW, AutoComm
 
 GRAD = 3_300_000  # the tiny preset's gradient
 TRAFFIC = GradTraffic(GRAD, buckets=1, powersgd_bytes=150_000, powersgd_buckets=1)
@@ -117,7 +117,7 @@ def test_no_checking_without_auto():
 # destroyed process group, and one aborted a loaded test run when it stayed in pytest's process.
 HOOK_COSTS = """
 import json, os, sys, torch, torch.distributed as dist
-from fatpipe.trainer.hookcost import measure_hook_costs
+from fatpipe.trainer.comm.hookcost import measure_hook_costs
 from fatpipe.trainer.model import GPT, preset_config
 dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
 torch.manual_seed(0)

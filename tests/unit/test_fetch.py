@@ -1,4 +1,4 @@
-"""`trainer.fetch`, a node fetching a remote [data] source itself: a moto S3 server and a local HTTPS
+"""`trainer.staging.fetch`, a node fetching a remote [data] source itself: a moto S3 server and a local HTTPS
 server with a private CA, both on loopback; resumes, skips, refetches what changed."""
 
 from __future__ import annotations
@@ -10,10 +10,10 @@ import socket
 import pytest
 from dataservers import https_server, s3_server
 
-from fatpipe.trainer import fetch as fetch_mod
-from fatpipe.trainer.fetch import fetch
-from fatpipe.trainer.fetch_types import FetchError
-from fatpipe.trainer.manifest import first_difference
+from fatpipe.trainer.staging import fetch as fetch_mod
+from fatpipe.trainer.staging.fetch import fetch
+from fatpipe.trainer.staging.fetch_types import FetchError
+from fatpipe.trainer.staging.manifest import first_difference
 
 CHUNK = 1 << 16
 OBJECTS = {"sets/v1/train.bin": os.urandom(3 * CHUNK + 5), "sets/v1/meta/vocab.txt": b"abc",
@@ -151,7 +151,7 @@ def test_the_entry_point_prints_one_error_line(node_env, tmp_path, capsys):
 
 
 def node_manifest(files: dict[str, str], fetched: int = 0) -> dict:
-    from fatpipe.trainer.manifest import manifest_of
+    from fatpipe.trainer.staging.manifest import manifest_of
 
     entries = [{"name": n, "size": 3, "sha256": sha, "chunks": [sha], "etag": '"e"'} for n, sha in files.items()]
     return {**manifest_of("folder", "data/set", CHUNK, entries), "source": "s3://b/p", "fetched_bytes": fetched}

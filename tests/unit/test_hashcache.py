@@ -7,9 +7,9 @@ import os
 
 import pytest
 
-import fatpipe.trainer.hashcache as hc
-from fatpipe.trainer.hashcache import HashCache
-from fatpipe.trainer.manifest import build_manifest, hash_file, node_cache
+import fatpipe.trainer.staging.hashcache as hc
+from fatpipe.trainer.staging.hashcache import HashCache
+from fatpipe.trainer.staging.manifest import build_manifest, hash_file, node_cache
 
 CHUNK = 1 << 16
 
@@ -90,7 +90,7 @@ def test_an_unreadable_cache_is_ignored(tmp_path):
 
 
 def test_the_node_check_reads_only_changed_files_and_rehash_reads_all(tmp_path, monkeypatch, capsys):
-    import fatpipe.trainer.manifest as m
+    import fatpipe.trainer.staging.manifest as m
 
     folder = tmp_path / "data" / "set"
     folder.mkdir(parents=True)

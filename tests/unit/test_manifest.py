@@ -8,7 +8,7 @@ import os
 import subprocess
 import sys
 
-from fatpipe.trainer.manifest import (
+from fatpipe.trainer.staging.manifest import (
     MANIFEST_NAME,
     PARTIAL_SUFFIX,
     build_manifest,
@@ -18,7 +18,7 @@ from fatpipe.trainer.manifest import (
     manifest_target,
     write_manifest,
 )
-from fatpipe.trainer.stage import plan
+from fatpipe.trainer.staging.stage import plan
 
 CHUNK = 1 << 20
 
@@ -54,9 +54,9 @@ def test_a_folder_manifest_lists_every_file_sorted_and_skips_its_own_files(tmp_p
 
 
 def test_unchanged_files_keep_their_hashes_without_reading(tmp_path, monkeypatch):
-    import fatpipe.trainer.hashcache as hc
-    import fatpipe.trainer.manifest as m
-    from fatpipe.trainer.hashcache import HashCache
+    import fatpipe.trainer.staging.hashcache as hc
+    import fatpipe.trainer.staging.manifest as m
+    from fatpipe.trainer.staging.hashcache import HashCache
 
     monkeypatch.setattr(hc, "RACY_NS", 0)  # the files were written a moment ago
     folder = make_folder(tmp_path, {"a": CHUNK})
@@ -102,7 +102,7 @@ def test_the_node_check_is_one_line_and_exit_1(tmp_path):
     folder = make_folder(tmp_path, {"a": 10})
     manifest = build_manifest(folder, CHUNK, "data/set")
     (tmp_path / "m.json").write_text(json.dumps(manifest))
-    check = [sys.executable, "-m", "fatpipe.trainer.manifest", "check", str(tmp_path / "m.json"), str(tmp_path)]
+    check = [sys.executable, "-m", "fatpipe.trainer.staging.manifest", "check", str(tmp_path / "m.json"), str(tmp_path)]
     assert subprocess.run(check, capture_output=True).returncode == 0
     (folder / "a").write_bytes(b"x")
     done = subprocess.run(check, capture_output=True, text=True)
@@ -138,9 +138,9 @@ def test_a_chunk_travels_in_pieces_each_with_its_own_tag():
 
 
 def test_received_chunks_are_checked_as_their_pieces_arrive_and_a_wrong_one_is_not_renamed(tmp_path):
-    from fatpipe.trainer.hashcache import HashCache
-    from fatpipe.trainer.manifest import ChunkCheck
-    from fatpipe.trainer.stage import finish_files
+    from fatpipe.trainer.staging.hashcache import HashCache
+    from fatpipe.trainer.staging.manifest import ChunkCheck
+    from fatpipe.trainer.staging.stage import finish_files
 
     data = os.urandom(2 * CHUNK + 10)
     (tmp_path / "src").mkdir()

@@ -10,7 +10,7 @@ import pytest
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.ops.netcheck import NetcheckOptions, netcheck_doc, pairs_from_bench
 from fatpipe.ops.netgate import PairResult, evaluate_gate
-from fatpipe.trainer import netbench as nb
+from fatpipe.trainer.net import netbench as nb
 
 MiB = 1 << 20
 
@@ -290,7 +290,7 @@ def test_cli_options_reach_the_benchmark(run_cli, deployed):
     opts = seen["options"]
     assert (opts.min_fraction, opts.max_size, opts.quick, opts.streams) == (0.9, 16 * MiB, True, 8)
     args = opts.netbench_args(outputs(), "x.json")
-    assert args[:2] == ["-m", "fatpipe.trainer.netbench"] and "--quick" in args
+    assert args[:2] == ["-m", "fatpipe.trainer.net.netbench"] and "--quick" in args
     assert args[args.index("--p2p-server") + 1] == "10.61.0.10"
     assert args[args.index("--p2p-port") + 1] == "29401"
 

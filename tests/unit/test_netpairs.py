@@ -13,9 +13,9 @@ import pytest
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.ops.netcheck import NetcheckOptions, netcheck_doc
 from fatpipe.ops.netgate import LinkResult, evaluate_gate, link_matrix, shared_node, worst_link
-from fatpipe.trainer import netbench as nb
-from fatpipe.trainer.netpairs import round_robin
-from fatpipe.trainer.p2plat import MESSAGE_BYTES, EchoServer, rtt_samples, rtt_stats
+from fatpipe.trainer.net import netbench as nb
+from fatpipe.trainer.net.netpairs import round_robin
+from fatpipe.trainer.net.p2plat import MESSAGE_BYTES, EchoServer, rtt_samples, rtt_stats
 
 MiB = 1 << 20
 

@@ -17,7 +17,7 @@ from fatpipe.infra.jobmodel import (
     ring_allreduce_bytes,
 )
 from fatpipe.ops import plan as planner
-from fatpipe.trainer import autocomm
+from fatpipe.trainer.comm import autocomm
 
 AWS = load_catalog("aws")
 DO = load_catalog("digitalocean")

@@ -123,7 +123,7 @@ def test_cli_keeps_the_script_apart_from_the_cluster(run_cli, project_dir):
     run_id = (project_dir / ".fatpipe/demo/runs/latest").read_text().strip()
     script = (project_dir / f".fatpipe/demo/runs/{run_id}/node-0.sh").read_text()
     # The user's script, not the built-in trainer, through the wrapper that records its first error.
-    assert "-m fatpipe.trainer.userscript \\\n  train.py \\\n  --lr 3e-4" in script and "--out" not in script
+    assert "-m fatpipe.trainer.api.userscript \\\n  train.py \\\n  --lr 3e-4" in script and "--out" not in script
 
     result = run_cli("rendezvous", "demo", "--outputs", "outputs.json", "--preset", "tiny", "--steps", "7")
     assert result.exit_code == 0, result.output

@@ -130,7 +130,7 @@ def test_steps_are_recorded_into_the_run_folder_as_the_trainer_does(tmp_path, co
     shown = run_summary(tmp_path, 1.0)
     assert shown["steps"] == 3 and shown["comm"] == want and shown["world_size"] == 1
     assert shown["failed_collectives"] == 0
-    if comm != "diloco":  # one gradient sync per step (trainer.periodic's syncs are not counted)
+    if comm != "diloco":  # one gradient sync per step (trainer.comm.periodic's syncs are not counted)
         assert shown["collectives_attempted"] >= 3
     assert json.loads((tmp_path / "faults.json").read_text())["failed_collectives"] == 0
     assert (tmp_path / "nodes.jsonl").exists()  # the last step closes the node-metrics window

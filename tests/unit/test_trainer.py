@@ -9,8 +9,13 @@ import sys
 import pytest
 import torch
 
-from fatpipe.trainer.autocomm import GradTraffic, LinkEstimate, choose_comm, powersgd_wire_elements
 from fatpipe.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
+from fatpipe.trainer.comm.autocomm import (
+    GradTraffic,
+    LinkEstimate,
+    choose_comm,
+    powersgd_wire_elements,
+)
 from fatpipe.trainer.config import ConfigError, TrainConfig, build_parser, parse_config
 from fatpipe.trainer.data import DataCursor, ShardedBatches, load_corpus, stdlib_corpus
 from fatpipe.trainer.metrics import summarize, truncate_metrics
@@ -132,7 +137,11 @@ def test_checkpoints_are_atomic_and_the_last_two_kept(tmp_path):
 
 
 def test_powersgd_state_survives_a_checkpoint(tmp_path):
-    from fatpipe.trainer.hooks import load_powersgd_state, make_powersgd_state, powersgd_state_dict
+    from fatpipe.trainer.comm.hooks import (
+        load_powersgd_state,
+        make_powersgd_state,
+        powersgd_state_dict,
+    )
 
     state = make_powersgd_state(rank=2, start_iter=3, seed=1)
     state.error_dict[0] = torch.randn(5)

@@ -1,4 +1,4 @@
-"""What `trainer.fetch` and its sources share: one remote file, and the error a node reports."""
+"""What `trainer.staging.fetch` and its sources share: one remote file, and the error a node reports."""
 
 from __future__ import annotations
 

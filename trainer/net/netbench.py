@@ -1,6 +1,6 @@
 """All-reduce bandwidth sweep, small-message latency and node-to-node TCP throughput (torchrun entry).
 
-    torchrun ... -m fatpipe.trainer.netbench --out netbench.json [--max-size 256M] [--quick]
+    torchrun ... -m fatpipe.trainer.net.netbench --out netbench.json [--max-size 256M] [--quick]
 
 Numbers follow nccl-tests' conventions (see `bandwidth`). Backend: NCCL when the node has a
 GPU, else gloo on float32 CPU tensors. The p2p part (`netp2p`: node -> node 0; with `--pairs`
@@ -38,10 +38,10 @@ from fatpipe.trainer.bandwidth import (
     sweep_sizes,
 )
 from fatpipe.trainer.files import write_text_atomic
-from fatpipe.trainer.netnodes import describe_ranks, node_ip, node_leaders
-from fatpipe.trainer.netp2p import run_p2p
-from fatpipe.trainer.netpairs import run_pairs
-from fatpipe.trainer.netsweep import Bench
+from fatpipe.trainer.net.netnodes import describe_ranks, node_ip, node_leaders
+from fatpipe.trainer.net.netp2p import run_p2p
+from fatpipe.trainer.net.netpairs import run_pairs
+from fatpipe.trainer.net.netsweep import Bench
 
 # Names other code and tests import from here, though they now live in the modules above.
 __all__ = [
@@ -55,7 +55,7 @@ RESULT_PREFIX = "NETBENCH_JSON "
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.netbench", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.net.netbench", description=__doc__.split("\n")[0])
     p.add_argument("--out", required=True, help="JSON file rank 0 writes")
     p.add_argument("--min-size", type=parse_size, default=MiB, help="smallest all-reduce (default 1M)")
     p.add_argument("--max-size", type=parse_size, default=256 * MiB, help="largest all-reduce (default 256M)")
@@ -139,6 +139,6 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    from .exiting import run_and_exit
+    from ..exiting import run_and_exit
 
     run_and_exit(main)  # without finalization: gloo's threads would abort it (exiting.py)

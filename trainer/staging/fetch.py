@@ -1,6 +1,6 @@
 """The node side of a remote [data] source: each node fetches it over its own link.
 
-    python -m fatpipe.trainer.fetch SPEC PROJECT_FOLDER
+    python -m fatpipe.trainer.staging.fetch SPEC PROJECT_FOLDER
 
 SPEC is the JSON `ops.fetch` ships (source, path, chunk_size and the source's keys, a
 `ca_bundle` relative to SPEC's folder; never a credential). The node lists the source (S3: every object under the prefix; https: the one file)
@@ -155,7 +155,7 @@ def fetch(spec: dict, root: Path) -> dict:
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m fatpipe.trainer.fetch SPEC PROJECT_FOLDER", file=sys.stderr)
+        print("usage: python -m fatpipe.trainer.staging.fetch SPEC PROJECT_FOLDER", file=sys.stderr)
         return 2
     try:
         spec = json.loads(Path(argv[0]).read_text())

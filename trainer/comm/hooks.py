@@ -20,8 +20,8 @@ import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
-from .config import HOOK_NAMES
-from .faults import ISSUED
+from ..config import HOOK_NAMES
+from ..faults import ISSUED
 
 
 def powersgd_available() -> bool:

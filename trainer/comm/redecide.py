@@ -25,11 +25,11 @@ import logging
 import time
 from collections import deque
 
+from ..collectives import broadcast_object
+from ..config import HOOK_NAMES
+from ..metrics import percentile
 from .autocomm import EXPOSED_BUDGET  # a less lossy hook within it may replace a faster one
-from .collectives import broadcast_object
 from .commsetup import plain_steps, redecide_comm
-from .config import HOOK_NAMES
-from .metrics import percentile
 
 log = logging.getLogger(__name__)
 

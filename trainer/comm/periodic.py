@@ -37,9 +37,9 @@ from torch.distributed.algorithms.model_averaging.utils import (
     average_parameters_or_parameter_groups,
 )
 
+from ..bandwidth import bus_factor
+from ..config import PERIODIC_NAMES
 from .allreduce import sync
-from .bandwidth import bus_factor
-from .config import PERIODIC_NAMES
 from .hooks import StepComm
 
 log = logging.getLogger(__name__)

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from .bandwidth import busbw_gbs
-from .faults import ISSUED
+from ..bandwidth import busbw_gbs
+from ..faults import ISSUED
 
 
 def sync(device: torch.device) -> None:

@@ -14,6 +14,11 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ..bandwidth import MiB
+from ..collectives import broadcast_object
+from ..config import HOOK_NAMES, PERIODIC_NAMES, TrainConfig
+from ..distenv import DistEnv
+from ..torchstate import autocast, fork_rng
 from .allreduce import slowest, sync
 from .autocomm import (
     CommDecision,
@@ -27,13 +32,8 @@ from .autocomm import (
     probe_size,
     read_netcheck,
 )
-from .bandwidth import MiB
-from .collectives import broadcast_object
-from .config import HOOK_NAMES, PERIODIC_NAMES, TrainConfig
-from .distenv import DistEnv
 from .hookcost import measure_hook_costs
 from .hooks import powersgd_available
-from .torchstate import autocast, fork_rng
 
 log = logging.getLogger(__name__)
 

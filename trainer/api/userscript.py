@@ -1,4 +1,4 @@
-"""`python -m fatpipe.trainer.userscript SCRIPT ARGS` (or `-m MODULE ARGS`): run a user's torchrun
+"""`python -m fatpipe.trainer.api.userscript SCRIPT ARGS` (or `-m MODULE ARGS`): run a user's torchrun
 script as `python SCRIPT ARGS` would, with its first exception in torchrun's per-rank error file.
 
 torchrun writes no error file for a worker that does not apply `record` itself, so the launcher
@@ -15,17 +15,17 @@ import sys
 
 from torch.distributed.elastic.multiprocessing.errors import record
 
-from .errorfile import ERROR_FILE_ENV, RankErrorHandler
+from ..errorfile import ERROR_FILE_ENV, RankErrorHandler
 
 
 def run(argv: list[str]) -> None:
     if os.environ.get(ERROR_FILE_ENV):  # torchrun's path is relative: the script may chdir
         os.environ[ERROR_FILE_ENV] = os.path.abspath(os.environ[ERROR_FILE_ENV])
     if not argv:
-        raise SystemExit("usage: python -m fatpipe.trainer.userscript SCRIPT [ARGS] | -m MODULE [ARGS]")
+        raise SystemExit("usage: python -m fatpipe.trainer.api.userscript SCRIPT [ARGS] | -m MODULE [ARGS]")
     if argv[0] in ("-m", "--module"):
         if len(argv) < 2:
-            raise SystemExit("python -m fatpipe.trainer.userscript: -m needs a module")
+            raise SystemExit("python -m fatpipe.trainer.api.userscript: -m needs a module")
         sys.argv = [argv[1], *argv[2:]]  # runpy sets argv[0] to the module's file
         runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
         return

@@ -1,7 +1,7 @@
 """netbench's node-to-node TCP round: every other node sends to one server node, in turn.
 
 The node at `--p2p-server` (default: node 0) starts a server (iperf3 when every node has it,
-else the built-in socket test of `fatpipe.trainer.p2p`), and every other node in turn sends to
+else the built-in socket test of `fatpipe.trainer.net.p2p`), and every other node in turn sends to
 it with 1 stream, then `--streams` streams, while the others wait at a barrier so no two pairs
 share a link.
 """
@@ -14,8 +14,8 @@ from .netsweep import Bench
 
 def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
     """Node-to-server TCP throughput, one client node at a time; the result on every rank."""
+    from ..collectives import all_gather_objects, broadcast_object
     from . import p2p
-    from .collectives import all_gather_objects, broadcast_object
 
     nodes = node_leaders(ranks)
     if len(nodes) < 2:

@@ -3,7 +3,7 @@
 The format is docs/ARCHITECTURE.md, "The data contract". Pure Python (hashlib): the operator's
 machine builds it and every node checks against it, with no torch. Memory stays at one read
 buffer whatever the file size; a `HashCache` skips re-reading files that did not change. `python -m
-fatpipe.trainer.manifest check [--rehash] MANIFEST ROOT` prints the first difference as one line and exits 1.
+fatpipe.trainer.staging.manifest check [--rehash] MANIFEST ROOT` prints the first difference as one line and exits 1.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import os
 import sys
 from pathlib import Path
 
-from fatpipe.trainer.hashcache import CACHE_SUFFIX, HashCache
+from fatpipe.trainer.staging.hashcache import CACHE_SUFFIX, HashCache
 
 VERSION = 1
 MANIFEST_NAME = ".fatpipe-manifest.json"  # infra.dataspec keeps the same name
@@ -173,7 +173,7 @@ def main(argv: list[str]) -> int:
     rehash = "--rehash" in argv[1:2]  # read every file again, whatever the cache says
     argv = [a for i, a in enumerate(argv) if not (i == 1 and rehash)]
     if len(argv) != 3 or argv[0] != "check":
-        print("usage: python -m fatpipe.trainer.manifest check [--rehash] MANIFEST PROJECT_FOLDER", file=sys.stderr)
+        print("usage: python -m fatpipe.trainer.staging.manifest check [--rehash] MANIFEST PROJECT_FOLDER", file=sys.stderr)
         return 2
     manifest, root = json.loads(Path(argv[1]).read_text()), Path(argv[2])
     cache = node_cache(manifest, root)

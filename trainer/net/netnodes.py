@@ -16,7 +16,7 @@ def node_ip() -> str:
     """This node's private IP: $FATPIPE_PRIVATE_IP (the launch path's node env), else the
     address of $GLOO_SOCKET_IFNAME, else the source address the kernel picks to reach the
     rendezvous host."""
-    from .nic import ipv4_address, source_address
+    from ..nic import ipv4_address, source_address
 
     if os.environ.get("FATPIPE_PRIVATE_IP"):
         return os.environ["FATPIPE_PRIVATE_IP"]
@@ -52,7 +52,7 @@ def describe_ranks(bench: Bench) -> list[dict]:
         "name": os.environ.get("FATPIPE_NODE_NAME") or socket.gethostname(),
         "iperf3": p2p.have_iperf3(),
     }
-    from .collectives import all_gather_objects  # torch only: node venvs lack numpy
+    from ..collectives import all_gather_objects  # torch only: node venvs lack numpy
 
     return all_gather_objects(me, bench.device)
 

@@ -33,9 +33,9 @@ from pathlib import Path
 
 import torch
 
+from ..bandwidth import bus_factor
+from ..config import HOOK_NAMES
 from .allreduce import measure_allreduce, timed_allreduce
-from .bandwidth import bus_factor
-from .config import HOOK_NAMES
 from .periodic import MIN_AUTO_SYNC_EVERY, predict_periodic
 
 log = logging.getLogger(__name__)
@@ -230,7 +230,7 @@ def choose_comm(link: LinkEstimate, compute_s: float, grad_accum: int, traffic: 
             compute_s, comm_s, hideable, n_buckets, cost.hook_s.get(name, 0.0))}
     for name in candidates:
         predicted[name]["run_step_s"] = run_step(predicted, name, cost)
-    # Then the methods that sync every H steps (trainer/periodic.py): always priced and logged;
+    # Then the methods that sync every H steps (trainer/comm/periodic.py): always priced and logged;
     # candidates with auto_periodic, when the steps left hold two of their intervals.
     periodic = {name: p for name, p in predict_periodic(
         link, compute_s, grad_bytes, world_size, EXPOSED_BUDGET, cost.steps_left,

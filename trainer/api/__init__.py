@@ -33,10 +33,10 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .config import TrainConfig, build_parser
-from .distenv import DistEnv, join_counter
-from .faults import is_collective_failure
-from .hooks import powersgd_available
+from ..comm.hooks import powersgd_available
+from ..config import TrainConfig, build_parser
+from ..distenv import DistEnv, join_counter
+from ..faults import is_collective_failure
 from .scriptrun import ScriptRun
 
 RUN_DIR_ENV = "FATPIPE_RUN_DIR"  # the run folder, relative to the project folder on the node
@@ -52,8 +52,8 @@ def init_process_group(timeout_s: float = 1800.0) -> None:
     (`distenv.init_process_group`), which keeps each torchrun attempt's rendezvous apart, so the
     group forms again after a restart (a plain init may read the killed attempt's addresses)."""
     global _group
-    from .distenv import init_process_group as join
-    from .distenv import read_env
+    from ..distenv import init_process_group as join
+    from ..distenv import read_env
 
     _group = join(read_env(), timeout_s)
 

@@ -3,7 +3,7 @@
 Pairs are scheduled as a round-robin tournament (`round_robin`): each round is a set of pairs
 that share no node, so they run at the same time without sharing a link, and a barrier
 separates the rounds. Every node runs a throughput server (the same tool as the node -> node 0
-round, `fatpipe.trainer.p2p`) and an echo listener (`p2plat`); in each pair the higher-indexed
+round, `fatpipe.trainer.net.p2p`) and an echo listener (`p2plat`); in each pair the higher-indexed
 node is the client: first many small round trips (latency on an idle link), then the
 throughput runs.
 """
@@ -34,8 +34,8 @@ def round_robin(n: int) -> list[list[tuple[int, int]]]:
 
 def run_pairs(bench: Bench, ranks: list[dict], args) -> dict | None:
     """Every pair of nodes, round by round; the result on every rank (None below 2 nodes)."""
+    from ..collectives import all_gather_objects
     from . import p2p
-    from .collectives import all_gather_objects
 
     nodes = node_leaders(ranks)
     if len(nodes) < 2:

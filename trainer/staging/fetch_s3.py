@@ -1,4 +1,4 @@
-"""An s3:// source for `trainer.fetch`: every object under a prefix (or the one object it names),
+"""An s3:// source for `trainer.staging.fetch`: every object under a prefix (or the one object it names),
 listed with size and ETag, read from an offset by a ranged GET pinned to that ETag.
 
 boto3 on the node, with the node's own credentials (its environment, ~/.aws, instance role), or

@@ -1,4 +1,4 @@
-"""An https:// source for `trainer.fetch`: one file, its size and ETag from a HEAD request, read
+"""An https:// source for `trainer.staging.fetch`: one file, its size and ETag from a HEAD request, read
 from an offset with a Range request (`If-Range`: a file changed on the server is read whole again).
 
 Standard library only. TLS is verified against the system's CAs, `SSL_CERT_FILE` or

@@ -2,8 +2,8 @@
 
 Runs on a node with the standard library only:
 
-    python -m fatpipe.trainer.p2p server --bind 10.42.0.10 --port 5201
-    python -m fatpipe.trainer.p2p client --connect 10.42.0.10 --port 5201 --streams 4 --seconds 3
+    python -m fatpipe.trainer.net.p2p server --bind 10.42.0.10 --port 5201
+    python -m fatpipe.trainer.net.p2p client --connect 10.42.0.10 --port 5201 --streams 4 --seconds 3
 
 The client prints one JSON line. `gbps` is always measured on the receiving side (bytes that
 arrived over the time between the first and the last byte), like iperf3's `sum_received`.
@@ -21,8 +21,8 @@ import subprocess
 import sys
 import time
 
-from fatpipe.trainer.iperf3 import have_iperf3, iperf3_client, iperf3_server_command
-from fatpipe.trainer.p2psocket import CHUNK, serve, socket_client
+from fatpipe.trainer.net.iperf3 import have_iperf3, iperf3_client, iperf3_server_command
+from fatpipe.trainer.net.p2psocket import CHUNK, serve, socket_client
 
 # Names other code and tests import from here, though they now live in the modules above.
 __all__ = [
@@ -50,7 +50,7 @@ def start_server(tool: str, bind: str, port: int, idle_timeout: float = 120.0) -
     if tool == "iperf3":
         cmd = iperf3_server_command(bind, port)
     else:
-        cmd = [sys.executable, "-m", "fatpipe.trainer.p2p", "server", "--bind", bind,
+        cmd = [sys.executable, "-m", "fatpipe.trainer.net.p2p", "server", "--bind", bind,
                "--port", str(port), "--idle-timeout", str(idle_timeout)]
     return subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
 
@@ -106,7 +106,7 @@ def run_client(tool: str, host: str, port: int, streams: int, seconds: float,
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m fatpipe.trainer.p2p", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m fatpipe.trainer.net.p2p", description=__doc__.split("\n")[0])
     sub = parser.add_subparsers(dest="mode", required=True)
     server = sub.add_parser("server", help="answer throughput tests")
     server.add_argument("--bind", required=True, help="private IP to listen on")

@@ -1,6 +1,6 @@
 """The node side of `fatpipe data push`: a pipelined chain of chunks over the private links (torchrun entry).
 
-    torchrun ... -m fatpipe.trainer.stage --manifest <run>/manifest.json
+    torchrun ... -m fatpipe.trainer.staging.stage --manifest <run>/manifest.json
 
 Run from the project folder, one process per node, gloo on the nodes' private interfaces. Every
 rank first hashes what it holds (a file, else its partial copy) and the ranks all-gather which
@@ -25,7 +25,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fatpipe.trainer.manifest import (
+from fatpipe.trainer.staging.manifest import (
     PARTIAL_SUFFIX,
     ChunkCheck,
     file_target,
@@ -246,7 +246,7 @@ def wait_for_source(ready: Path, wait_s: float) -> None:
 def main(argv: list[str] | None = None) -> int:
     import torch.distributed as dist
 
-    p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.stage", description=__doc__.split("\n")[0])
+    p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.staging.stage", description=__doc__.split("\n")[0])
     p.add_argument("--manifest", required=True, help="the manifest of the data to stage")
     p.add_argument("--timeout-s", type=float, default=600.0, help="the longest wait for one chunk")
     p.add_argument("--source-ready", help="rank 0 waits for this file (`ok`, or `failed: why`): the copy to node 0")

@@ -6,7 +6,7 @@ when a `Bench` is made, not at module level, so netbench stays importable withou
 
 from __future__ import annotations
 
-from .bandwidth import DTYPE_BYTES, LATENCY_BYTES, format_table, iterations, sweep_row
+from ..bandwidth import DTYPE_BYTES, LATENCY_BYTES, format_table, iterations, sweep_row
 
 
 class Bench:
@@ -20,13 +20,13 @@ class Bench:
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
 
     def barrier(self) -> None:
-        from .allreduce import barrier
+        from ..comm.allreduce import barrier
 
         barrier(self.device)
 
     def timed(self, tensor, warmup: int, iters: int) -> float:
         """Mean seconds of one in-place all-reduce of `tensor` on the slowest rank."""
-        from .allreduce import timed_allreduce
+        from ..comm.allreduce import timed_allreduce
 
         return timed_allreduce(tensor, warmup, iters, self.device)
 

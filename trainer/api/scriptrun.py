@@ -19,18 +19,18 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .allreduce import slowest, sync
-from .bandwidth import busbw_gbs
-from .commsetup import candidate_hooks, decide_comm, decide_measured
-from .config import HOOK_NAMES, PERIODIC_NAMES, TrainConfig
-from .distenv import DistEnv
-from .faults import FaultLedger
-from .files import write_text_atomic
-from .hooks import TimedCommHook, make_powersgd_state
-from .metrics import MetricsLog, read_metrics, summarize
-from .nic import NicMeter, traffic_interface
-from .nodemetrics import NodeMetrics
-from .periodic import DiLoCo, LocalSGD, sync_interval
+from ..bandwidth import busbw_gbs
+from ..comm.allreduce import slowest, sync
+from ..comm.commsetup import candidate_hooks, decide_comm, decide_measured
+from ..comm.hooks import TimedCommHook, make_powersgd_state
+from ..comm.periodic import DiLoCo, LocalSGD, sync_interval
+from ..config import HOOK_NAMES, PERIODIC_NAMES, TrainConfig
+from ..distenv import DistEnv
+from ..faults import FaultLedger
+from ..files import write_text_atomic
+from ..metrics import MetricsLog, read_metrics, summarize
+from ..nic import NicMeter, traffic_interface
+from ..nodemetrics import NodeMetrics
 
 log = logging.getLogger(__name__)
 
