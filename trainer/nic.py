@@ -142,3 +142,22 @@ class NicMeter:
         tx, rx = (now[1] - self._last[1]) * 8 / dt / 1e9, (now[2] - self._last[2]) * 8 / dt / 1e9
         self._last = now
         return tx, rx
+
+
+def node_ip() -> str:
+    """This node's private IP: $FATPIPE_PRIVATE_IP (the launch path's node env), else the
+    address of $GLOO_SOCKET_IFNAME, else the source address the kernel picks to reach the
+    rendezvous host."""
+    if os.environ.get("FATPIPE_PRIVATE_IP"):
+        return os.environ["FATPIPE_PRIVATE_IP"]
+    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
+        name = os.environ.get(var, "").lstrip("=")
+        if name and "," not in name and not name.startswith("^"):
+            ip = ipv4_address(name)
+            if ip:
+                return ip
+    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
+    ip = source_address(host, socket.AF_INET)
+    if ip is None:
+        raise OSError(f"no IPv4 route to the rendezvous host {host}")
+    return ip

@@ -22,7 +22,7 @@ import torch.distributed as dist
 
 from .config import TrainConfig
 from .distenv import STORE_PREFIX, DistEnv
-from .nic import interface_counters, traffic_interface
+from .nic import interface_counters, node_ip, traffic_interface
 from .nodestats import EVENTS_FILE, NODES_FILE, SyncWatch, cluster_view, window_summary
 from .tcpinfo import peer_rates, tcp_counters
 
@@ -34,8 +34,6 @@ FINAL_WAIT_S = 10.0  # at the last step, how long rank 0 waits for the others' l
 
 def _identity(env: DistEnv) -> dict:
     """Which node this rank is on: the launch path's node env, else torchrun's group rank."""
-    from .net.netnodes import node_ip
-
     group = int(os.environ.get("GROUP_RANK", env.rank))
     try:
         ip = node_ip()

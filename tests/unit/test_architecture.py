@@ -19,6 +19,17 @@ ALLOWED = {
     "cli": {"infra", "stacks", "ops", "cli", "trainer"},
     "trainer": {"trainer"},  # runs on a node with torch alone
 }
+# Inside trainer/ (docs/ARCHITECTURE.md, "Inside the trainer"): which of its folders each may
+# import; "" is trainer/ itself, the shared base. The built-in trainer's own modules (BUILT_IN)
+# sit at the top, on the API and the comm layer.
+TRAINER_FOLDERS = {
+    "": {""},
+    "comm": {"", "comm"},
+    "api": {"", "comm", "api"},
+    "net": {"", "comm", "net"},
+    "staging": {"staging"},  # the standard library alone: the operator runs the manifest too
+}
+BUILT_IN = {"__main__", "train"}
 # cli modules every command may use; a command module never imports another command module.
 CLI_SHARED = {"__init__", "__main__", "main", "options", "render", "steps"}
 MAX_MODULE_LINES = 300
@@ -55,6 +66,27 @@ def test_imports_run_one_way():
             if target not in ALLOWED[layer]:
                 wrong.append(f"{path.relative_to(REPO)}:{line} imports {name} ({layer} may use "
                              f"{', '.join(sorted(ALLOWED[layer]))})")
+    assert not wrong, "\n".join(wrong)
+
+
+def trainer_folder(path: Path) -> str:
+    parts = path.relative_to(REPO / "trainer").parts
+    return parts[0] if len(parts) > 1 else ""
+
+
+def test_the_trainers_folders_import_one_way():
+    wrong = []
+    for layer, path in modules():
+        if layer != "trainer":
+            continue
+        folder = trainer_folder(path)
+        allowed = TRAINER_FOLDERS[folder] | ({"api", "comm"} if path.stem in BUILT_IN and not folder else set())
+        for line, name in fatpipe_imports(layer, path):
+            parts = name.split(".")[2:]
+            target = parts[0] if parts and parts[0] in TRAINER_FOLDERS else ""
+            if target not in allowed:
+                wrong.append(f"{path.relative_to(REPO)}:{line} imports {name} (trainer/{folder} may "
+                             f"use {', '.join(sorted(f or 'trainer/' for f in allowed))})")
     assert not wrong, "\n".join(wrong)
 
 

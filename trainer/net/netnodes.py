@@ -1,7 +1,7 @@
 """Where netbench's ranks run: each rank's node, IP and iperf3, gathered on every rank.
 
-torch and the trainer's nic, p2p and collectives modules are imported when called, not at
-module level, so netbench stays importable without torch.
+torch and the trainer's p2p and collectives modules are imported when called, not at module
+level, so netbench stays importable without torch (`nic` needs none).
 """
 
 from __future__ import annotations
@@ -9,28 +9,8 @@ from __future__ import annotations
 import os
 import socket
 
+from ..nic import node_ip
 from .netsweep import Bench
-
-
-def node_ip() -> str:
-    """This node's private IP: $FATPIPE_PRIVATE_IP (the launch path's node env), else the
-    address of $GLOO_SOCKET_IFNAME, else the source address the kernel picks to reach the
-    rendezvous host."""
-    from ..nic import ipv4_address, source_address
-
-    if os.environ.get("FATPIPE_PRIVATE_IP"):
-        return os.environ["FATPIPE_PRIVATE_IP"]
-    for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
-        name = os.environ.get(var, "").lstrip("=")
-        if name and "," not in name and not name.startswith("^"):
-            ip = ipv4_address(name)
-            if ip:
-                return ip
-    host = os.environ.get("MASTER_ADDR", "127.0.0.1")
-    ip = source_address(host, socket.AF_INET)
-    if ip is None:
-        raise OSError(f"no IPv4 route to the rendezvous host {host}")
-    return ip
 
 
 def describe_ranks(bench: Bench) -> list[dict]:
