@@ -5,14 +5,12 @@ from __future__ import annotations
 
 import shlex
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from fatpipe.infra.defaults import RENDEZVOUS_FILE, TORCHRUN_DIR
 from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG
 
-if TYPE_CHECKING:
-    from .rendezvous import NodePlan, Rendezvous
+from .rdzvrecord import NodePlan, Rendezvous
 
 # The interface holding the node's private IP: an exact address match first, else the longest
 # prefix holding it (127.0.0.0/8 on lo holds every loopback node's 127.x address).
@@ -79,7 +77,7 @@ def node_script_text(rdzv: Rendezvous, node: NodePlan) -> str:
     exports = ""
     if rdzv.data_path:  # absolute on the node: a script may change its folder
         exports = f'export FATPIPE_DATA="$PWD"/{shlex.quote(rdzv.data_path)}\n'
-    if node.transport == "ssh" and rdzv.ships_trainer:
+    if node.transport == "ssh":  # the trainer package: a script may import fatpipe.trainer.api
         exports += f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
     return f"""#!/usr/bin/env bash
 # fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, rank {node.rank} of {rdzv.nnodes}.

@@ -53,10 +53,10 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
         # The run's inputs only: what the node made there (checkpoints, logs, metrics) stays.
         ("copy the run's inputs", lambda: push_run(node, run_dir)),
     ]
-    if node.rdzv.ships_trainer:
-        trainer_dir = trainer_package_dir()
-        steps.append(("copy the trainer",
-                      lambda: t.push(trainer_dir, f"{plan.workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES)))
+    # Every run: the built-in trainer is the package, and a script may import fatpipe.trainer.api.
+    trainer_dir = trainer_package_dir()
+    steps.append(("copy the trainer",
+                  lambda: t.push(trainer_dir, f"{plan.workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES)))
     # A given interpreter (an image that ships torch) is not checked here: the node environment
     # probe that follows (ops.nodeenv) imports torch and names a node that cannot.
     for what, step in steps:

@@ -12,7 +12,7 @@ import os
 import shlex
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from fatpipe.infra.defaults import JOIN_TIMEOUT_S, MAX_RESTARTS, RENDEZVOUS_FILE
@@ -21,6 +21,7 @@ from fatpipe.infra.node import DEFAULT_REMOTE_DIR, REMOTE_VENV
 from fatpipe.infra.tiers import tier_name, tier_profile
 
 from .nodefiles import torchrun_command, write_rendezvous
+from .rdzvrecord import NodePlan, Rendezvous
 
 TRAINER_MODULE = "fatpipe.trainer"
 REMOTE_DIR_ENV = "FATPIPE_REMOTE_DIR"  # where the project folder goes on ssh nodes; {cluster}, {node}
@@ -36,58 +37,6 @@ class RunOptions:
 
 
 DEFAULT_RUN = RunOptions()
-
-
-@dataclass
-class NodePlan:
-    """One node's part of a run: where it is, where its project folder is, what it runs with."""
-
-    rank: int
-    name: str
-    transport: str
-    private_ip: str
-    public_ip: str | None
-    netns: str | None
-    workdir: str  # the project folder on the node (ssh: relative to the login home)
-    python: str  # the interpreter that runs torchrun there
-    ssh_user: str = ""
-    ssh_port: int | None = None
-    ssh_key_file: str | None = None
-    ssh_host: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    command: list[str] = field(default_factory=list)
-
-
-@dataclass
-class Rendezvous:
-    """Everything `rendezvous.json` records; `run_rel` is the run folder relative to a workdir."""
-
-    run_id: str
-    cluster: str
-    provider: str
-    nnodes: int
-    nproc_per_node: int
-    rdzv_backend: str
-    rdzv_endpoint: str
-    max_restarts: int
-    join_timeout_s: int
-    run_rel: str
-    entry: list[str]
-    builtin_trainer: bool
-    ships_trainer: bool  # ssh nodes get the fatpipe.trainer package (always: scripts run through its wrapper and may use its api)
-    tier_gbps: float
-    created: str
-    nodes: list[NodePlan]
-    gpus_per_node: int = 0  # from the outputs: ssh nodes with GPUs get torch's CUDA build
-    data_path: str | None = None  # [data]'s path in the project folder: the run gets FATPIPE_DATA
-
-    def to_json(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_json(cls, doc: dict) -> Rendezvous:
-        nodes = [NodePlan(**n) for n in doc["nodes"]]
-        return cls(**{**doc, "nodes": nodes})
 
 
 def remote_dir(cluster: str, node: str, template: str | None = None) -> str:
@@ -145,8 +94,7 @@ def plan_rendezvous(project, outputs, run_id: str, run_dir: Path, entry: list[st
         nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint=outputs.rdzv_endpoint,
         max_restarts=options.max_restarts, join_timeout_s=options.join_timeout_s, run_rel=run_rel,
         entry=list(entry),
-        # A script may import fatpipe.trainer.api: ssh nodes get the package for every run.
-        builtin_trainer=builtin, ships_trainer=True, tier_gbps=outputs.tier_gbps,
+        builtin_trainer=builtin, tier_gbps=outputs.tier_gbps,
         gpus_per_node=outputs.gpus_per_node, data_path=_data_path(project, outputs.name),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
     )

@@ -90,6 +90,39 @@ def test_the_trainers_folders_import_one_way():
     assert not wrong, "\n".join(wrong)
 
 
+def module_name(layer: str, path: Path) -> str:
+    parts = ["fatpipe", layer, *path.relative_to(REPO / layer).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# Circles not yet broken: each pair is work left, named here so no new one slips in.
+KNOWN_CIRCLES = {frozenset({"fatpipe.ops.datacheck", "fatpipe.ops.prepare"})}
+
+
+def test_no_module_imports_itself_round_a_circle():
+    """Imports inside functions and under TYPE_CHECKING count too: a circle hidden there still
+    ties two modules into one."""
+    graph = {module_name(layer, path): {name for _, name in fatpipe_imports(layer, path)}
+             for layer, path in modules()}
+    circles = set()
+
+    def visit(name: str, trail: list[str]) -> None:
+        for target in sorted(graph[name] & graph.keys()):
+            if target in trail:
+                circles.add(tuple(trail[trail.index(target):]))
+            elif target not in done:
+                done.add(target)
+                visit(target, [*trail, target])
+
+    done: set[str] = set()
+    for name in sorted(graph):
+        if name not in done:
+            done.add(name)
+            visit(name, [name])
+    found = [c for c in circles if frozenset(c) not in KNOWN_CIRCLES]
+    assert not found, "\n".join(" -> ".join([*c, c[0]]) for c in found)
+
+
 def test_the_check_itself_catches_an_upward_import(tmp_path):
     fake = tmp_path / "infra"
     fake.mkdir()

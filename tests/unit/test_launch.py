@@ -23,7 +23,7 @@ def fake_run(folder: Path, scripts: list[str]) -> list[NodeRun]:
              for i in range(len(scripts))]
     rdzv = Rendezvous(run_id="r1", cluster="c", provider="sim", nnodes=len(scripts), nproc_per_node=1,
                       rdzv_backend="c10d", rdzv_endpoint="127.0.0.10:1", max_restarts=0, join_timeout_s=10,
-                      run_rel=run_rel, entry=[], builtin_trainer=False, ships_trainer=False, tier_gbps=1, created="", nodes=plans)
+                      run_rel=run_rel, entry=[], builtin_trainer=False, tier_gbps=1, created="", nodes=plans)
     for i, script in enumerate(scripts):
         (folder / run_rel / f"node-{i}.sh").write_text(script)
     return [NodeRun(rdzv, plan, LocalTransport(plan.name)) for plan in plans]

@@ -99,7 +99,7 @@ def probe_nodes(folder: Path, pythons: list[str]) -> list[NodeRun]:
              for i, python in enumerate(pythons)]
     rdzv = Rendezvous(run_id="r1", cluster="c", provider="sim", nnodes=len(plans), nproc_per_node=1,
                       rdzv_backend="c10d", rdzv_endpoint="127.0.0.10:1", max_restarts=0, join_timeout_s=10,
-                      run_rel="runs/r1", entry=[], builtin_trainer=False, ships_trainer=False, tier_gbps=1,
+                      run_rel="runs/r1", entry=[], builtin_trainer=False, tier_gbps=1,
                       created="", nodes=plans)
     return [NodeRun(rdzv, plan, LocalTransport(plan.name)) for plan in plans]
 

@@ -30,7 +30,7 @@ def node(folder: Path, body: str, rank: int = 1, max_restarts: int = 2) -> NodeR
     rdzv = Rendezvous(run_id="r1", cluster="c", provider="sim", nnodes=2, nproc_per_node=1,
                       rdzv_backend="c10d", rdzv_endpoint="127.0.0.10:1",
                       max_restarts=max_restarts, join_timeout_s=10, run_rel=run_rel, entry=[],
-                      builtin_trainer=False, ships_trainer=False, tier_gbps=1, created="",
+                      builtin_trainer=False, tier_gbps=1, created="",
                       nodes=[plan])
     (folder / run_rel / f"node-{rank}.sh").write_text(SCRIPT.format(body=body))
     return NodeRun(rdzv, plan, LocalTransport(plan.name))

@@ -67,6 +67,16 @@ def test_files_for_loopback_nodes(project_dir):
         assert "localhost" not in script and "hostname -" not in script
 
 
+def test_an_older_runs_rendezvous_still_reads(project_dir):
+    """rendezvous.json of a run from before `ships_trainer` was dropped (always true then)."""
+    project = load_project()
+    run_id, run_dir = new_run(project, "demo")
+    rdzv = make_rendezvous(project, parse_outputs(sim_outputs()), run_id, run_dir)
+    path = run_dir / "rendezvous.json"
+    path.write_text(json.dumps(json.loads(path.read_text()) | {"ships_trainer": True}))
+    assert read_rendezvous(run_dir) == rdzv
+
+
 def test_ssh_nodes_get_remote_paths(project_dir, monkeypatch):
     monkeypatch.delenv("FATPIPE_REMOTE_DIR", raising=False)
     project = load_project()

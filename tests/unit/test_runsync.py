@@ -196,7 +196,7 @@ def test_the_project_push_deletes_code_but_never_a_run(tmp_path, monkeypatch):
     ssh = SshTransport("n0", "10.0.0.5", tmp_path / "known_hosts", config="/dev/null")
     node_run = SimpleNamespace(name="n0", transport=ssh, sh=lambda snippet: snippet,
                                plan=SimpleNamespace(workdir="proj", python="/usr/bin/python3"),
-                               rdzv=SimpleNamespace(run_rel=run_rel, ships_trainer=False, cluster="c"))
+                               rdzv=SimpleNamespace(run_rel=run_rel, cluster="c"))
     prepare_node(SimpleNamespace(root=project), node_run, project / run_rel, 0, lambda _: None)
     [code] = [argv for argv in calls if argv[0] == "rsync" and argv[-2] == f"{project}/"]
     assert "--delete" in code
