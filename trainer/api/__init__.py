@@ -36,7 +36,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..comm.hooks import powersgd_available
 from ..config import TrainConfig, build_parser
 from ..distenv import DistEnv, join_counter
-from ..faults import is_collective_failure
+from .ddpcomm import one_bucket_cap_mb
 from .scriptrun import ScriptRun
 
 RUN_DIR_ENV = "FATPIPE_RUN_DIR"  # the run folder, relative to the project folder on the node
@@ -94,12 +94,11 @@ def wrap(model: torch.nn.Module, *, allow_periodic: bool = False, steps: int | N
         ddp_kwargs.setdefault("device_ids", [device.index])
     if cfg is None:
         return DDP(model, **ddp_kwargs)
-    grad_mb = sum(p.numel() * p.element_size() for p in model.parameters()) / 2**20
     if "bucket_cap_mb" not in ddp_kwargs:
         cap = cfg.bucket_cap_mb
         if (dist.get_backend() == "gloo" and cfg.comm in ("auto", "powersgd")
                 and powersgd_available()):
-            cap = grad_mb + 1  # PowerSGD on gloo: one bucket, or its callbacks interleave
+            cap = one_bucket_cap_mb(model)  # PowerSGD on gloo: one bucket
         ddp_kwargs["bucket_cap_mb"] = cap
     cfg = dataclasses.replace(cfg, bucket_cap_mb=ddp_kwargs["bucket_cap_mb"])
     ddp_kwargs.setdefault("gradient_as_bucket_view", True)
@@ -146,10 +145,8 @@ def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool) -> DDP:
     _previous_hook = sys.excepthook
 
     def record_failure(kind, error, tb):
-        if _run is not None:
-            _run.failed = True  # no summary.json for a run that failed
-            if is_collective_failure(error):  # in the step after the last one recorded
-                _run.faults.record_failure(error, ("training", _run.step_no + 1))
+        if _run is not None:  # no summary.json; a failed collective in the step after the last
+            _run.record.fail(error, ("training", _run.step_no + 1))
         _previous_hook(kind, error, tb)
 
     sys.excepthook = record_failure
@@ -160,7 +157,7 @@ def step(loss, tokens: int = 0, lr: float | None = None) -> dict | None:
     """Call once per optimizer step, after optimizer.step() (and before zero_grad): records the
     step (`tokens`: this rank's tokens in it) and runs a periodic method's sync when one is due.
     Returns the step's record; None outside a fatpipe run."""
-    return _run.record(loss, tokens, lr) if _run is not None else None
+    return _run.step(loss, tokens, lr) if _run is not None else None
 
 
 def finish() -> None:

@@ -1,36 +1,29 @@
 """One user script's run under `trainer.api`: its comm choice, and each step's record in the run folder.
 
-The pieces are the built-in trainer's (docs/ARCHITECTURE.md, "The run folder"): `hooks`
-measures what DDP's comm hook sends, `commsetup` makes comm=auto's decision, `periodic` runs
-DiLoCo or local SGD, `metrics` writes metrics.jsonl and summary.json (rank 0), `nodemetrics`
-nodes.jsonl and events.jsonl, `faults` faults.json. What differs from `train.py`: the script
-owns the model's forward, so comm=auto measures compute on the script's own first steps
+The pieces are the built-in trainer's, which uses them too (docs/ARCHITECTURE.md, "The run
+folder"): `ddpcomm` registers the timed comm hook and puts the decided one in it,
+`comm.commsetup` makes comm=auto's decision, `comm.periodic` runs DiLoCo or local SGD, and
+`record` writes each step (metrics.jsonl, nodes.jsonl, events.jsonl), faults.json and
+summary.json. What differs from `train.py`: the script owns the model's forward, so comm=auto measures compute on the script's own first steps
 (DECIDE_AT, sent with plain all-reduce) instead of on a synthetic batch.
 """
 
 from __future__ import annotations
 
-import json
 import logging
-import math
 import time
 
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from ..bandwidth import busbw_gbs
 from ..comm.allreduce import slowest, sync
 from ..comm.commsetup import candidate_hooks, decide_comm, decide_measured
-from ..comm.hooks import TimedCommHook, make_powersgd_state
 from ..comm.periodic import DiLoCo, LocalSGD, sync_interval
-from ..config import HOOK_NAMES, PERIODIC_NAMES, TrainConfig
+from ..config import PERIODIC_NAMES, TrainConfig
 from ..distenv import DistEnv
-from ..faults import FaultLedger
-from ..files import write_text_atomic
-from ..metrics import MetricsLog, read_metrics, summarize
-from ..nic import NicMeter, traffic_interface
-from ..nodemetrics import NodeMetrics
+from .ddpcomm import grad_bytes, register_timed_hook, use_comm
+from .record import RunRecord
 
 log = logging.getLogger(__name__)
 
@@ -45,26 +38,21 @@ class ScriptRun:
         self.cfg, self.env, self.ddp, self.device = cfg, env, ddp, env.device
         self.module = ddp.module
         self.hooks = candidate_hooks() + (PERIODIC_NAMES if allow_periodic else ())
-        if not self._one_bucket():  # powerSGD_hook on gloo needs one bucket (train.py says why)
+        if not self._one_bucket():  # powerSGD_hook on gloo needs one bucket (ddpcomm says why)
             self.hooks = tuple(h for h in self.hooks if h != "powersgd")
         self._check(cfg.comm)
-        self.faults = FaultLedger(cfg.out_dir, store, env.attempt, env.is_main)
-        self.nodes = NodeMetrics(cfg, env, store)
-        self.nic = NicMeter(traffic_interface())
-        self.metrics = MetricsLog(cfg.out_dir, cfg.steps, 0) if env.is_main else None
-        self.meter = TimedCommHook(self.device)
-        ddp.register_comm_hook(None, self.meter.hook)
+        self.record = RunRecord(cfg, env, store)
+        self.record.open()
+        self.meter = register_timed_hook(ddp, self.device)
         ddp.register_forward_pre_hook(self._step_begins)
         self.periodic = None
         self.step_no, self.started, self.tokens_per_step = 0, None, 0
         self.compute: list[float] = []
-        self.failed = False
         self.decision = self._first_decision()
         self._apply(self.decision)
 
     def _one_bucket(self) -> bool:
-        grad_bytes = sum(p.numel() * p.element_size() for p in self.module.parameters())
-        return self.env.backend != "gloo" or self.ddp.bucket_bytes_cap >= grad_bytes
+        return self.env.backend != "gloo" or self.ddp.bucket_bytes_cap >= grad_bytes(self.module)
 
     def _check(self, comm: str) -> None:
         """Refuse a named comm this script cannot run, before anything is registered or opened."""
@@ -81,8 +69,7 @@ class ScriptRun:
         cfg, env = self.cfg, self.env
         if cfg.comm == "auto" and env.world_size > 1:
             return None
-        grad_bytes = sum(p.numel() * p.element_size() for p in self.module.parameters())
-        return decide_comm(cfg, env, self.module, grad_bytes, None)
+        return decide_comm(cfg, env, self.module, grad_bytes(self.module), None)
 
     def _apply(self, decision: dict | None) -> None:
         self.comm = decision["comm"] if decision else "none"
@@ -93,11 +80,7 @@ class ScriptRun:
             self.periodic = kind(self.module, None, sync_interval(decision, self.cfg.sync_every),
                                  self.cfg.steps, self.device, start_step=self.step_no)
             return
-        state = None
-        if self.comm == "powersgd":
-            state = make_powersgd_state(self.cfg.powersgd_rank, self.cfg.warmup_steps
-                                        - decision.get("since_step", 0), self.cfg.seed)
-        self.meter.use(self.comm if self.comm in HOOK_NAMES else "none", state)
+        use_comm(self.meter, self.cfg, decision or {"comm": "none"})
 
     def _step_begins(self, module, inputs) -> None:
         """DDP's forward pre-hook: the first forward of a step starts its clock (an evaluation
@@ -106,7 +89,7 @@ class ScriptRun:
             self.started = time.perf_counter()
             self.meter.begin_step()
 
-    def record(self, loss, tokens: int, lr: float | None) -> dict:
+    def step(self, loss, tokens: int, lr: float | None) -> dict:
         """Every rank, once per optimizer step, after optimizer.step(): the step's record."""
         self.step_no += 1
         step = self.step_no
@@ -118,21 +101,10 @@ class ScriptRun:
         step_s = now - (self.started if self.started is not None else now)
         self.started = None
         comm = self.periodic.end_step() if self.periodic else self.meter.end_step()
-        tx, rx = self.nic.rates()
         self.tokens_per_step = tokens * self.env.world_size
-        rec = {
-            "step": step, "loss": loss_value, "lr": float(lr or 0.0), "step_s": step_s,
-            "tokens_per_s": self.tokens_per_step / step_s if step_s else 0.0,
-            "sync_s": comm.sync_s, "exposed_comm_s": comm.exposed_s,
-            "grad_bytes": comm.grad_bytes, "wire_bytes": comm.wire_bytes,
-            "busbw_gbps": (busbw_gbs(comm.wire_bytes, comm.sync_s, self.env.world_size) * 8
-                           if comm.sync_s else 0.0),
-            "nic_tx_gbps": tx, "nic_rx_gbps": rx, "comm": self.comm,
-        }
-        self.faults.push()
-        if self.metrics:
-            self.metrics.log(rec)
-        self.nodes.record(rec)
+        rec = self.record.measure(step, loss_value, float(lr or 0.0), step_s, self.tokens_per_step,
+                                  comm, self.comm)
+        self.record.write(rec)
         if self.decision is None:
             self._measure_then_decide(step, step_s - comm.exposed_s)
         return rec
@@ -151,21 +123,14 @@ class ScriptRun:
 
     def finish(self) -> None:
         """Rank 0: summary.json and faults.json from what the steps recorded; files closed."""
-        self.nodes.close()
-        if not self.metrics:
+        main = self.record.metrics is not None
+        self.record.close()
+        if not main:
             return
-        self.metrics.close()
-        self.metrics, records = None, read_metrics(self.cfg.out_dir / "metrics.jsonl")
-        if self.failed or not records:
-            self.faults.save()
+        records = self.record.records()
+        if self.record.failed or not records:
+            self.record.faults.save()
             return
-        summary = summarize(
+        self.record.write_summary(
             records, self.tokens_per_step, comm=self.comm, comm_decision=self.decision,
-            restarts=self.env.restarts, world_size=self.env.world_size, preset="script",
-            params=sum(p.numel() for p in self.module.parameters()), **self.faults.totals())
-        self.faults.save()
-        write_text_atomic(self.cfg.out_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        log.info("summary: loss %.4f, %.0f tokens/s, step p50 %.1f ms, sync p50 %.1f ms -> %s",
-                 summary["final_loss"] if summary["final_loss"] is not None else math.nan,
-                 summary["tokens_per_s"], summary["step_s_p50"] * 1e3,
-                 summary["sync_s_p50"] * 1e3, self.cfg.out_dir / "summary.json")
+            preset="script", params=sum(p.numel() for p in self.module.parameters()))

@@ -1,0 +1,98 @@
+"""What every step of a run leaves in the run folder, for the built-in trainer and a user's script
+alike (docs/ARCHITECTURE.md, "The run folder"): metrics.jsonl (rank 0), nodes.jsonl and
+events.jsonl (`nodemetrics`), faults.json (`faults`), and summary.json at the end.
+
+One implementation, so `fatpipe top`, `fatpipe report` and the summary read the same fields
+whichever of the two trained.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+
+import torch.distributed as dist
+
+from ..bandwidth import busbw_gbs
+from ..comm.hooks import StepComm
+from ..config import TrainConfig
+from ..distenv import DistEnv
+from ..faults import FaultLedger, is_collective_failure
+from ..files import write_text_atomic
+from ..metrics import MetricsLog, read_metrics, summarize
+from ..nic import NicMeter, traffic_interface
+from ..nodemetrics import NodeMetrics
+
+log = logging.getLogger(__name__)
+
+
+class RunRecord:
+    """One rank's writers of the run folder: each step's record, node windows, fault counts."""
+
+    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store):
+        """`store` is the run-wide store (it outlives an attempt), where faults are counted."""
+        self.cfg, self.env = cfg, env
+        self.faults = FaultLedger(cfg.out_dir, store, env.attempt, env.is_main)
+        self.nodes = NodeMetrics(cfg, env, store)  # per-node windows: nodes.jsonl, events.jsonl
+        self.nic = NicMeter(traffic_interface())
+        self.metrics: MetricsLog | None = None
+        self.failed = False
+
+    def open(self, start_step: int = 0) -> None:
+        """Rank 0: metrics.jsonl, cut back to `start_step` (a resumed run writes its steps again)."""
+        if self.env.is_main:
+            self.metrics = MetricsLog(self.cfg.out_dir, self.cfg.steps, start_step)
+
+    def measure(self, step: int, loss: float, lr: float, step_s: float, tokens_per_step: int,
+                comm: StepComm, comm_name: str) -> dict:
+        """The step's record: its time, what its gradient sync cost and sent, the NIC's rates."""
+        tx, rx = self.nic.rates()
+        return {
+            "step": step, "loss": loss, "lr": lr, "step_s": step_s,
+            "tokens_per_s": tokens_per_step / step_s if step_s else 0.0,
+            "sync_s": comm.sync_s, "exposed_comm_s": comm.exposed_s,
+            "grad_bytes": comm.grad_bytes, "wire_bytes": comm.wire_bytes,
+            "busbw_gbps": (busbw_gbs(comm.wire_bytes, comm.sync_s, self.env.world_size) * 8
+                           if comm.sync_s else 0.0),
+            "nic_tx_gbps": tx, "nic_rx_gbps": rx, "comm": comm_name,
+        }
+
+    def write(self, rec: dict) -> None:
+        """Every rank, every step: collectives issued (rank 0 counts them), the record, the window."""
+        self.faults.push()
+        if self.metrics:
+            self.metrics.log(rec)
+        self.nodes.record(rec)
+
+    def fail(self, error: BaseException, point: tuple[str, int | None] | None = None) -> None:
+        """The run failed with `error`: no summary.json; a failed collective counted in faults.json."""
+        self.failed = True
+        if is_collective_failure(error):
+            self.faults.record_failure(error, point)
+
+    def records(self) -> list[dict]:
+        """Rank 0: every step in metrics.jsonl, all attempts."""
+        return read_metrics(self.cfg.out_dir / "metrics.jsonl")
+
+    def write_summary(self, records: list[dict], tokens_per_step: int, **fields) -> dict:
+        """Rank 0: summary.json from `records`, the fault counts and `fields` (comm, comm_decision,
+        preset, params, ...); faults.json saved beside it."""
+        summary = summarize(records, tokens_per_step, restarts=self.env.restarts,
+                            world_size=self.env.world_size, **fields, **self.faults.totals())
+        self.faults.save()
+        path = self.cfg.out_dir / "summary.json"
+        write_text_atomic(path, json.dumps(summary, indent=2) + "\n")
+        held = (f", eval loss {summary['eval_loss']:.4f} (held out)"
+                if summary.get("eval_loss") is not None else "")
+        log.info("summary: loss %.4f%s, %.0f tokens/s, step p50 %.1f ms, sync p50 %.1f ms -> %s",
+                 summary["final_loss"] if summary["final_loss"] is not None else math.nan, held,
+                 summary["tokens_per_s"], summary["step_s_p50"] * 1e3,
+                 summary["sync_s_p50"] * 1e3, path)
+        return summary
+
+    def close(self) -> None:
+        self.nodes.close()
+        if self.metrics:
+            self.metrics.close()
+            self.metrics = None
