@@ -2,13 +2,15 @@
 
 Read top to bottom: `Trainer.setup` (resume point, comm choice, DDP), `Trainer.run` (the loop),
 `Trainer.train_step` (one optimizer step and its measurements), then checkpoints and summary.
-The comm choice is `commsetup`'s; RNG and autocast helpers are `torchstate`'s.
+The comm choice is `comm.commsetup`'s; RNG and autocast helpers are `torchstate`'s. What a user's
+script gets from the public API (`api`), this trainer uses too: the timed comm hook on DDP
+(`api.ddpcomm`) and the run folder's writers (`api.record`: each step's record, node metrics,
+fault counts, summary.json).
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
 import time
 from pathlib import Path
@@ -17,25 +19,21 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .bandwidth import MiB, busbw_gbs
+from .api.ddpcomm import grad_bytes, one_bucket_cap_mb, register_timed_hook, use_comm
+from .api.record import RunRecord
 from .checkpoint import load_agreed_checkpoint, load_rank_state, rank_folder, save_checkpoint
 from .collectives import all_gather_objects
 from .comm.allreduce import barrier, sync
 from .comm.commsetup import decide_comm
-from .comm.hooks import TimedCommHook, load_powersgd_state, make_powersgd_state, powersgd_state_dict
+from .comm.hooks import powersgd_state_dict
 from .comm.periodic import make_periodic
 from .comm.redecide import AutoComm
-from .config import HOOK_NAMES, TrainConfig
+from .config import TrainConfig
 from .data import Corpus, describe_data
 from .datacheck import open_data
 from .distenv import DistEnv
-from .faults import FaultLedger, is_collective_failure
-from .files import write_text_atomic
 from .heldout import heldout_loss, heldout_windows
-from .metrics import MetricsLog, read_metrics, summarize
 from .model import GPT, preset_config
-from .nic import NicMeter, traffic_interface
-from .nodemetrics import NodeMetrics
 from .optim import build_optimizer, build_scheduler
 from .replicas import param_digest
 from .torchstate import autocast, configure_determinism, fork_rng, rng_state, set_rng_state
@@ -54,9 +52,7 @@ class Trainer:
         self.corpus, self.val_corpus = data
         self.run_dir = cfg.out_dir
         self.tokens_per_step = cfg.batch_size * cfg.seq_len * cfg.grad_accum * env.world_size
-        self.metrics: MetricsLog | None = None
-        self.faults = FaultLedger(self.run_dir, store, env.attempt, env.is_main)
-        self.nodes = NodeMetrics(cfg, env, store)  # per-node windows: nodes.jsonl, events.jsonl
+        self.record = RunRecord(cfg, env, store)  # the run folder's files, as a script's run
 
     # ---- setup -------------------------------------------------------------------------------
 
@@ -67,7 +63,7 @@ class Trainer:
         torch.manual_seed(cfg.seed)  # the same initial weights on every rank
         self.model = GPT(preset_config(cfg.preset, cfg.seq_len, self.corpus.vocab_size)
                          ).to(self.device)
-        self.grad_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.grad_bytes = grad_bytes(self.model)
         ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
         # The same data on every rank, and the checkpoint's data position remapped or refused
         # (trainer/resume.py) before anything is measured or written.
@@ -90,14 +86,13 @@ class Trainer:
             if mine:
                 set_rng_state(mine["rng"], self.device)
         self.periodic = make_periodic(self, ckpt, mine)  # localsgd, diloco
-        self.nic = NicMeter(traffic_interface())
+        self.record.open(self.start_step)  # the NIC's rates from here, metrics.jsonl cut back
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks (%s), comm %s, NIC %s, attempt %d, "
                      "start at step %d", cfg.preset, self.model.num_params() / 1e6,
-                     env.world_size, env.backend, self.comm, self.nic.interface, env.attempt,
+                     env.world_size, env.backend, self.comm, self.record.nic.interface, env.attempt,
                      self.start_step)
             log.info("data: %s", describe_data(self.corpus, self.val_corpus, cfg.seq_len))
-            self.metrics = MetricsLog(self.run_dir, cfg.steps, self.start_step)
         # Each rank's own RNG stream after the shared init (dropout, if ever turned on).
         if not ckpt:
             torch.manual_seed(cfg.seed + 1 + env.rank)
@@ -107,17 +102,13 @@ class Trainer:
         mid-run rebuild, when every replica already holds the same ones)."""
         cap = self.cfg.bucket_cap_mb
         if self.comm == "powersgd" and self.env.backend == "gloo":
-            # powerSGD_hook issues its P and Q all-reduces from future callbacks; on gloo two
-            # buckets' callbacks interleave differently on each rank (seen here: "collective
-            # mismatch" at the first compressed step). One bucket keeps the order fixed.
-            cap = self.grad_bytes / MiB + 1
+            cap = one_bucket_cap_mb(self.model)  # or the P and Q all-reduces interleave
             log.warning("comm=powersgd on gloo: one DDP bucket (bucket_cap_mb %.1f instead of "
                         "%.1f) to avoid a collective mismatch", cap, self.cfg.bucket_cap_mb)
-        self.meter = TimedCommHook(self.device)
         self.ddp = DDP(self.model, device_ids=[self.env.local_rank]
                        if self.device.type == "cuda" else None,
                        bucket_cap_mb=cap, gradient_as_bucket_view=True, init_sync=init_sync)
-        self.ddp.register_comm_hook(None, self.meter.hook)
+        self.meter = register_timed_hook(self.ddp, self.device)
         self.forward = self.ddp
         if self.cfg.compile and self.device.type == "cuda":
             # Compiling the DDP module lets Dynamo split graphs at bucket boundaries (overlap).
@@ -144,25 +135,14 @@ class Trainer:
 
     def _install_hook(self, mine: dict | None) -> None:
         """The comm hook; PowerSGD's error feedback from this rank's checkpoint part `mine`."""
-        state = None
-        if self.comm == "powersgd":
-            # Counted from when PowerSGD took over, so a switch and its resume agree.
-            state = make_powersgd_state(self.cfg.powersgd_rank, self.cfg.warmup_steps
-                                        - self.decision.get("since_step", 0), self.cfg.seed)
-            if mine and mine.get("powersgd"):
-                load_powersgd_state(state, mine["powersgd"], self.device)
-        self.meter.use(self.comm if self.comm in HOOK_NAMES else "none", state)
+        use_comm(self.meter, self.cfg, self.decision, mine.get("powersgd") if mine else None)
 
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
         cfg = self.cfg
         for step in range(self.start_step + 1, cfg.steps + 1):
-            rec = self.auto.observe(self.train_step(step))
-            self.faults.push()
-            if self.metrics:
-                self.metrics.log(rec)
-            self.nodes.record(rec)
+            self.record.write(self.auto.observe(self.train_step(step)))
             if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
                 self.auto.at_checkpoint(self, step)  # may switch hooks, before the save
                 self.save(step)
@@ -194,16 +174,8 @@ class Trainer:
         sync(self.device)  # all streams, so the step time and the hook's CUDA events are final
         step_s = time.perf_counter() - start
         comm = self.periodic.end_step() if self.periodic else self.meter.end_step()
-        tx, rx = self.nic.rates()
-        return {
-            "step": step, "loss": loss_value, "lr": lr, "step_s": step_s,
-            "tokens_per_s": self.tokens_per_step / step_s,
-            "sync_s": comm.sync_s, "exposed_comm_s": comm.exposed_s,
-            "grad_bytes": comm.grad_bytes, "wire_bytes": comm.wire_bytes,
-            "busbw_gbps": (busbw_gbs(comm.wire_bytes, comm.sync_s, self.env.world_size) * 8
-                           if comm.sync_s else 0.0),
-            "nic_tx_gbps": tx, "nic_rx_gbps": rx, "comm": self.comm,
-        }
+        return self.record.measure(step, loss_value, lr, step_s, self.tokens_per_step, comm,
+                                   self.comm)
 
     # ---- checkpoints -------------------------------------------------------------------------
 
@@ -232,7 +204,7 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "world_size": self.env.world_size,
         })
-        self.faults.save()
+        self.record.faults.save()
 
     # ---- the end -----------------------------------------------------------------------------
 
@@ -247,31 +219,19 @@ class Trainer:
     def _write_summary(self, digests: list[str]) -> None:
         if len(set(digests)) != 1:
             log.error("replicas diverged: parameter digests differ across ranks")
-        records = read_metrics(self.metrics.path)
+        records = self.record.records()
         held = heldout_windows(self.corpus, self.val_corpus, self.cfg.seq_len)
         eval_loss, eval_windows = heldout_loss(self.model, *held, self.cfg.batch_size, self.device)
-        summary = summarize(
-            records, self.tokens_per_step,
-            comm=self.comm, comm_decision=self.decision, restarts=self.env.restarts,
-            world_size=self.env.world_size, preset=self.cfg.preset,
-            params=self.model.num_params(), param_digests=digests,
+        self.record.write_summary(
+            records, self.tokens_per_step, comm=self.comm, comm_decision=self.decision,
+            preset=self.cfg.preset, params=self.model.num_params(), param_digests=digests,
             replicas_in_sync=len(set(digests)) == 1, eval_loss=eval_loss,
             eval_windows=eval_windows,
             data=describe_data(self.corpus, self.val_corpus, self.cfg.seq_len),
-            **self.faults.totals(),
             **self.auto.summary(records))
-        self.faults.save()
-        write_text_atomic(self.run_dir / "summary.json", json.dumps(summary, indent=2) + "\n")
-        log.info("summary: loss %.4f, eval loss %.4f (held out), %.0f tokens/s, step p50 %.1f ms, "
-                 "sync p50 %.1f ms -> %s",
-                 summary["final_loss"] or float("nan"), eval_loss, summary["tokens_per_s"],
-                 summary["step_s_p50"] * 1e3, summary["sync_s_p50"] * 1e3,
-                 self.run_dir / "summary.json")
 
     def close(self) -> None:
-        self.nodes.close()
-        if self.metrics:
-            self.metrics.close()
+        self.record.close()
 
 
 def run_training(cfg: TrainConfig, env: DistEnv, store: dist.Store,
@@ -285,8 +245,7 @@ def run_training(cfg: TrainConfig, env: DistEnv, store: dist.Store,
         trainer.setup()
         trainer.run()
     except Exception as e:
-        if is_collective_failure(e):
-            trainer.faults.record_failure(e)
+        trainer.record.fail(e)  # a failed collective is counted in faults.json
         raise
     finally:
         trainer.close()

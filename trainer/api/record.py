@@ -35,12 +35,14 @@ class RunRecord:
         self.cfg, self.env = cfg, env
         self.faults = FaultLedger(cfg.out_dir, store, env.attempt, env.is_main)
         self.nodes = NodeMetrics(cfg, env, store)  # per-node windows: nodes.jsonl, events.jsonl
-        self.nic = NicMeter(traffic_interface())
+        self.nic: NicMeter | None = None
         self.metrics: MetricsLog | None = None
         self.failed = False
 
     def open(self, start_step: int = 0) -> None:
-        """Rank 0: metrics.jsonl, cut back to `start_step` (a resumed run writes its steps again)."""
+        """Just before the first step: the NIC's rates count from here (not the setup's traffic);
+        rank 0's metrics.jsonl, cut back to `start_step` (a resumed run writes its steps again)."""
+        self.nic = NicMeter(traffic_interface())
         if self.env.is_main:
             self.metrics = MetricsLog(self.cfg.out_dir, self.cfg.steps, start_step)
 
