@@ -100,7 +100,7 @@ def plan_rendezvous(project, outputs, run_id: str, run_dir: Path, entry: list[st
     )
     for node in nodes:
         node.command = torchrun_command(rdzv, node)
-        if not builtin:  # where a script using fatpipe.trainer.api finds its run (trainer/api.py)
+        if not builtin:  # where a script using fatpipe.trainer.api finds its run (trainer/api/__init__.py)
             node.env |= {"FATPIPE_RUN_DIR": run_rel, "FATPIPE_TRAIN_ARGS": shlex.join(train_args)}
     return rdzv
 
