@@ -19,7 +19,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..comm.allreduce import slowest, sync
 from ..comm.commsetup import candidate_hooks, decide_comm, decide_measured
-from ..comm.periodic import DiLoCo, LocalSGD, sync_interval
+from ..comm.periodic import periodic_method, sync_interval
 from ..config import PERIODIC_NAMES, TrainConfig
 from ..distenv import DistEnv
 from .ddpcomm import grad_bytes, register_timed_hook, use_comm
@@ -76,9 +76,9 @@ class ScriptRun:
         if self.comm in PERIODIC_NAMES:
             # Every replica keeps its own gradients (the hook sends nothing) until the method syncs.
             self.meter.passthrough = True
-            kind = DiLoCo if self.comm == "diloco" else LocalSGD
-            self.periodic = kind(self.module, None, sync_interval(decision, self.cfg.sync_every),
-                                 self.cfg.steps, self.device, start_step=self.step_no)
+            self.periodic = periodic_method(self.comm, sync_interval(decision, self.cfg.sync_every),
+                                            self.module, None, self.cfg.steps, self.device,
+                                            self.step_no)
             return
         use_comm(self.meter, self.cfg, decision or {"comm": "none"})
 

@@ -178,16 +178,22 @@ def sync_interval(decision: dict, configured: int) -> int:
     return int(predicted.get("sync_every") or configured)
 
 
+def periodic_method(comm: str, every: int, model, optimizer, steps: int, device: torch.device,
+                    start_step: int) -> Periodic:
+    """The method `comm` names (diloco, localsgd), syncing every `every` steps from `start_step`;
+    the built-in trainer's (`make_periodic`) and a script's (`api.scriptrun`)."""
+    kind = DiLoCo if comm == "diloco" else LocalSGD
+    return kind(model, optimizer, every, steps, device, start_step=start_step)
+
+
 def make_periodic(trainer, ckpt: dict | None, mine: dict | None) -> Periodic | None:
     """The trainer's periodic method (None for a per-step comm hook), resumed from `ckpt`."""
     comm, cfg = trainer.comm, trainer.cfg
     if comm not in PERIODIC_NAMES:
         return None
     h = sync_interval(trainer.decision, cfg.sync_every)
-    start = ckpt["step"] if ckpt else 0
-    kind = DiLoCo if comm == "diloco" else LocalSGD
-    method = kind(trainer.model, trainer.optimizer, h, cfg.steps, trainer.device,
-                  start_step=start)
+    method = periodic_method(comm, h, trainer.model, trainer.optimizer, cfg.steps, trainer.device,
+                             ckpt["step"] if ckpt else 0)
     method.restore(ckpt.get("periodic") if ckpt else None, mine.get("periodic") if mine else None)
     if trainer.env.is_main:
         what = (f"outer SGD lr {OUTER_LR} Nesterov momentum {OUTER_MOMENTUM}"
