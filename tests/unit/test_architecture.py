@@ -123,6 +123,27 @@ def test_no_module_imports_itself_round_a_circle():
     assert not found, "\n".join(" -> ".join([*c, c[0]]) for c in found)
 
 
+# The run folder's writers and DDP's comm hook are built in one place each, so the built-in
+# trainer and a user's script (trainer.api) record the same files the same way.
+ONE_BUILDER = {
+    "api/record.py": {"MetricsLog", "FaultLedger", "NodeMetrics", "NicMeter", "summarize"},
+    "api/ddpcomm.py": {"TimedCommHook"},
+}
+
+
+def test_the_built_in_trainer_and_a_script_share_one_run_record():
+    wrong = []
+    for layer, path in modules():
+        if layer != "trainer":
+            continue
+        rel = path.relative_to(REPO / "trainer").as_posix()
+        others = set().union(*(names for where, names in ONE_BUILDER.items() if where != rel))
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Call) and getattr(node.func, "id", None) in others:
+                wrong.append(f"trainer/{rel}:{node.lineno} builds {node.func.id} itself")
+    assert not wrong, "\n".join(wrong)
+
+
 def test_the_check_itself_catches_an_upward_import(tmp_path):
     fake = tmp_path / "infra"
     fake.mkdir()
