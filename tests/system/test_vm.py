@@ -44,8 +44,7 @@ def vm_cache() -> Path:
     return cache
 
 
-def fatpipe(folder: Path, *args: str, cache: Path, timeout: float = BOOT_TIMEOUT_S) -> subprocess.CompletedProcess:
-    os.environ["FATPIPE_VM_CACHE"] = str(cache)  # the stack records it; fatpipe_cli passes it on
+def fatpipe(folder: Path, *args: str, timeout: float = BOOT_TIMEOUT_S) -> subprocess.CompletedProcess:
     return fatpipe_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
 
 
@@ -72,7 +71,8 @@ def leftovers(folder: Path) -> list[str]:
     return found
 
 
-def test_two_vms_boot_the_aws_user_data_and_down_leaves_nothing(vm_cache, needs_ssh, tmp_path):
+def test_two_vms_boot_the_aws_user_data_and_down_leaves_nothing(vm_cache, needs_ssh, tmp_path, monkeypatch):
+    monkeypatch.setenv("FATPIPE_VM_CACHE", str(vm_cache))  # the stack records it for node-up
     folder = tmp_path / "project"
     folder.mkdir()
     (folder / "fatpipe.toml").write_text(f"""\
