@@ -23,13 +23,14 @@ from fatpipe.stacks.vmimage import build_image, missing_tools
 
 from .conftest import fatpipe_cli, free_port
 
-pytestmark = pytest.mark.slow
+# The image build (once, cached) and TCG boots on a loaded 2-core machine: minutes each.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
 CLUSTER = "vmboot"
 OCTET = 181
 REPO = Path(__file__).resolve().parents[2]
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-vm-")
-BOOT_TIMEOUT_S = 900  # TCG on a loaded 2-core machine: generous, no timing asserted
+BOOT_TIMEOUT_S = 1200  # TCG on a loaded 2-core machine: generous, no timing asserted
 
 
 @pytest.fixture(scope="session")
