@@ -74,4 +74,4 @@ class VmClusterConstruct(ClusterConstruct):
             resource.add_override("triggers_replace", literal_map(node))
             self.nodes.append(resource)
             outputs.append(node_output(cluster, project, node))
-        self.output = cluster.output(outputs, accel=cluster.accel)
+        self.output = cluster.output(outputs)
