@@ -221,3 +221,16 @@ def sweep_cluster(project, cluster_name: str, log) -> list[str]:
             removed.append(node.name)
     shutil.rmtree(nodes_dir, ignore_errors=True)
     return removed
+
+
+def vanished_vms(nodes_dir: Path, outputs) -> list[str]:
+    """Nodes of deployed vm `outputs` whose QEMU is no longer running (a reboot, a kill)."""
+    gone = []
+    for node in outputs.nodes:
+        try:
+            pid = int((nodes_dir / node.name / "qemu.pid").read_text().strip())
+        except (OSError, ValueError):
+            pid = 0
+        if not (pid and _is_our_qemu(pid, node.name)):
+            gone.append(node.name)
+    return gone

@@ -112,3 +112,25 @@ def test_node_up_without_its_environment_is_one_line(monkeypatch):
             monkeypatch.delenv(key)
     result = CliRunner().invoke(cli, ["vm", "node-up"])
     assert result.exit_code != 0 and "missing FATPIPE_VM_NAME" in result.output
+
+
+def test_a_vm_whose_qemu_is_gone_is_vanished(tmp_path):
+    import subprocess
+    import sys
+
+    from fatpipe.infra.outputs import parse_outputs
+    from fatpipe.stacks.vmnode import vanished_vms
+
+    outputs = parse_outputs({"name": "v", "provider": "vm", "tier_gbps": 1, "private_cidr": "10.93.0.0/24",
+                             "nodes": [{"name": f"v-{i}", "private_ip": f"10.93.0.{10 + i}", "transport": "ssh",
+                                        "ssh_host": f"10.93.0.{10 + i}"} for i in range(3)]}, "v")
+    # v-0 runs (a process named as node-up names QEMU), v-1's pid is someone else's, v-2 has none.
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fatpipe-v-0"])
+    try:
+        for name, pid in (("v-0", alive.pid), ("v-1", 1)):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "qemu.pid").write_text(f"{pid}\n")
+        assert vanished_vms(tmp_path, outputs) == ["v-1", "v-2"]
+    finally:
+        alive.kill()
+        alive.wait()
