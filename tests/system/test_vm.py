@@ -53,7 +53,7 @@ def on_node(folder: Path, ip: str, command: str) -> str:
     key = folder / ".fatpipe" / CLUSTER / "ssh" / "id_ed25519"
     proc = subprocess.run(["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
                            "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=30",
-                           f"debian@{ip}", command], capture_output=True, text=True, timeout=120)
+                           f"debian@{ip}", command], capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, f"{ip}: {command}: {proc.stderr}"
     return proc.stdout
 
