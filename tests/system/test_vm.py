@@ -98,12 +98,12 @@ rdzv_port = {free_port()}
             status = on_node(folder, ip, "cloud-init status --long || true")
             assert re.search(r"^status: done$", status, re.M), status
             names = list(profile.sysctls)
-            values = on_node(folder, ip, "sysctl -n " + " ".join(names)).splitlines()
+            values = on_node(folder, ip, "/usr/sbin/sysctl -n " + " ".join(names)).splitlines()
             assert {n: normalize_sysctl(v) for n, v in zip(names, values, strict=True)} == profile.sysctls
             links = json.loads(on_node(folder, ip, "ip -j -4 addr show"))
             iface = next(link["ifname"] for link in links
                          if any(a["local"] == ip for a in link.get("addr_info", [])))
-            assert on_node(folder, ip, f"tc qdisc show dev {iface} root").split()[1] == "fq"
+            assert on_node(folder, ip, f"/usr/sbin/tc qdisc show dev {iface} root").split()[1] == "fq"
             ready = json.loads(on_node(folder, ip, "cat /var/lib/fatpipe/ready"))
             assert ready["iface"] == iface and ready["mtu"] == 9001 and all(ready["packages"].values())
     finally:
