@@ -59,9 +59,11 @@ checkov: $(CHECKOV)
 
 # The Debian packages the system tests drive for real: namespaces and shaping (iproute2), the SSH
 # transport (openssh, rsync), link checks (iperf3), the host firewall (nftables, iptables), the
-# user-data schema (cloud-init) and the run report in a headless browser (chromium). Installed when
+# user-data schema (cloud-init), the run report in a headless browser (chromium) and the vm provider's
+# image and VMs (qemu-system-x86, qemu-utils, debootstrap, cloud-image-utils, e2fsprogs). Installed when
 # root; otherwise the missing ones are named and the tests that need them skip.
-SYSTEM_PACKAGES := iproute2 openssh-server openssh-client rsync iperf3 nftables iptables cloud-init chromium
+SYSTEM_PACKAGES := iproute2 openssh-server openssh-client rsync iperf3 nftables iptables cloud-init chromium \
+	qemu-system-x86 qemu-utils debootstrap cloud-image-utils e2fsprogs
 system-packages:
 	@missing=$$(for p in $(SYSTEM_PACKAGES); do dpkg -s $$p >/dev/null 2>&1 || echo $$p; done); \
 	if [ -z "$$missing" ]; then exit 0; fi; \

@@ -32,6 +32,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --he
     "runs": ("fatpipe.cli.runs:runs", "List a cluster's runs and what each achieved; prune old ones."),
     "stop": ("fatpipe.cli.stop:stop", "Stop a run on every node."),
     "down": ("fatpipe.cli.down:down", "Destroy the cluster's nodes."),
+    "vm": ("fatpipe.cli.vm:vm", "Build the base image of `vm` clusters (local QEMU VMs, real kernels)."),
 }
 HIDDEN: dict[str, str] = {
     "sim": "fatpipe.cli.sim:sim",

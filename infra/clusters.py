@@ -22,6 +22,7 @@ from .spec import (
     aws_regions,
 )
 from .trainspec import Strict, TrainSpec
+from .vmspec import VmCluster
 
 
 class SimCluster(ClusterBase):
@@ -230,9 +231,11 @@ def covering_network(ips: list) -> str | None:
 # The cluster file's models, one per provider, by the `provider` key that selects them.
 CLUSTER_MODELS: dict[str, type[ClusterBase]] = {
     "sim": SimCluster, "aws": AwsCluster, "digitalocean": DigitalOceanCluster, "ssh": SshCluster,
+    "vm": VmCluster,
 }
 PROVIDERS = tuple(CLUSTER_MODELS)
-Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster | SshCluster, Field(discriminator="provider")]
+Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster | SshCluster | VmCluster,
+                    Field(discriminator="provider")]
 
 
 class ProjectSpec(Strict):

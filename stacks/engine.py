@@ -111,16 +111,21 @@ def destroy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGI
 def _vanished(project, cluster, engine: str, log: Log) -> list[str]:
     """Addresses of sim nodes that terraform's state holds but this machine lost (a restart clears
     namespaces): a plain apply would see nothing to do, so they are replaced."""
-    if cluster.provider != "sim" or not outputs_path(project, cluster.name).exists():
+    if cluster.provider not in ("sim", "vm") or not outputs_path(project, cluster.name).exists():
         return []
     from fatpipe.infra.outputs import read_outputs
 
     from .providers.sim import vanished_nodes
+    from .vmnode import vanished_vms
 
     try:
-        gone = vanished_nodes(read_outputs(outputs_path(project, cluster.name), cluster.name))
+        outputs = read_outputs(outputs_path(project, cluster.name), cluster.name)
     except FatpipeError:
         return []  # unreadable outputs: the apply rewrites them
+    if cluster.provider == "vm":  # a reboot ends every QEMU
+        gone = vanished_vms(project.state_dir(cluster.name) / "nodes", outputs)
+    else:
+        gone = vanished_nodes(outputs)
     if gone and engine == "cdktf":
         raise FatpipeError(f"{', '.join(gone)}: gone from this machine though deployed; cdktf cannot "
                            f"replace single nodes: `fatpipe down {cluster.name}`, then deploy again")

@@ -13,8 +13,9 @@ from .base import Provider
 from .digitalocean import DIGITALOCEAN
 from .sim import SIM
 from .ssh import SSH
+from .vm import VM
 
-PROVIDERS: dict[str, Provider] = {p.name: p for p in (SIM, AWS, DIGITALOCEAN, SSH)}
+PROVIDERS: dict[str, Provider] = {p.name: p for p in (SIM, AWS, DIGITALOCEAN, SSH, VM)}
 
 
 def provider_for(name: str) -> Provider:

@@ -1,0 +1,62 @@
+"""`fatpipe vm image`, and the hidden `fatpipe vm node-up/node-down` the vm stack's provisioners run
+(their values come as FATPIPE_VM_* environment, never as shell text)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import click
+
+
+@click.group()
+def vm():
+    """Local QEMU VMs booted with a cloud's own user data (provider = "vm")."""
+
+
+@vm.command("image")
+@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=None,
+              help="Folder of cached images (default: FATPIPE_VM_CACHE, else ~/.cache/fatpipe/vm-image).")
+def image(cache):
+    """Build the base image offline from this machine's apt mirror (cached by its recipe's hash)."""
+    from fatpipe.stacks.vmimage import build_image, default_cache
+
+    built = build_image(cache or default_cache(), log=lambda m: click.echo(m, err=True))
+    click.echo(str(built.disk))
+
+
+def node_from_env():
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.stacks.providers.vm_stack import NODE_KEYS, VM_ENV_PREFIX
+    from fatpipe.stacks.vmnode import VmNode
+
+    values = {key: os.environ.get(f"{VM_ENV_PREFIX}{key.upper()}") for key in NODE_KEYS}
+    missing = [key for key, value in values.items() if value is None]
+    if missing:
+        raise FatpipeError(f"fatpipe vm: missing {', '.join(VM_ENV_PREFIX + k.upper() for k in missing)}")
+    try:
+        return VmNode(**{**values, "rate_gbit": float(values["rate_gbit"]), "mtu": int(values["mtu"]),
+                         "vcpus": int(values["vcpus"]), "memory_mib": int(values["memory_mib"]),
+                         "node_dir": Path(values["node_dir"])})
+    except ValueError as e:
+        raise FatpipeError(f"fatpipe vm: a bad FATPIPE_VM_* value ({e})") from None
+
+
+@vm.command("node-up", hidden=True)
+def node_up():
+    """Start one VM (run by the vm stack's provisioner)."""
+    from fatpipe.stacks.vmnode import node_up as up
+
+    node = node_from_env()
+    up(node, os.environ.get("FATPIPE_VM_USER_DATA", ""), log=lambda m: click.echo(m, err=True))
+    click.echo(f"{node.name}: booting at {node.ip} ({node.tap}, tbf {node.rate_gbit:g} Gbit/s)")
+
+
+@vm.command("node-down", hidden=True)
+def node_down():
+    """Remove one VM and everything it had; succeeds when it is already gone."""
+    from fatpipe.stacks.vmnode import node_down as down
+
+    node = node_from_env()
+    down(node, log=lambda m: click.echo(m, err=True))
+    click.echo(f"{node.name}: down")

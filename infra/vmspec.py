@@ -1,0 +1,36 @@
+"""The `vm` provider's cluster: local QEMU VMs booted with a cloud's own user data (docs/ARCHITECTURE.md,
+"The vm provider")."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from .spec import ClusterBase
+
+# The login of the image's cloud-init default user (Debian's cloud.cfg): the seed's key goes there.
+VM_LOGIN = "debian"
+
+
+class VmCluster(ClusterBase):
+    """N VMs on this machine, on a bridge, each configured by the user data a cloud renders."""
+
+    provider: Literal["vm"]
+    nodes: int = Field(2, ge=1, le=64)
+    # Whose cloud-init user data the VMs boot with (the renderer of that provider, its MTU).
+    user_data: Literal["aws", "digitalocean"] = "aws"
+    vcpus: int = Field(1, ge=1, le=64)
+    memory_mib: int = Field(1024, ge=512, le=1024 * 1024)
+    # auto: KVM when a bounded probe boots the kernel with it, else software emulation (TCG).
+    accel: Literal["auto", "kvm", "tcg"] = "auto"
+    link_gbps: float | None = Field(None, ge=0.001, le=100)  # the taps' rate; default the tier's
+    ssh_user: str = VM_LOGIN
+
+    @property
+    def link_rate_gbps(self) -> float:
+        return self.link_gbps if self.link_gbps is not None else float(self.tier_gbps)
+
+    @property
+    def region(self) -> str:
+        return "local"

@@ -1,0 +1,50 @@
+"""The vm provider: local QEMU VMs booted with a cloud's own cloud-init user data (real kernels)."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from fatpipe.infra.catalog import Estimate, MachineType
+
+from .base import Provider
+
+
+class Vm(Provider):
+    name = "vm"
+    mtu = 1500  # unused: the user data is the cloud's (`user_data`), with that cloud's MTU
+    user_data_limit = 64 * 1024
+    paid = False
+
+    def construct(self, scope, cluster, project):
+        from .vm_stack import VmClusterConstruct
+
+        return VmClusterConstruct(scope, "cluster_resources", cluster=cluster, project=project)
+
+    def cloud(self, cluster) -> Provider:
+        """The provider whose user data and MTU the VMs get."""
+        from . import provider_for
+
+        return provider_for(cluster.user_data)
+
+    def user_data(self, cluster) -> str:
+        return self.cloud(cluster).user_data(cluster)
+
+    def nccl_env(self, cluster) -> dict[str, str]:
+        return self.cloud(cluster).nccl_env(cluster)
+
+    def machine(self, cluster, root: Path | None = None) -> MachineType:
+        return MachineType("local-vm", float(cluster.tier_gbps), float(cluster.tier_gbps),
+                           vcpus=cluster.vcpus, memory_gib=cluster.memory_mib / 1024, price_hourly=0.0)
+
+    def estimate(self, cluster, root: Path | None = None) -> Estimate:
+        return Estimate("local-vm", float(cluster.tier_gbps), 0.0, "vm: QEMU on this machine")
+
+    def sweep(self, project, cluster_name: str, log) -> list[str]:
+        """Nodes whose destroy provisioner never ran (a failed up): their QEMU, tap and bridge."""
+        from fatpipe.stacks.vmnode import sweep_cluster
+
+        return sweep_cluster(project, cluster_name, log) if os.geteuid() == 0 else []
+
+
+VM = Vm()

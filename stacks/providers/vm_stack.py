@@ -1,0 +1,77 @@
+"""The vm cluster construct: one built-in `terraform_data` per VM whose provisioners run
+`fatpipe vm node-up/node-down`, as the sim's do; the values travel as environment, not shell text."""
+
+from __future__ import annotations
+
+import sys
+
+from fatpipe.stacks.vmimage import default_cache
+
+from ..literals import literal, literal_map
+from ..toolkit import LocalExecProvisioner, TerraformResource
+from .construct import ClusterConstruct
+from .sim_stack import ROOT_FROM_STACK_DIR
+
+# Each input key reaches `fatpipe vm node-up/node-down` as FATPIPE_VM_<KEY>.
+NODE_KEYS = ("name", "address", "mac", "rate_gbit", "mtu", "node_dir", "bridge", "tap", "accel",
+             "vcpus", "memory_mib", "cache")
+VM_ENV_PREFIX = "FATPIPE_VM_"
+
+
+def vm_interpreter() -> list[str]:
+    """What local-exec runs with the action as its last argument: argv, no /bin/sh -c."""
+    return [literal(sys.executable), "-m", "fatpipe.cli", "vm"]
+
+
+def vm_environment(keys: tuple[str, ...]) -> dict[str, str]:
+    return {f"{VM_ENV_PREFIX}{key.upper()}": f"${{self.input.{key}}}" for key in keys}
+
+
+def node_input(cluster, project, index: int, mtu: int, user_data: str) -> dict:
+    from fatpipe.stacks.vmnode import node_address, vm_names
+
+    name = cluster.node_name(index)
+    names = vm_names(project.project_id, cluster.name, index)
+    cache = str(default_cache())
+    return {"name": name, "address": node_address(cluster.private_cidr, cluster.private_ip(index)),
+            "rate_gbit": cluster.link_rate_gbps, "mtu": mtu, "node_dir": f".fatpipe/{cluster.name}/nodes/{name}",
+            "accel": cluster.accel, "vcpus": cluster.vcpus, "memory_mib": cluster.memory_mib, "cache": cache,
+            "user_data": user_data, **names}
+
+
+def node_output(cluster, project, node: dict) -> dict:
+    return {"name": node["name"], "private_ip": node["address"].split("/")[0], "public_ip": None,
+            "transport": "ssh", "ssh_host": node["address"].split("/")[0], "ssh_port": 22,
+            "ssh_user": cluster.ssh_user,
+            "ssh_key_file": str(project.root / ".fatpipe" / cluster.name / "ssh" / "id_ed25519")}
+
+
+class VmClusterConstruct(ClusterConstruct):
+    """One `terraform_data` per VM (`nodes`): node-up starts it, node-down removes every trace."""
+
+    def __init__(self, scope, id: str, *, cluster, project):
+        from . import provider_for
+
+        super().__init__(scope, id)
+        cloud = provider_for(cluster.user_data)
+        user_data = cloud.user_data(cluster)
+        self.nodes, outputs = [], []
+        for index in range(cluster.nodes):
+            node = node_input(cluster, project, index, cloud.mtu, user_data)
+            resource = TerraformResource(
+                self, f"node-{index}", terraform_resource_type="terraform_data",
+                provisioners=[
+                    LocalExecProvisioner(type="local-exec", command="node-up", interpreter=vm_interpreter(),
+                                         working_dir=ROOT_FROM_STACK_DIR,
+                                         environment=vm_environment((*NODE_KEYS, "user_data"))),
+                    LocalExecProvisioner(type="local-exec", command="node-down", when="destroy",
+                                         interpreter=vm_interpreter(), working_dir=ROOT_FROM_STACK_DIR,
+                                         environment=vm_environment(NODE_KEYS)),
+                ],
+            )
+            resource.add_override("input", literal_map(node))
+            # Any change (user data, address, size) boots a new VM, as a cloud replaces an instance.
+            resource.add_override("triggers_replace", literal_map(node))
+            self.nodes.append(resource)
+            outputs.append(node_output(cluster, project, node))
+        self.output = cluster.output(outputs)

@@ -1,0 +1,136 @@
+"""The `vm` provider without booting: its cluster file, the image recipe and mirror, its stack's JSON."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from fatpipe.infra.errors import ConfigError, FatpipeError
+from fatpipe.infra.project import Project, parse_project
+from fatpipe.stacks import vmimage
+
+
+def project(tmp_path, extra: str = "") -> Project:
+    text = f'[clusters.v]\nprovider = "vm"\nprivate_cidr = "10.93.0.0/24"\n{extra}\n'
+    (tmp_path / "fatpipe.toml").write_text(text)
+    return Project(parse_project(text, "fatpipe.toml"), tmp_path, tmp_path / "fatpipe.toml")
+
+
+def test_defaults_are_two_small_vms_booted_with_aws_user_data(tmp_path):
+    c = project(tmp_path).clusters["v"]
+    assert (c.nodes, c.user_data, c.vcpus, c.memory_mib, c.accel) == (2, "aws", 1, 1024, "auto")
+    assert c.ssh_user == "debian" and c.link_rate_gbps == 1.0 and c.region == "local"
+
+
+@pytest.mark.parametrize("extra,message", [
+    ('user_data = "gcp"', "'aws' or 'digitalocean'"),
+    ('accel = "hvf"', "'auto', 'kvm' or 'tcg'"),
+    ("memory_mib = 64", "greater than or equal to 512"),
+])
+def test_bad_vm_clusters_are_one_line_naming_the_key(tmp_path, extra, message):
+    with pytest.raises(ConfigError) as e:
+        project(tmp_path, extra)
+    problems = [line for line in str(e.value).splitlines() if "clusters.v" in line]
+    assert len(problems) == 1 and message in problems[0], str(e.value)
+
+
+def test_mirror_is_the_one_apt_uses(tmp_path):
+    (tmp_path / "sources.list.d").mkdir()
+    (tmp_path / "sources.list.d" / "other.sources").write_text(
+        "Types: deb\nURIs: https://example.org/x\nSuites: nodistro\nComponents: main\n")
+    (tmp_path / "sources.list.d" / "debian.sources").write_text(
+        "Types: deb\nURIs: http://mirror.example/debian\nSuites: bookworm bookworm-updates\nComponents: main\n\n"
+        "Types: deb\nURIs: http://mirror.example/debian-security\nSuites: bookworm-security\n")
+    assert vmimage.apt_mirror(tmp_path) == "http://mirror.example/debian"
+    (tmp_path / "sources.list.d" / "debian.sources").unlink()
+    (tmp_path / "sources.list").write_text("# a comment\ndeb [arch=amd64] http://old.example/debian bookworm main\n")
+    assert vmimage.apt_mirror(tmp_path) == "http://old.example/debian"
+    (tmp_path / "sources.list").unlink()
+    with pytest.raises(FatpipeError, match="no apt source for Debian bookworm"):
+        vmimage.apt_mirror(tmp_path)
+
+
+def test_a_changed_recipe_is_another_image(monkeypatch, tmp_path):
+    key = vmimage.recipe_key()
+    assert vmimage.recipe_key() == key  # stable
+    monkeypatch.setattr(vmimage, "IMAGE_PACKAGES", (*vmimage.IMAGE_PACKAGES, "strace"))
+    assert vmimage.recipe_key() != key
+    # An image of the old recipe in the cache is not the current one.
+    (tmp_path / key).mkdir()
+    (tmp_path / key / "base.qcow2").write_bytes(b"")
+    assert vmimage.cached_image(tmp_path) is None
+    monkeypatch.setattr(vmimage, "IMAGE_PACKAGES", tuple(p for p in vmimage.IMAGE_PACKAGES if p != "strace"))
+    assert vmimage.cached_image(tmp_path).disk == tmp_path / key / "base.qcow2"
+
+
+def stack(tmp_path, extra: str = "") -> dict:
+    from fatpipe.stacks.app import build_stack
+    from fatpipe.stacks.toolkit import Testing
+
+    p = project(tmp_path, extra)
+    return json.loads(Testing.synth(build_stack(Testing.app(), p.clusters["v"], p)))
+
+
+@pytest.mark.parametrize("cloud,mtu", [("aws", 9001), ("digitalocean", 1500)])
+def test_stack_boots_each_vm_with_the_clouds_user_data_and_no_shell(tmp_path, cloud, mtu):
+    from fatpipe.stacks.literals import literal
+    from fatpipe.stacks.providers import provider_for
+
+    doc = stack(tmp_path, f'user_data = "{cloud}"')
+    cluster = project(tmp_path, f'user_data = "{cloud}"').clusters["v"]
+    nodes = doc["resource"]["terraform_data"]
+    assert list(nodes) == ["node-0", "node-1"]
+    taps = set()
+    for node in nodes.values():
+        assert node["input"] == node["triggers_replace"]
+        assert node["input"]["user_data"] == literal(provider_for(cloud).user_data(cluster))
+        assert node["input"]["mtu"] == mtu
+        taps.add(node["input"]["tap"])
+        up, down = (p["local-exec"] for p in node["provisioner"])
+        assert up["interpreter"][1:] == down["interpreter"][1:] == ["-m", "fatpipe.cli", "vm"]
+        assert (up["command"], down["command"], down["when"]) == ("node-up", "node-down", "destroy")
+        # Every value is environment from the resource's own input; none is command text.
+        for env in (up["environment"], down["environment"]):
+            assert all(v == f"${{self.input.{k[len('FATPIPE_VM_'):].lower()}}}" for k, v in env.items())
+        assert "FATPIPE_VM_USER_DATA" in up["environment"] and "FATPIPE_VM_USER_DATA" not in down["environment"]
+        assert all(len(tap) <= 15 for tap in taps)
+    assert len(taps) == 2
+    out = doc["output"]["cluster"]["value"]
+    assert out["provider"] == "vm" and [n["transport"] for n in out["nodes"]] == ["ssh", "ssh"]
+    assert [n["private_ip"] for n in out["nodes"]] == ["10.93.0.10", "10.93.0.11"]
+    assert {n["ssh_user"] for n in out["nodes"]} == {"debian"}
+
+
+def test_node_up_without_its_environment_is_one_line(monkeypatch):
+    from click.testing import CliRunner
+
+    from fatpipe.cli.main import cli
+
+    for key in list(__import__("os").environ):
+        if key.startswith("FATPIPE_VM_"):
+            monkeypatch.delenv(key)
+    result = CliRunner().invoke(cli, ["vm", "node-up"])
+    assert result.exit_code != 0 and "missing FATPIPE_VM_NAME" in result.output
+
+
+def test_a_vm_whose_qemu_is_gone_is_vanished(tmp_path):
+    import subprocess
+    import sys
+
+    from fatpipe.infra.outputs import parse_outputs
+    from fatpipe.stacks.vmnode import vanished_vms
+
+    outputs = parse_outputs({"name": "v", "provider": "vm", "tier_gbps": 1, "private_cidr": "10.93.0.0/24",
+                             "nodes": [{"name": f"v-{i}", "private_ip": f"10.93.0.{10 + i}", "transport": "ssh",
+                                        "ssh_host": f"10.93.0.{10 + i}"} for i in range(3)]}, "v")
+    # v-0 runs (a process named as node-up names QEMU), v-1's pid is someone else's, v-2 has none.
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fatpipe-v-0"])
+    try:
+        for name, pid in (("v-0", alive.pid), ("v-1", 1)):
+            (tmp_path / name).mkdir()
+            (tmp_path / name / "qemu.pid").write_text(f"{pid}\n")
+        assert vanished_vms(tmp_path, outputs) == ["v-1", "v-2"]
+    finally:
+        alive.kill()
+        alive.wait()
