@@ -19,13 +19,15 @@ class Vm(Provider):
     def construct(self, scope, cluster, project):
         from .vm_stack import VmClusterConstruct
 
-        return VmClusterConstruct(scope, "cluster_resources", cluster=cluster, project=project)
+        return VmClusterConstruct(scope, "cluster_resources", cluster=cluster, project=project,
+                                  cloud=self.cloud(cluster))
 
     def cloud(self, cluster) -> Provider:
         """The provider whose user data and MTU the VMs get."""
-        from . import provider_for
+        from .aws import AWS
+        from .digitalocean import DIGITALOCEAN
 
-        return provider_for(cluster.user_data)
+        return {"aws": AWS, "digitalocean": DIGITALOCEAN}[cluster.user_data]
 
     def user_data(self, cluster) -> str:
         return self.cloud(cluster).user_data(cluster)

@@ -49,11 +49,8 @@ def node_output(cluster, project, node: dict) -> dict:
 class VmClusterConstruct(ClusterConstruct):
     """One `terraform_data` per VM (`nodes`): node-up starts it, node-down removes every trace."""
 
-    def __init__(self, scope, id: str, *, cluster, project):
-        from . import provider_for
-
+    def __init__(self, scope, id: str, *, cluster, project, cloud):
         super().__init__(scope, id)
-        cloud = provider_for(cluster.user_data)
         user_data = cloud.user_data(cluster)
         self.nodes, outputs = [], []
         for index in range(cluster.nodes):
