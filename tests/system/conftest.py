@@ -14,7 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import skip_or_fail
+from conftest import netns_available, skip_or_fail
 
 SSHD = shutil.which("sshd") or "/usr/sbin/sshd"
 
@@ -36,13 +36,40 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-@pytest.fixture
-def needs_ssh():
+def require_ssh() -> None:
     """sshd, ssh and rsync, which `make system-packages` installs as root."""
     missing = [package for package, present in (("openssh-server", Path(SSHD).exists()),
                ("openssh-client", shutil.which("ssh")), ("rsync", shutil.which("rsync"))) if not present]
     if missing:
         skip_or_fail(f"needs the Debian packages {' '.join(missing)} (make system-packages, as root)")
+
+
+@pytest.fixture
+def needs_ssh():
+    require_ssh()
+
+
+def require_ssh_sim() -> None:
+    """What a sim cluster reached over SSH needs: root with `ip netns`, sshd, ssh, rsync, terraform."""
+    if not netns_available():
+        skip_or_fail("needs root and `ip netns`")
+    require_ssh()
+    if not shutil.which("terraform"):
+        skip_or_fail("needs terraform on PATH")
+
+
+def ssh_sim_toml(name: str, nodes: int, octet: int, extra: str = "") -> str:
+    """A 1g netns sim cluster whose nodes are reached over SSH, on 10.<octet>.0.0/24."""
+    return f"""\
+[clusters.{name}]
+provider = "sim"
+nodes = {nodes}
+tier = "1g"
+isolation = "netns"
+transport = "ssh"
+private_cidr = "10.{octet}.0.0/24"
+rdzv_port = {free_port()}
+{extra}"""
 
 
 @pytest.fixture

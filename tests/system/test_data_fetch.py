@@ -18,10 +18,9 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import netns_available, skip_or_fail
 from dataservers import https_server, s3_server
 
-from .conftest import SSHD, fatpipe_cli, free_port
+from .conftest import fatpipe_cli, free_port, require_ssh_sim, ssh_sim_toml
 
 pytestmark = pytest.mark.slow
 
@@ -33,16 +32,6 @@ OBJECTS = {"corpus/v1/train.bin": os.urandom(2 * CHUNK + 77), "corpus/v1/val.bin
            "corpus/v1/meta/vocab.txt": b"a b c\n", "corpus/v2/other.bin": b"not under the prefix"}
 WEB_FILE = os.urandom(3 * CHUNK + 5)
 OPERATOR_SECRET = "operator-secret-never-on-a-node"
-CLUSTER_TOML = f"""\
-[clusters.{CLUSTER}]
-provider = "sim"
-nodes = {NODES}
-tier = "1g"
-isolation = "netns"
-transport = "ssh"
-private_cidr = "10.{OCTET}.0.0/24"
-rdzv_port = {{rdzv_port}}
-"""
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -52,14 +41,9 @@ def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A deployed 3-node sim cluster over SSH, and a moto S3 server its nodes reach."""
-    import shutil
-
-    if not netns_available():
-        skip_or_fail("needs root and `ip netns`")
-    if not (Path(SSHD).exists() and shutil.which("ssh") and shutil.which("rsync")):
-        skip_or_fail("needs the Debian packages openssh-server, openssh-client, rsync (make system-packages)")
+    require_ssh_sim()
     folder = tmp_path_factory.mktemp("fetch")
-    toml = CLUSTER_TOML.format(rdzv_port=free_port())
+    toml = ssh_sim_toml(CLUSTER, NODES, OCTET)
     (folder / "fatpipe.toml").write_text(toml)
     (folder / "node-python").write_text(f"""#!/bin/sh
 # The node's own credentials (an instance role or its environment would give them).

@@ -19,9 +19,8 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import netns_available, skip_or_fail
 
-from .conftest import SSHD, fatpipe_cli, free_port
+from .conftest import fatpipe_cli, require_ssh_sim, ssh_sim_toml
 
 pytestmark = pytest.mark.slow
 
@@ -50,28 +49,15 @@ def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.Comple
 @pytest.fixture(scope="module")
 def cluster(tmp_path_factory):
     """A deployed 3-node sim cluster over SSH and a project with a git-ignored data folder."""
-    import shutil
-
-    if not netns_available():
-        skip_or_fail("needs root and `ip netns`")
-    if not (Path(SSHD).exists() and shutil.which("ssh") and shutil.which("rsync")):
-        skip_or_fail("needs the Debian packages openssh-server, openssh-client, rsync (make system-packages)")
+    require_ssh_sim()
     folder = tmp_path_factory.mktemp("stage")
-    (folder / "fatpipe.toml").write_text(f"""\
-[clusters.{CLUSTER}]
-provider = "sim"
-nodes = {NODES}
-tier = "1g"
-isolation = "netns"
-transport = "ssh"
-private_cidr = "10.{OCTET}.0.0/24"
-rdzv_port = {free_port()}
+    (folder / "fatpipe.toml").write_text(ssh_sim_toml(CLUSTER, NODES, OCTET, """\
 link_gbps = 0.1             # slow enough to interrupt a push half way
 
 [data]
 source = "data/set"
 chunk_mib = 1
-""")
+"""))
     (folder / ".gitignore").write_text("data/\n")
     (folder / "job.py").write_text(JOB)
     for name, size in FILES.items():

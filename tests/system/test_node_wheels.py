@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import functools
 import json
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -28,7 +27,7 @@ from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from fatpipe.infra.node import REMOTE_VENV
 
-from .conftest import free_port
+from .conftest import require_ssh_sim, ssh_sim_toml
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -88,20 +87,10 @@ class CountingIndex:
 
 
 @pytest.fixture
-def cluster(needs_netns, needs_ssh, wheel_files, tmp_path):
+def cluster(wheel_files, tmp_path):
     """Three sim nodes over SSH, deployed, with the counting index on the operator's address."""
-    if not shutil.which("terraform"):
-        pytest.skip("needs terraform on PATH")
-    (tmp_path / "fatpipe.toml").write_text(f"""\
-[clusters.{NAME}]
-provider = "sim"
-nodes = {NODES}
-tier = "1g"
-isolation = "netns"
-transport = "ssh"
-private_cidr = "10.{OCTET}.0.0/24"
-rdzv_port = {free_port()}
-
+    require_ssh_sim()
+    (tmp_path / "fatpipe.toml").write_text(ssh_sim_toml(NAME, NODES, OCTET, """
 [train]
 preset = "tiny"
 steps = 6
@@ -111,7 +100,7 @@ seq_len = 32
 warmup_steps = 1
 checkpoint_every = 100
 node_metrics_every = 0
-""")
+"""))
     index = None
     try:
         deployed = fatpipe(tmp_path, "deploy", NAME, "--yes", timeout=600)
