@@ -23,6 +23,7 @@ from urllib.parse import unquote
 
 import faults
 import pytest
+from conftest import skip_or_fail
 from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from fatpipe.infra.node import REMOTE_VENV
@@ -52,7 +53,7 @@ def wheel_files(tmp_path_factory) -> Path:
     done = subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder),
                            f"torch=={torch.__version__}", "numpy"], capture_output=True, text=True, timeout=900)
     if done.returncode != 0:
-        pytest.skip(f"no local torch wheel to serve as the index: {done.stderr.strip()[-300:]}")
+        skip_or_fail(f"no local torch wheel to serve as the index: {done.stderr.strip()[-300:]}")
     return folder
 
 
