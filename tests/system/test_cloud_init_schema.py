@@ -14,12 +14,15 @@ from conftest import skip_or_fail
 
 from fatpipe.infra.clusters import AwsCluster, DigitalOceanCluster, SimCluster
 from fatpipe.infra.spec import TIER_GBPS
+from fatpipe.infra.vmspec import VmCluster
 from fatpipe.stacks.providers import PROVIDERS
 
 
 def cluster(provider: str, tier: str, key: str):
     if provider == "sim":
         return SimCluster(provider="sim", name="s", nodes=2, tier=tier)
+    if provider == "vm":  # local VMs booted with a cloud's own user data (DigitalOcean's here)
+        return VmCluster(provider="vm", name="v", nodes=2, tier=tier, user_data="digitalocean")
     common = dict(name="c", nodes=3, tier=tier, ssh_public_key=key, ssh_cidr="203.0.113.7/32")
     if provider == "aws":
         return AwsCluster(provider="aws", region="us-east-1", **common)
