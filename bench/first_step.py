@@ -19,20 +19,14 @@ sshd and terraform, like the sim's system tests.
 from __future__ import annotations
 
 import argparse
-import functools
 import json
 import shlex
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-from http.server import SimpleHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from urllib.parse import unquote
-
-from packaging.utils import canonicalize_name, parse_wheel_filename
 
 from fatpipe.infra.node import REMOTE_VENV
 from fatpipe.infra.nodevenv import STAMP_FILE
@@ -41,6 +35,8 @@ from fatpipe.ops.transport import fan_out, transports_for
 
 NAME, OCTET = "bench-wheels", 187
 BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent / "tests"))  # the counting index the node-wheels test uses
+from wheelindex import CountingIndex  # noqa: E402
 
 
 def cli(folder: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
@@ -53,33 +49,6 @@ def index_files(folder: Path) -> None:
 
     subprocess.run([sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(folder),
                     f"torch=={torch.__version__}", "numpy"], check=True, timeout=1800)
-
-
-class CountingIndex:
-    """A PEP 503 index over the wheel files in `files`, on `host`, counting the bytes it serves."""
-
-    def __init__(self, files: Path, root: Path, host: str):
-        for wheel in files.glob("*.whl"):
-            project = root / "simple" / canonicalize_name(parse_wheel_filename(wheel.name)[0])
-            project.mkdir(parents=True, exist_ok=True)
-            (project / wheel.name).symlink_to(wheel)
-            with open(project / "index.html", "a") as page:
-                page.write(f'<a href="{wheel.name}">{wheel.name}</a>\n')
-        self.bytes, index = 0, self
-
-        class Handler(SimpleHTTPRequestHandler):
-            def log_message(self, *args):
-                pass
-
-            def do_GET(self):
-                name = unquote(self.path.rsplit("/", 1)[-1])
-                if name.endswith(".whl"):
-                    index.bytes += (files / name).stat().st_size
-                super().do_GET()
-
-        self.server = ThreadingHTTPServer((host, 0), functools.partial(Handler, directory=str(root)))
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-        self.url = f"http://{host}:{self.server.server_address[1]}/simple"
 
 
 def project_toml(nodes: int) -> str:
