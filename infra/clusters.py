@@ -19,13 +19,14 @@ from .spec import (
     RESERVED_NAMES,
     CloudCluster,
     ClusterBase,
+    LocalCluster,
     aws_regions,
 )
 from .trainspec import Strict, TrainSpec
 from .vmspec import VmCluster
 
 
-class SimCluster(ClusterBase):
+class SimCluster(LocalCluster):
     """Nodes on this machine: network namespaces shaped with tc, or loopback addresses."""
 
     provider: Literal["sim"]
@@ -35,9 +36,6 @@ class SimCluster(ClusterBase):
     transport: Literal["netns", "ssh"] = "netns"
     ssh_user: str = ""
     firewall: bool = True  # transport ssh: the host firewall rented machines get (infra/firewall.py)
-    # Shape the links to this rate instead of the tier's (a time-scaled rehearsal: the link a
-    # GPU node would see, slowed as much as this machine's compute is); the tier stays declared.
-    link_gbps: float | None = Field(None, ge=0.001, le=100)
 
     @model_validator(mode="after")
     def _ssh_needs_namespaces(self):
@@ -50,15 +48,6 @@ class SimCluster(ClusterBase):
         if self.link_gbps is not None and self.isolation == "loopback":
             raise ValueError("link_gbps shapes netns links; loopback nodes are not shaped")
         return self
-
-    @property
-    def link_rate_gbps(self) -> float:
-        """The rate the links are shaped to."""
-        return self.link_gbps if self.link_gbps is not None else float(self.tier_gbps)
-
-    @property
-    def region(self) -> str:
-        return "local"
 
 
 class AwsCluster(CloudCluster):

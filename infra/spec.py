@@ -135,6 +135,23 @@ class ClusterBase(Strict):
         }
 
 
+class LocalCluster(ClusterBase):
+    """Nodes on this machine (sim namespaces, local VMs) whose links fatpipe shapes with tc."""
+
+    # Shape the links to this rate instead of the tier's (a time-scaled rehearsal: the link a
+    # GPU node would see, slowed as much as this machine's compute is); the tier stays declared.
+    link_gbps: float | None = Field(None, ge=0.001, le=100)
+
+    @property
+    def link_rate_gbps(self) -> float:
+        """The rate the links are shaped to."""
+        return self.link_gbps if self.link_gbps is not None else float(self.tier_gbps)
+
+    @property
+    def region(self) -> str:
+        return "local"
+
+
 class CloudCluster(ClusterBase):
     """What AWS and DigitalOcean clusters share: a region, an SSH key and who may SSH in."""
 

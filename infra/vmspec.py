@@ -7,13 +7,13 @@ from typing import Literal
 
 from pydantic import Field
 
-from .spec import ClusterBase
+from .spec import LocalCluster
 
 # The login of the image's cloud-init default user (Debian's cloud.cfg): the seed's key goes there.
 VM_LOGIN = "debian"
 
 
-class VmCluster(ClusterBase):
+class VmCluster(LocalCluster):
     """N VMs on this machine, on a bridge, each configured by the user data a cloud renders."""
 
     provider: Literal["vm"]
@@ -24,13 +24,4 @@ class VmCluster(ClusterBase):
     memory_mib: int = Field(1024, ge=512, le=1024 * 1024)
     # auto: KVM when a bounded probe boots the kernel with it, else software emulation (TCG).
     accel: Literal["auto", "kvm", "tcg"] = "auto"
-    link_gbps: float | None = Field(None, ge=0.001, le=100)  # the taps' rate; default the tier's
-    ssh_user: str = VM_LOGIN
-
-    @property
-    def link_rate_gbps(self) -> float:
-        return self.link_gbps if self.link_gbps is not None else float(self.tier_gbps)
-
-    @property
-    def region(self) -> str:
-        return "local"
+    ssh_user: str = VM_LOGIN  # the taps are shaped to link_rate_gbps
