@@ -25,9 +25,11 @@ dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=60))
 rank = dist.get_rank()
 t = torch.ones(2) * (rank + 1)
 dist.all_reduce(t)
-print(f"rank {rank} of {dist.get_world_size()} sum={t[0].item():g} node={os.environ['FATPIPE_NODE_NAME']}", flush=True)
-with open(f"worker-{rank}.pid", "w") as f:
+# The pid file is whole before the line the test waits for is printed.
+with open(f"worker-{rank}.pid.tmp", "w") as f:
     f.write(str(os.getpid()))
+os.replace(f"worker-{rank}.pid.tmp", f"worker-{rank}.pid")
+print(f"rank {rank} of {dist.get_world_size()} sum={t[0].item():g} node={os.environ['FATPIPE_NODE_NAME']}", flush=True)
 if "--sleep" in sys.argv:
     time.sleep(120)
 dist.destroy_process_group()
