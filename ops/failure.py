@@ -17,6 +17,7 @@ from pathlib import Path
 
 from fatpipe.infra.defaults import FAULTS_FILE
 
+from .nodeenv import ENV_FILE
 from .noderun import LaunchResult
 from .notcopied import not_copied_hint
 from .rendezvous import Rendezvous
@@ -38,7 +39,7 @@ def describe_failure(result: LaunchResult, rdzv: Rendezvous, since: float,
         return None
     cause, errors, attempt = run_cause(Path(result.run_dir), [n.name for n in rdzv.nodes])
     if cause:
-        hint = _missing_file_hint(cause, rdzv, project_root)
+        hint = _missing_file_hint(cause, rdzv, project_root) or _no_cuda_hint(cause, Path(result.run_dir))
         when = (f" (attempt {attempt + 1} of {rdzv.max_restarts + 1}; the restarts after it "
                 "ended in connection errors only)" if attempt is not None else "")
         return cause_line(cause, errors, when) + (f"; {hint}" if hint else "")
@@ -91,6 +92,20 @@ def _missing_file_hint(cause: WorkerError, rdzv: Rendezvous, project_root: Path 
         m = _MISSING.search(cause.text)
         filename = m.group(1) if m else None
     return not_copied_hint(filename, project_root, node.workdir) if filename else None
+
+
+_CUDA_TEXT = re.compile(r"cuda|nvidia|nccl", re.I)
+
+
+def _no_cuda_hint(cause: WorkerError, run_dir: Path) -> str | None:
+    """A script that asks for a GPU on nodes whose torch has none (env.json, ops.nodeenv)."""
+    if not _CUDA_TEXT.search(f"{cause.type} {cause.text}"):
+        return None
+    node = read_json(run_dir / ENV_FILE).get("nodes", {}).get(cause.node)
+    if not isinstance(node, dict) or node.get("cuda") or not node.get("torch"):
+        return None
+    return (f"{cause.node} has no CUDA (torch {node['torch']}): run the script on CPU "
+            "(its device \"cpu\", the gloo backend, DDP without device_ids)")
 
 
 def _log(run_dir: Path, rank: int) -> str:

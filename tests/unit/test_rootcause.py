@@ -125,3 +125,20 @@ def test_a_script_error_hidden_by_the_restarts_after_it_is_still_named(tmp_path)
         "rank 0 on n-0 failed first (attempt 1 of 3; the restarts after it ended in connection "
         "errors only): ValueError: DistributedDataParallel device_ids ...; the connection errors on "
         "n-1 followed from it")
+
+
+def env_file(run_dir: Path, cuda: str | None) -> None:
+    node = {"python": "3.11.7", "torch": "2.13.0+cpu" if cuda is None else "2.13.0+cu128", "cuda": cuda}
+    (run_dir / "env.json").write_text(json.dumps({"nodes": {"n-0": node, "n-1": node}, "same": True}))
+
+
+def test_a_script_asking_for_cuda_on_cpu_nodes_is_told_so(tmp_path):
+    # nanoGPT's DDP branch calls torch.cuda.set_device whatever --device says.
+    error_file(tmp_path, 0, 0, 0, "AttributeError", "module 'torch._C' has no attribute '_cuda_setDevice'", 5.0)
+    env_file(tmp_path, None)
+    assert describe_failure(failed(tmp_path), rendezvous(), 0) == (
+        "rank 0 on n-0 failed first: AttributeError: module 'torch._C' has no attribute '_cuda_setDevice'; "
+        'n-0 has no CUDA (torch 2.13.0+cpu): run the script on CPU (its device "cpu", the gloo backend, '
+        "DDP without device_ids)")
+    env_file(tmp_path, "12.8")  # nodes with CUDA: the error is something else, no hint
+    assert describe_failure(failed(tmp_path), rendezvous(), 0).endswith("'_cuda_setDevice'")
