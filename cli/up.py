@@ -241,18 +241,20 @@ class Up:
 
         self.report["summary"] = phases.run("summary", "what the run achieved", summary, spinner=False)
         note(self.out)(f"logs: fatpipe logs {outputs.name} --run {rdzv.run_id}")
-        self.draw_report(run_dir)
+        self.draw_report(run_dir, quiet=not result.ok)
         return result.exit_code
 
-    def draw_report(self, run_dir: Path) -> None:
-        """The run's page (`fatpipe report`); a run too short to draw only says so."""
+    def draw_report(self, run_dir: Path, quiet: bool = False) -> None:
+        """The run's page (`fatpipe report`); a run too short to draw says so, unless `quiet`
+        (a failed run: its launch line already says why there is nothing)."""
         from fatpipe.infra.errors import FatpipeError
         from fatpipe.ops.report import write_report
 
         try:
             page = write_report(run_dir)
         except FatpipeError as e:
-            note(self.out)(f"no report: {e}")
+            if not quiet:
+                note(self.out)(f"no report: {e}")
             return
         self.report["report"] = str(page)
         note(self.out)(f"report: {page}")

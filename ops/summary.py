@@ -43,8 +43,12 @@ def run_summary(run_dir: Path, tier_gbps: float) -> dict:
 
 
 def no_steps_hint(script: list[str], ok: bool, doc: dict) -> str | None:
-    """What to say instead of an empty summary when a script that ran fine recorded no steps."""
-    if not script or not ok or doc.get("steps") is not None:
+    """What to say instead of an empty summary when a run recorded no steps."""
+    if doc.get("steps") is not None:
+        return None
+    if not ok:
+        return "no steps recorded before the run failed (the launch line says why)"
+    if not script:
         return None
     return (f"{script[0]} recorded no steps for fatpipe: three lines give it comm=auto, per-node "
             "metrics, top and the report (README: Your own script)")
