@@ -21,7 +21,7 @@ from .conftest import fatpipe_cli, require_ssh_sim, ssh_sim_toml
 
 pytestmark = pytest.mark.slow
 
-CLUSTER, OCTET, NODES = "t-pull", 229, 2
+CLUSTER, OCTET, NODES = "t-pull", 241, 2
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-cm-pull-")
 JOB = """\
 import os, pathlib, sys, time
@@ -50,9 +50,9 @@ pull = ["out"]
 """))
     (folder / ".gitignore").write_text("out/\ngot/\n")  # the project push neither ships nor deletes them
     (folder / "job.py").write_text(JOB)
-    deployed = fatpipe(folder, "deploy", CLUSTER)
-    assert deployed.returncode == 0, deployed.stdout
     try:
+        deployed = fatpipe(folder, "deploy", CLUSTER)
+        assert deployed.returncode == 0, deployed.stdout
         yield folder
     finally:
         down = fatpipe(folder, "down", CLUSTER, timeout=300)
