@@ -31,6 +31,7 @@ out.mkdir(exist_ok=True)
 (out / "step.txt").write_text("step 10\\n")
 print("checkpoint written", flush=True)
 time.sleep(float(sys.argv[1]) if len(sys.argv) > 1 else 0)
+sys.exit(3 if "fail" in sys.argv else 0)
 """
 
 
@@ -135,4 +136,14 @@ def test_force_replaces_the_local_copy_and_stop_pulls_run_pull_too(cluster):
     (folder / "out" / "ckpt.pt").write_bytes(b"changed here")
     stopped = fatpipe(folder, "stop", CLUSTER)
     assert stopped.returncode == 0 and "(replacing the earlier copy)" in stopped.stdout, stopped.stdout
+    assert (folder / "out" / "ckpt.pt").read_bytes() == on_node(folder, 0, "out/ckpt.pt").read_bytes()
+
+
+def test_up_pulls_run_pull_after_a_failed_run_too(cluster):
+    folder = cluster
+    subprocess.run(["rm", "-rf", str(folder / "out")], check=True)
+    up = fatpipe(folder, "up", CLUSTER, "--netcheck", "off", "--max-restarts", "0", "--remote-python",
+                 sys.executable, "--", "job.py", "0", "fail", timeout=900)
+    assert up.returncode != 0 and "up failed" in up.stdout, up.stdout[-5000:]
+    assert re.search(rf"pulled out \(\d+\.\d KiB\) from {CLUSTER}-0 into out \(new\)", up.stdout), up.stdout[-3000:]
     assert (folder / "out" / "ckpt.pt").read_bytes() == on_node(folder, 0, "out/ckpt.pt").read_bytes()

@@ -87,8 +87,10 @@ def tree(folder: Path) -> dict[str, bytes]:
 
 def test_a_folder_and_a_file_land_byte_identical_and_nothing_partial_is_left(node):
     source, local = node
-    got = fetch(source, "out", local / "out")
+    lines = []
+    got = fetch(source, "out", local / "out", progress=lines.append)
     assert tree(local / "out") == tree(source.transport.home / "proj" / "out")
+    assert any("100%" in line for line in lines), lines  # rsync's --info=progress2, line by line
     assert got.size >= 300_000 and not got.replaced and "pulled out (" in got.line(local)
     fetch(source, "out/ckpt.pt", local / "copy" / "ckpt.pt")
     assert (local / "copy" / "ckpt.pt").read_bytes() == (source.transport.home / "proj/out/ckpt.pt").read_bytes()
