@@ -30,6 +30,7 @@ COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --he
     "top": ("fatpipe.cli.top:top", "Watch a running job per node: links, sync time, the straggler."),
     "report": ("fatpipe.cli.report:report", "Draw a run as one HTML page: loss, step split, sync, links."),
     "runs": ("fatpipe.cli.runs:runs", "List a cluster's runs and what each achieved; prune old ones."),
+    "pull": ("fatpipe.cli.pull:pull", "Bring files a script wrote on the nodes (its checkpoints) back here."),
     "stop": ("fatpipe.cli.stop:stop", "Stop a run on every node."),
     "down": ("fatpipe.cli.down:down", "Destroy the cluster's nodes."),
     "vm": ("fatpipe.cli.vm:vm", "Build the base image of `vm` clusters (local QEMU VMs, real kernels)."),

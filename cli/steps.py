@@ -110,6 +110,17 @@ def pull_results(out, nodes, run_dir, run_id: str, cluster: str, checkpoints: bo
     return pulled
 
 
+def pull_declared(project, node, out) -> None:
+    """`[run] pull`: what the run's script wrote on node 0 (a NodeRun), one line per path."""
+    from rich.markup import escape
+
+    from fatpipe.ops.pullpaths import pull_declared as bring
+    from fatpipe.ops.pullpaths import source_of_run
+
+    for pulled, line in bring(project, source_of_run(node)):
+        out.print(("" if pulled else "[yellow]warning[/]: ") + escape(line), highlight=False, soft_wrap=True)
+
+
 def terraform_log(verbose: bool):
     """Echo engine output to stderr: every line with -v, else only what names a resource, and
     fatpipe's own lines about the deployment."""
@@ -217,26 +228,6 @@ def run_netcheck(project, outputs, options, out, run_dir=None, sink=None, remote
     return doc
 
 
-def check_netchecks(project, name: str, since: float) -> None:
-    """Refuse, exit 2, naming the file, when a netcheck.json that could be reused (written on this
-    deployment) is unreadable: reusing it is what `up` is asked to do, so it must not guess."""
-    import json
-
-    from fatpipe.infra.defaults import NETCHECK_FILE
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.infra.runs import json_problem, runs_dir
-
-    for path in sorted(runs_dir(project, name).glob(f"*/{NETCHECK_FILE}")):
-        if path.stat().st_mtime <= since:
-            continue
-        why = json_problem(path)
-        if why is None and not isinstance(json.loads(path.read_text()).get("gate", {}), dict):
-            why = "its gate is not an object"
-        if why is not None:
-            raise FatpipeError(f"{path}: unreadable ({why}); remove it (`rm {path}`) and run again: up then "
-                               "measures the links anew", exit_code=2)
-
-
 def stage_data(project, outputs, phases, out) -> None:
     """`up`'s data phase: stage the cluster's [data] on every node, skipping what is already there."""
     from fatpipe.infra.dataspec import cluster_data
@@ -269,6 +260,7 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
     from fatpipe.infra.runs import latest_run_id, mark_latest
     from fatpipe.ops.datacheck import require_data
     from fatpipe.ops.launch import launch as launch_run
+    from fatpipe.ops.noderun import node_runs
 
     require_firewall(project, outputs, out)
     names = [n.name for n in rdzv.nodes]
@@ -295,5 +287,6 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
         out.print("[yellow]interrupted[/]: the run was stopped on every node")
     elif result.timed_out:
         out.print(f"[red]timed out[/] after {timeout_s:g} s: the run was stopped on every node")
+    pull_declared(project, node_runs(rdzv, project.state_dir(outputs.name))[0], out)
     out.print(f"logs and results in {run_dir}", markup=False)
     return result

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import cluster_argument, console, pass_project
-from .steps import node_gone, pull_results
+from .steps import node_gone, pull_declared, pull_results
 
 
 @click.command()
@@ -14,7 +14,8 @@ from .steps import node_gone, pull_results
 @pass_project
 def stop(project, cluster: str | None, run_id):
     """Signal the run's torchrun on every node, wait for it to wind down, kill what is left, and
-    bring back what the nodes wrote (checkpoints stay there: `fatpipe runs pull`).
+    bring back what the nodes wrote (checkpoints stay there: `fatpipe runs pull`) and `[run] pull`'s
+    paths from node 0.
 
     On a cluster that is down nothing can run: it says so, with how the run ended as its folder
     recorded it.
@@ -41,3 +42,5 @@ def stop(project, cluster: str | None, run_id):
         out.print(f"  {node.name:<20} {states.get(node.name, 'gone')}")
     out.print(f"run {run_id} stopped")
     pull_results(out, live, run_dir, run_id, name)
+    if nodes and nodes[0] in live:
+        pull_declared(project, nodes[0], out)  # [run] pull

@@ -40,7 +40,6 @@ from .steps import (
     TeardownAbandoned,
     Terminated,
     changing,
-    check_netchecks,
     deploy_outputs,
     guarded_teardown,
     new_rendezvous,
@@ -190,7 +189,7 @@ class Up:
         return outputs, outputs_file(self.project, spec.name)
 
     def netcheck(self, outputs, outputs_path: Path, run_dir: Path) -> None:
-        from fatpipe.ops.deployment import reusable_netcheck
+        from fatpipe.ops.deployment import check_netchecks, reusable_netcheck
         from fatpipe.ops.netcheck import NetcheckOptions
 
         mode, phases = self.flags.netcheck_mode, self.phases

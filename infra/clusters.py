@@ -13,6 +13,7 @@ from .firewall import in_private_range, public_address_problem
 from .hostvalues import check_address, check_login, check_node_name, check_path
 from .node import remote_dir_problem
 from .nodespec import NodeSpec
+from .runspec import RunSpec
 from .spec import (
     DIGITALOCEAN_REGIONS,
     NAME_PATTERN,
@@ -232,6 +233,7 @@ class ProjectSpec(Strict):
     train: TrainSpec = Field(default_factory=TrainSpec)
     node: NodeSpec = Field(default_factory=NodeSpec)  # every node's Python environment
     data: DataSpec | None = None  # every cluster's dataset, unless a cluster declares its own
+    run: RunSpec = Field(default_factory=RunSpec)  # what every run brings back from node 0
 
     @field_validator("clusters", mode="before")
     @classmethod

@@ -224,11 +224,15 @@ def _allowed_keys(loc: list[str], data: dict) -> list[str]:
         model = NodeSpec
     elif loc[:1] == ["data"]:
         model = DataSpec
+    elif loc[:1] == ["run"]:
+        from .runspec import RunSpec
+
+        model = RunSpec
     elif loc[:1] == ["clusters"] and len(loc) >= 3:
         provider = data.get("clusters", {}).get(loc[1], {}).get("provider")
         model = CLUSTER_MODELS[provider]
         if loc[2] in ("backend", "data") and len(loc) > 3:
             model = Backend if loc[2] == "backend" else DataSpec
     else:
-        return ["clusters", "train", "node", "data"]
+        return ["clusters", "train", "node", "data", "run"]
     return [name for name in model.model_fields if name != "name"]

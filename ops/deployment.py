@@ -8,7 +8,7 @@ from pathlib import Path
 from fatpipe.infra.defaults import NETCHECK_FILE
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.outputs import ClusterOutputs, read_outputs
-from fatpipe.infra.runs import runs_dir
+from fatpipe.infra.runs import json_problem, runs_dir
 
 from .wait import wait_for_nodes
 
@@ -66,3 +66,17 @@ def reusable_netcheck(project, name: str, outputs_mtime: float) -> Path | None:
         if passed is True and path.stat().st_mtime > outputs_mtime:
             return path
     return None
+
+
+def check_netchecks(project, name: str, since: float) -> None:
+    """Refuse, exit 2, naming the file, when a netcheck.json that could be reused (written on this
+    deployment) is unreadable: reusing it is what `up` is asked to do, so it must not guess."""
+    for path in sorted(runs_dir(project, name).glob(f"*/{NETCHECK_FILE}")):
+        if path.stat().st_mtime <= since:
+            continue
+        why = json_problem(path)
+        if why is None and not isinstance(json.loads(path.read_text()).get("gate", {}), dict):
+            why = "its gate is not an object"
+        if why is not None:
+            raise FatpipeError(f"{path}: unreadable ({why}); remove it (`rm {path}`) and run again: up then "
+                               "measures the links anew", exit_code=2)

@@ -16,6 +16,7 @@ import re
 import shlex
 import shutil
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -72,18 +73,35 @@ class Pulled:
         return not self.failed
 
 
-def pull_into_partial(node: NodeRun, run_dir: Path, checkpoints: bool) -> tuple[Path | None, str | None]:
-    """Pull the node's run folder into a fresh partial folder inside `run_dir` and check it:
-    (the folder, None), or (None, the one-line failure naming the node); nothing is placed yet."""
-    partial = Path(tempfile.mkdtemp(prefix=f"{PULL_PREFIX}{node.name}-", dir=run_dir))
-    excludes = () if checkpoints else (f"/{CHECKPOINTS}/",)
-    result = node.transport.pull(remote_run(node), partial, excludes, link_dest=run_dir)
+def into_partial(parent: Path, label: str, copy: Callable[[Path], Result],
+                 expect: str) -> tuple[Path | None, str | None]:
+    """Run `copy` into a fresh partial folder (`.pull-<label>-*` inside `parent`, so that a rename
+    from it into place is atomic) and check it: rsync's status, and that `expect` (a path inside
+    it) came. (the folder, None), or (None, why) with the folder removed; nothing is placed yet."""
+    partial = Path(tempfile.mkdtemp(prefix=f"{PULL_PREFIX}{label}-", dir=parent))
+    try:
+        result = copy(partial)
+    except BaseException:  # Ctrl-C mid-copy: no partial folder left behind
+        shutil.rmtree(partial, ignore_errors=True)
+        raise
     why = None if result.ok else result.reason()
-    if why is None and not (partial / f"node-{node.plan.rank}.log").is_file():
-        why = f"node-{node.plan.rank}.log is missing there"
+    if why is None and not (partial / expect).exists():
+        why = f"{expect} is missing there"
     if why is None:
         return partial, None
     shutil.rmtree(partial, ignore_errors=True)
+    return None, why
+
+
+def pull_into_partial(node: NodeRun, run_dir: Path, checkpoints: bool) -> tuple[Path | None, str | None]:
+    """Pull the node's run folder into a fresh partial folder inside `run_dir` and check it:
+    (the folder, None), or (None, the one-line failure naming the node); nothing is placed yet."""
+    excludes = () if checkpoints else (f"/{CHECKPOINTS}/",)
+    partial, why = into_partial(
+        run_dir, node.name, lambda folder: node.transport.pull(remote_run(node), folder, excludes, link_dest=run_dir),
+        f"node-{node.plan.rank}.log")
+    if why is None:
+        return partial, None
     return None, (f"{node.transport.describe()}: could not pull run {node.rdzv.run_id} ({why}); "
                   "its files stay on the node")
 

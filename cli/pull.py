@@ -1,0 +1,77 @@
+"""`fatpipe pull [CLUSTER] PATH... [--node NAME | --all] [--to DIR] [--force]`: bring what a
+user's script wrote on the nodes (its checkpoints, in its own folder) into the local project."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import click
+
+from .options import console, outputs_option, pass_project
+
+
+@click.command()
+@click.argument("names", nargs=-1, required=True, metavar="[CLUSTER] PATH...")
+@click.option("--node", "node_names", multiple=True, metavar="NAME",
+              help="Pull from this node (repeatable; default: node 0).")
+@click.option("--all", "all_nodes", is_flag=True, help="Pull from every node, into DIR/<node>/PATH.")
+@click.option("--to", "to", type=click.Path(file_okay=False), default=None,
+              help="Land in DIR/PATH (default: PATH in the local project).")
+@click.option("--force", is_flag=True, help="Replace a local copy that is already there (once the new one is whole).")
+@outputs_option
+@pass_project
+def pull(project, names, node_names, all_nodes, to, force, outputs_file):
+    """Copy PATH (relative to the node's project folder: a file or a folder) from node 0, or the
+    named nodes, into the local project over the cluster's own transport.
+
+    The copy lands in a partial folder and is renamed into place only when complete, so a failed
+    pull (one line, exit 1) leaves the local side as it was; the nodes keep their files.
+    """
+    from fatpipe.infra.errors import ConfigError
+    from fatpipe.infra.runs import load_outputs
+    from fatpipe.infra.runspec import pull_path
+    from fatpipe.ops.pullpaths import pull_path as fetch
+    from fatpipe.ops.pullpaths import sources_of
+
+    cluster, paths = split_cluster(project, names)
+    rels = [pull_path(p) for p in paths]
+    if all_nodes and node_names:
+        raise ConfigError("give --node or --all, not both")
+    outputs = load_outputs(project, project.cluster(cluster).name, outputs_file)
+    sources = pick_nodes(sources_of(project, outputs), node_names, all_nodes, outputs.name)
+    base = Path(to).absolute() if to else project.root
+    per_node = all_nodes or len(sources) > 1
+    out = console()
+    for source in sources:
+        for rel in rels:
+            dest = base / source.name / rel if per_node else base / rel
+            with out.status(f"{source.name}: {rel}") as status:
+                got = fetch(source, rel, dest, replace=force,
+                            progress=lambda line, s=status, r=rel, n=source.name: s.update(f"{n}: {r}  {line}"))
+            out.print(got.line(project.root), markup=False, soft_wrap=True)
+
+
+def split_cluster(project, names: tuple[str, ...]) -> tuple[str | None, list[str]]:
+    """(cluster, paths): the first argument is the cluster when it names one and paths follow."""
+    from fatpipe.infra.errors import ConfigError
+
+    if len(names) > 1 and names[0] in project.clusters:
+        return names[0], list(names[1:])
+    if len(names) == 1 and names[0] in project.clusters:
+        raise ConfigError(f"name what to pull from {names[0]}: `fatpipe pull {names[0]} out/ckpt.pt`")
+    return None, list(names)
+
+
+def pick_nodes(sources, node_names, all_nodes: bool, cluster: str):
+    """Node 0, the named nodes (in the order given) or every node; an unknown name is refused."""
+    from fatpipe.infra.errors import ConfigError
+
+    if all_nodes:
+        return sources
+    if not node_names:
+        return sources[:1]
+    by_name = {s.name: s for s in sources}
+    unknown = [n for n in node_names if n not in by_name]
+    if unknown:
+        raise ConfigError(f"{cluster} has no node {unknown[0]!r}; its nodes: {', '.join(by_name)}")
+    return [by_name[n] for n in dict.fromkeys(node_names)]
