@@ -244,8 +244,7 @@ class Up:
         return result.exit_code
 
     def draw_report(self, run_dir: Path, quiet: bool = False) -> None:
-        """The run's page (`fatpipe report`); a run too short to draw says so, unless `quiet`
-        (a failed run: its launch line already says why there is nothing)."""
+        """The run's page (`fatpipe report`); a run too short to draw says so unless `quiet` (failed)."""
         from fatpipe.infra.errors import FatpipeError
         from fatpipe.ops.report import write_report
 
