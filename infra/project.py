@@ -227,8 +227,10 @@ def _allowed_keys(loc: list[str], data: dict) -> list[str]:
     elif loc[:1] == ["clusters"] and len(loc) >= 3:
         provider = data.get("clusters", {}).get(loc[1], {}).get("provider")
         model = CLUSTER_MODELS[provider]
-        if loc[2] in ("backend", "data") and len(loc) > 3:
-            model = Backend if loc[2] == "backend" else DataSpec
+        if loc[2] in ("backend", "data", "node") and len(loc) > 3:
+            from .nodespec import NodeSpec
+
+            model = {"backend": Backend, "data": DataSpec, "node": NodeSpec}[loc[2]]
     else:
         return ["clusters", "train", "node", "data"]
     return [name for name in model.model_fields if name != "name"]
