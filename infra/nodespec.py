@@ -28,8 +28,9 @@ def requirement(text: str) -> str:
         raise ValueError(f"{text!r} is not a requirement such as \"einops>=0.7\"")
     try:
         parsed = Requirement(text)
-    except InvalidRequirement as e:
-        raise ValueError(f"{text!r} is not a requirement such as \"einops>=0.7\" ({e})") from None
+    except InvalidRequirement as e:  # its message goes on with the text and a caret: the first line only
+        reason = str(e).splitlines()[0]
+        raise ValueError(f"{text!r} is not a requirement such as \"einops>=0.7\" ({reason})") from None
     if parsed.url:
         raise ValueError(f"{text!r}: a URL requirement is not accepted; name a package and a version")
     return str(parsed)
