@@ -22,11 +22,12 @@ def config(project, cluster: str | None, as_json: bool):
 
     toolkit = report()  # from package metadata: nothing is imported
     clusters = [project.cluster(cluster)] if cluster else list(project.clusters.values())
+    resolved = {c.name: _resolved(project, c) for c in clusters}
     warnings = train_warnings(project.train)
     if as_json:
         doc = {
             "config": project.label,
-            "clusters": {c.name: c.model_dump(mode="json") for c in clusters},
+            "clusters": resolved,
             "train": project.train.model_dump(mode="json"),
             "warnings": warnings,
             "toolkit": toolkit,
@@ -36,11 +37,18 @@ def config(project, cluster: str | None, as_json: bool):
     out = console()
     out.print(f"[bold]config[/]: {project.label}")
     out.print(f"[bold]toolkit[/]: {toolkit['summary']}", highlight=False)
-    for c in clusters:
-        out.print(_table(f"cluster {c.name}", c.model_dump(mode="json")))
+    for name, values in resolved.items():
+        out.print(_table(f"cluster {name}", values))
     out.print(_table("train", project.train.model_dump(mode="json")))
     for warning in warnings:
         out.print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
+
+
+def _resolved(project, cluster) -> dict:
+    """The cluster's settings, with `node` the environment its nodes get: [node] and its own keys."""
+    from fatpipe.infra.nodespec import cluster_node
+
+    return cluster.model_dump(mode="json") | {"node": cluster_node(project.spec, cluster.name).model_dump(mode="json")}
 
 
 def _table(title: str, values: dict):

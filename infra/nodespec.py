@@ -1,5 +1,8 @@
 """The `[node]` table: what every node's Python environment holds (docs/ARCHITECTURE.md, "The node environment").
 
+Project-wide (`[node]`) and per cluster (`[clusters.<name>.node]`): each key a cluster sets
+replaces the project's value for that key, the others stay (`cluster_node`).
+
 Each value reaches pip on the node as one quoted argument, never as shell text, so each is
 checked here: requirements parse as PEP 508 (`packaging.requirements.Requirement`), the
 requirements file is a plain path inside the project, the index is an http(s) URL.
@@ -25,8 +28,9 @@ def requirement(text: str) -> str:
         raise ValueError(f"{text!r} is not a requirement such as \"einops>=0.7\"")
     try:
         parsed = Requirement(text)
-    except InvalidRequirement as e:
-        raise ValueError(f"{text!r} is not a requirement such as \"einops>=0.7\" ({e})") from None
+    except InvalidRequirement as e:  # its message goes on with the text and a caret: the first line only
+        reason = str(e).splitlines()[0]
+        raise ValueError(f"{text!r} is not a requirement such as \"einops>=0.7\" ({reason})") from None
     if parsed.url:
         raise ValueError(f"{text!r}: a URL requirement is not accepted; name a package and a version")
     return str(parsed)
@@ -76,3 +80,23 @@ class NodeSpec(Strict):
         if url.scheme not in ("http", "https") or not url.netloc or any(c.isspace() for c in value):
             raise ValueError(f"torch_index = {value!r} is not an http(s) URL such as {CPU_TORCH_INDEX}")
         return value
+
+
+def cluster_node(spec, cluster_name: str) -> NodeSpec:
+    """The node environment a cluster's nodes get: the project's `[node]`, with each key its own
+    `[clusters.<name>.node]` sets in place of the project's (a list replaces the list whole)."""
+    own = own_node(spec, cluster_name)
+    if own is None:
+        return spec.node
+    return spec.node.model_copy(update={key: getattr(own, key) for key in own.model_fields_set})
+
+
+def node_table(spec, cluster_name: str, key: str) -> str:
+    """The table a cluster's value of `key` comes from, as the user wrote it: for error messages."""
+    own = own_node(spec, cluster_name)
+    return f"[clusters.{cluster_name}.node]" if own is not None and key in own.model_fields_set else "[node]"
+
+
+def own_node(spec, cluster_name: str) -> NodeSpec | None:
+    cluster = spec.clusters.get(cluster_name)
+    return getattr(cluster, "node", None) if cluster is not None else None

@@ -1,4 +1,4 @@
-"""The venv an ssh node runs in: what it holds (`[node]` resolved) and its stamp.
+"""The venv an ssh node runs in: what it holds (its cluster's `[node]` resolved) and its stamp.
 
 docs/ARCHITECTURE.md, "The node environment": torch, numpy and the project's requirements; the
 stamp covers the whole declaration, so the venv is rebuilt exactly when it changes. How it is
@@ -16,7 +16,7 @@ from pathlib import Path
 
 from .errors import FatpipeError
 from .node import REMOTE_VENV
-from .nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, requirement
+from .nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, cluster_node, node_table, requirement
 
 TORCH_SPEC_ENV = "FATPIPE_TORCH"  # what the node venv installs for torch (default: this torch's version)
 TORCH_INDEX_ENV = "FATPIPE_TORCH_INDEX_URL"
@@ -45,9 +45,10 @@ def torch_spec() -> str:
     return "torch==" + version("torch").split("+")[0]
 
 
-def node_venv(project, gpus: int) -> NodeVenv:
-    """The project's `[node]` table with its defaults filled in for nodes with `gpus` GPUs each."""
-    spec = project.spec.node
+def node_venv(project, cluster: str, gpus: int) -> NodeVenv:
+    """Cluster `cluster`'s node table (`[node]` and its `[clusters.<name>.node]`, infra/nodespec.py)
+    with its defaults filled in for nodes with `gpus` GPUs each."""
+    spec = cluster_node(project.spec, cluster)
     index = spec.torch_index
     if index is None:
         index = os.environ.get(TORCH_INDEX_ENV, "" if gpus else CPU_TORCH_INDEX)
@@ -55,7 +56,8 @@ def node_venv(project, gpus: int) -> NodeVenv:
     if requirements is None:
         requirements = DEFAULT_REQUIREMENTS if (project.root / DEFAULT_REQUIREMENTS).is_file() else None
     elif not (project.root / requirements).is_file():
-        raise FatpipeError(f"[node] requirements = {requirements!r}: no such file in {project.root}", exit_code=2)
+        table = node_table(project.spec, cluster, "requirements")
+        raise FatpipeError(f"{table} requirements = {requirements!r}: no such file in {project.root}", exit_code=2)
     return NodeVenv(spec.torch or torch_spec(), index, tuple(spec.packages), requirements)
 
 

@@ -214,13 +214,12 @@ def _describe(err: dict, data: dict) -> str:
 def _allowed_keys(loc: list[str], data: dict) -> list[str]:
     from .clusters import CLUSTER_MODELS
     from .dataspec import DataSpec
+    from .nodespec import NodeSpec
     from .spec import Backend
 
     if loc[:1] == ["train"]:
         model = TrainSpec
     elif loc[:1] == ["node"]:
-        from .nodespec import NodeSpec
-
         model = NodeSpec
     elif loc[:1] == ["data"]:
         model = DataSpec
@@ -231,8 +230,8 @@ def _allowed_keys(loc: list[str], data: dict) -> list[str]:
     elif loc[:1] == ["clusters"] and len(loc) >= 3:
         provider = data.get("clusters", {}).get(loc[1], {}).get("provider")
         model = CLUSTER_MODELS[provider]
-        if loc[2] in ("backend", "data") and len(loc) > 3:
-            model = Backend if loc[2] == "backend" else DataSpec
+        if loc[2] in ("backend", "data", "node") and len(loc) > 3:
+            model = {"backend": Backend, "data": DataSpec, "node": NodeSpec}[loc[2]]
     else:
         return ["clusters", "train", "node", "data", "run"]
     return [name for name in model.model_fields if name != "name"]

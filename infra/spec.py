@@ -8,10 +8,11 @@ from functools import lru_cache
 from pathlib import Path
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .dataspec import DataSpec
 from .hostvalues import check_login
+from .nodespec import NodeSpec
 from .trainspec import Strict
 
 Tier = Literal["1g", "10g", "25g"]
@@ -75,6 +76,16 @@ class ClusterBase(Strict):
     rdzv_port: int = Field(29400, ge=1024, le=65535)
     backend: Backend = Field(default_factory=Backend)
     data: DataSpec | None = None  # this cluster's dataset ([clusters.<name>.data]); else [data]
+    node: NodeSpec | None = None  # keys that replace the project's [node] here ([clusters.<name>.node])
+
+    @field_validator("node", mode="before")
+    @classmethod
+    def _node_is_a_table(cls, value, info: ValidationInfo):
+        # `node = 4` is nearly always `nodes = 4` mistyped: say so rather than "not a dictionary".
+        if value is not None and not isinstance(value, (dict, NodeSpec)):
+            table = f"[clusters.{info.data.get('name') or '<name>'}.node]"
+            raise ValueError(f"{value!r} is not a table ({table} is the node environment); did you mean nodes?")
+        return value
 
     @field_validator("private_cidr")
     @classmethod

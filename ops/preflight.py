@@ -42,7 +42,7 @@ def wheel_preflight(project, cluster) -> str | None:
     if python is None:
         return f"torch wheel not checked: the Python of image {cluster.image!r} is not known to fatpipe"
     machine = machine_for(cluster, project.root).arch
-    venv = node_venv(project, cluster.gpus_per_node)
+    venv = node_venv(project, cluster.name, cluster.gpus_per_node)
     try:
         wheel = torch_wheel(venv, python, machine)
     except IndexUnreachable as e:  # offline here is no proof the nodes lack a wheel: say so, go on

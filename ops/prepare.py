@@ -71,5 +71,5 @@ def prepare_envs(project, nodes: list[NodeRun], gpus: int, log: Log) -> None:
     """The venvs of the nodes that run in fatpipe's venv, from one download (ops/nodewheels.py)."""
     built = [n for n in nodes if not n.transport.shares_fs and n.plan.python == f"{REMOTE_VENV}/bin/python"]
     if built:
-        venv = node_venv(project, gpus)
+        venv = node_venv(project, built[0].rdzv.cluster, gpus)  # its cluster's [node], resolved
         build_node_envs(built, venv, venv_stamp(project.root, venv), log)

@@ -85,7 +85,7 @@ sys.exit(main())
 
 def boot_env_spec(project, cluster) -> dict:
     """The resolved declaration the boot script builds from, with the stamp launch checks."""
-    venv = node_venv(project, cluster.gpus_per_node)
+    venv = node_venv(project, cluster.name, cluster.gpus_per_node)
     requirements = (project.root / venv.requirements).read_text() if venv.requirements else None
     return {"user": cluster.ssh_user, "cluster": cluster.name, "workdir": DEFAULT_REMOTE_DIR.format(cluster=cluster.name),
             "stamp": venv_stamp(project.root, venv), "torch": venv.torch, "index": venv.index,

@@ -97,7 +97,7 @@ def test_clouds_build_the_node_venv_during_boot(provider, tmp_path):
     assert doc["runcmd"][0][0] == "systemd-run" and doc["runcmd"][0][-1] == BOOT_ENV_SCRIPT
     assert doc["runcmd"][-1] == ["sh", "-c", f"{BOOT_ENV_SCRIPT} --wait; /usr/local/sbin/fatpipe-ready"]
     spec = json.loads(next(f["content"] for f in doc["write_files"] if f["path"] == BOOT_ENV_SPEC))
-    assert spec["stamp"] == venv_stamp(project.root, node_venv(project, cluster.gpus_per_node))  # launch reuses it
+    assert spec["stamp"] == venv_stamp(project.root, node_venv(project, cluster.name, cluster.gpus_per_node))  # launch reuses it
     assert (spec["torch"], spec["packages"], spec["requirements"]) == ("torch==2.13.0", ["tiktoken"], "einops\n")
     assert "python3-venv" in doc["packages"]
 

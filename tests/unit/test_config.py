@@ -79,7 +79,7 @@ BAD_CONFIGS = [
     ("duplicate-cluster", "[clusters.a]\nprovider='sim'\n[clusters.a]\nprovider='sim'\n", "clusters.a", "twice"),
     ("bad-cluster-name", "[clusters.Big_One]\nprovider='sim'\n", "clusters", "lowercase"),
     ("reserved-cluster-name", "[clusters.catalog]\nprovider='sim'\n", "clusters", "reserved"),
-    ("unknown-key", "[clusters.a]\nprovider='sim'\nnode=3\n", "clusters.a.node", "allowed: nodes"),
+    ("unknown-key", "[clusters.a]\nprovider='sim'\nnods=3\n", "clusters.a.nods", "allowed: nodes"),
     ("unknown-train-key", "[clusters.a]\nprovider='sim'\n[train]\nstep=3\n", "train.step", "allowed: preset"),
     ("bad-comm", "[clusters.a]\nprovider='sim'\n[train]\ncomm='zip'\n", "train.comm", "'powersgd'"),
     ("no-clusters", "[train]\nsteps=3\n", "clusters", "required"),

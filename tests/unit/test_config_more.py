@@ -25,7 +25,9 @@ def test_every_mistake_at_once_with_did_you_mean(run_cli, project_dir):
     lines = result.output.strip().splitlines()
     assert lines[0] == "Error: fatpipe.toml: 4 problems:"
     assert any(line.strip().startswith("train.step: unknown key; did you mean steps?") for line in lines)
-    assert any(line.strip().startswith("clusters.demo.node: unknown key; did you mean nodes?") for line in lines)
+    # `node` is the cluster's node environment table: a number there is `nodes` mistyped.
+    assert any(line.strip().startswith("clusters.demo.node: 3 is not a table ([clusters.demo.node] is the node "
+                                       "environment); did you mean nodes?") for line in lines)
     assert any("clusters.demo.tier: '2g' is not allowed" in line for line in lines)
     assert any(line.strip().startswith("train.lr:") for line in lines)
 
