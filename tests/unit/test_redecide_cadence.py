@@ -108,3 +108,39 @@ def test_every_rank_reprobes_at_the_step_rank_0_saw_off(tmp_path):
     # Warm-up (WARM_STEPS) and a full window first: the verdict is in by step 7, asked at 10.
     assert first["reprobed"] == second["reprobed"] and first["reprobed"][0] == 10
     assert first["issued"] == second["issued"] == [5, 10, 15, 20, 25, 30]
+
+
+def _reprobed(monkeypatch, refuse) -> tuple[AutoComm, dict, list[dict]]:
+    """A re-probe at step 20 after which PowerSGD wins by far; the decisions `apply` got."""
+    import fatpipe.trainer.comm.redecide as redecide
+
+    def redecided(cfg, env, model, current, step):
+        return {"comm": "powersgd", "reason": "fastest", "link": {"busbw_gbps": 0.02,
+                                                                  "latency_s": 1e-3},
+                "predicted": {"none": {"step_s": 1.2, "run_step_s": 1.2, "share": 0.8},
+                              "powersgd": {"step_s": 0.3, "run_step_s": 0.3, "share": 0.1}}}
+
+    monkeypatch.setattr(redecide, "redecide_comm", redecided)
+    auto = _auto()
+    for step in range(1, 21):
+        auto.observe({"step": step, "step_s": 1.2})
+    applied: list[dict] = []
+    return auto, auto.reprobe(None, 20, applied.append, refuse), applied
+
+
+def test_a_switch_the_script_cannot_take_is_refused_with_the_reason(monkeypatch):
+    auto, kept, applied = _reprobed(monkeypatch, lambda name: "one DDP bucket needed")
+    assert applied == [] and kept["comm"] == "none" and kept["switches"] == []
+    assert kept["switch_refused"] == {"step": 20, "to": "powersgd", "why": "one DDP bucket needed"}
+    assert kept["reprobes"] == 1 and auto.reference == pytest.approx(1.2)  # no re-probe loop
+    assert auto.decision is kept
+
+
+def test_a_switch_the_script_can_take_is_applied_and_recorded(monkeypatch):
+    auto, new, applied = _reprobed(monkeypatch, lambda name: None)
+    assert applied == [new] and new["comm"] == "powersgd" and new["since_step"] == 20
+    (switch,) = new["switches"]
+    assert (switch["from"], switch["to"], switch["step"]) == ("none", "powersgd", 20)
+    assert switch["pause_s"] >= switch["probe_s"] >= 0
+    assert auto.decision is new and auto.predicted == 0.3
+    assert auto.summary([])["comm_switches"] == 1
