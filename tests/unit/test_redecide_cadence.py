@@ -33,10 +33,10 @@ def _decision(step_s: float = 0.5, latency_s: float = 1e-4, comm: str = "none") 
 
 def test_checks_are_at_least_a_window_apart_and_cost_a_small_share():
     assert check_every(_decision(0.5, 1e-4)) == WINDOW  # a LAN: a window is the floor
-    # 20 ms round trips and 0.1 s steps: one check per 100 steps would be 0.2%, capped at 50.
-    assert check_every(_decision(0.1, 0.02)) == MAX_CHECK_EVERY
-    every = check_every(_decision(1.0, 0.02))  # 1 s steps: every 10 steps
-    assert every == 10 and 0.02 / (every * 1.0) <= CHECK_SHARE
+    # 50 ms round trips and 0.1 s steps: one check per 100 steps would be 0.5%, capped at 50.
+    assert check_every(_decision(0.1, 0.05)) == MAX_CHECK_EVERY
+    every = check_every(_decision(0.2, 0.02))  # 20 ms round trips, 0.2 s steps: every 20
+    assert every == 20 and 0.02 / (every * 0.2) <= CHECK_SHARE
     assert check_every({"comm": "none"}) == MAX_CHECK_EVERY  # nothing predicted: rarely
 
 

@@ -52,9 +52,10 @@ MAX_REPROBES = 4
 # A script's check is one broadcast of one integer, about one round trip of the link (measured:
 # 1.4 ms on gloo, 2 ranks over loopback on a busy 2-core machine; a pickled object, 1.9 ms).
 # Asked every `check_every` steps, it costs at most CHECK_SHARE of their time (a 0.5 s step on
-# such a link: 0.06% at the floor); at least WINDOW steps apart (a window is what a verdict
-# needs), at most MAX_CHECK_EVERY, which bounds how late a change is noticed.
-CHECK_SHARE = 0.002
+# such a link: 0.06% at the floor; 50 ms round trips and 0.5 s steps: every 20 steps); at least
+# WINDOW steps apart (a window is what a verdict needs), at most MAX_CHECK_EVERY, which bounds
+# how late a change is noticed.
+CHECK_SHARE = 0.005
 MAX_CHECK_EVERY = 50
 
 
