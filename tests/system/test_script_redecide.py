@@ -49,7 +49,7 @@ def test_a_script_switches_its_hook_after_a_mid_run_cut(cluster):
         proc = subprocess.Popen(
             [sys.executable, "-m", "fatpipe.cli", "launch", NAME, "--comm", "auto",
              "--warmup-steps", "2", "--max-restarts", "0", "--timeout", str(RUN_TIMEOUT_S + 60),
-             "--", "examples/ddp_script.py", "--steps", str(STEPS), "--batch-size", "8",
+             "--", "examples/ddp_script.py", "--steps", str(STEPS), "--batch-size", "16",
              "--seq-len", "64"],
             cwd=cluster, env=faults.cli_env(), stdout=out, stderr=subprocess.STDOUT,
             start_new_session=True)
