@@ -64,3 +64,11 @@ def all_gather_objects(obj, device: torch.device) -> list:
     ISSUED.add()
     dist.all_gather(every, padded)
     return [_decode(t[:n]) for t, n in zip(every, sizes, strict=True)]
+
+
+def broadcast_flag(flag: bool | None, src: int, device: torch.device) -> bool:
+    """Rank `src`'s `flag` on every rank: one broadcast of one integer (the others pass None)."""
+    t = torch.tensor([int(bool(flag))], dtype=torch.int32, device=device)
+    ISSUED.add()
+    dist.broadcast(t, src)
+    return bool(t.item())

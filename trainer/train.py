@@ -74,7 +74,7 @@ class Trainer:
             self.model.load_state_dict(ckpt["model"])
         self.decision = decide_comm(cfg, env, self.model, self.grad_bytes, ckpt)
         self.comm = self.decision["comm"]
-        self.auto = AutoComm(self)  # comm=auto: prediction check, mid-run re-decision
+        self.auto = AutoComm(cfg, env, self.decision, self.start_step)  # check, re-decision
         self._wrap_ddp()
         self._layout_warmup()
         self._install_hook(mine)

@@ -62,7 +62,7 @@ def _auto(comm: str = "none", predicted_step: float = 0.5, redecide: bool = True
     cfg = TrainConfig(comm="auto", steps=100, warmup_steps=3, redecide=redecide)
     env = SimpleNamespace(world_size=4, is_main=True, device=torch.device("cpu"))
     decision = {"comm": comm, "predicted": {comm: {"step_s": predicted_step}}, **decision}
-    return AutoComm(SimpleNamespace(cfg=cfg, env=env, decision=decision, start_step=0))
+    return AutoComm(cfg, env, decision, 0)
 
 
 def _feed(auto: AutoComm, steps, step_s: float) -> list[dict]:
@@ -108,7 +108,7 @@ def test_switches_are_bounded():
 def test_no_checking_without_auto():
     cfg = TrainConfig(comm="bf16")
     env = SimpleNamespace(world_size=4, is_main=True, device=torch.device("cpu"))
-    auto = AutoComm(SimpleNamespace(cfg=cfg, env=env, decision={"comm": "bf16"}, start_step=0))
+    auto = AutoComm(cfg, env, {"comm": "bf16"}, 0)
     assert auto.observe({"step": 1, "step_s": 1.0}) == {"step": 1, "step_s": 1.0}
     assert auto.summary([]) == {}
 

@@ -6,8 +6,8 @@
 
 `wrap` returns torch's own DistributedDataParallel with one comm hook registered (or `attach`
 registers it on a DDP model you built): the comm the run asks for (`[train] comm`, `--comm`),
-comm=auto's choice from the run's netcheck.json and the script's own first steps, or a named
-hook. The periodic methods (diloco, localsgd) change what the optimizer step means, so they run
+comm=auto's choice from the run's netcheck.json and the script's own first steps (re-decided
+mid-run when the steps drift off its prediction: `comm.redecide`), or a named hook. The periodic methods (diloco, localsgd) change what the optimizer step means, so they run
 only with `allow_periodic=True`. `step` records the step into the run folder as the built-in
 trainer does (metrics.jsonl, nodes.jsonl, events.jsonl, faults.json; summary.json at the end),
 which `fatpipe top`, `fatpipe report` and the run's summary read.

@@ -4,8 +4,10 @@ The pieces are the built-in trainer's, which uses them too (docs/ARCHITECTURE.md
 folder"): `ddpcomm` registers the timed comm hook and puts the decided one in it,
 `comm.commsetup` makes comm=auto's decision, `comm.periodic` runs DiLoCo or local SGD, and
 `record` writes each step (metrics.jsonl, nodes.jsonl, events.jsonl), faults.json and
-summary.json. What differs from `train.py`: the script owns the model's forward, so comm=auto measures compute on the script's own first steps
-(DECIDE_AT, sent with plain all-reduce) instead of on a synthetic batch.
+summary.json. What differs from `train.py`: the script owns the model's forward, so comm=auto
+measures compute on the script's own first steps (DECIDE_AT, sent with plain all-reduce) instead
+of on a synthetic batch; and the script owns its DDP, so comm=auto's mid-run re-decision
+(`comm.redecide.AutoComm.at_step`) switches the hook in place instead of rebuilding DDP.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..comm.allreduce import slowest, sync
 from ..comm.commsetup import candidate_hooks, decide_comm, decide_measured
 from ..comm.periodic import periodic_method, sync_interval
+from ..comm.redecide import AutoComm
 from ..config import PERIODIC_NAMES, TrainConfig
 from ..distenv import DistEnv
 from .ddpcomm import grad_bytes, register_timed_hook, use_comm
@@ -48,6 +51,7 @@ class ScriptRun:
         self.periodic = None
         self.step_no, self.started, self.tokens_per_step = 0, None, 0
         self.compute: list[float] = []
+        self.auto: AutoComm | None = None  # comm=auto's check and re-decision, once it decided
         self.decision = self._first_decision()
         self._apply(self.decision)
 
@@ -104,10 +108,28 @@ class ScriptRun:
         self.tokens_per_step = tokens * self.env.world_size
         rec = self.record.measure(step, loss_value, float(lr or 0.0), step_s, self.tokens_per_step,
                                   comm, self.comm)
+        if self.auto:
+            rec = self.auto.observe(rec)
         self.record.write(rec)
         if self.decision is None:
             self._measure_then_decide(step, step_s - comm.exposed_s)
+        elif self.auto:
+            self.auto.at_step(step, self.module, self._switch, self._cannot_take)
+            self.decision = self.auto.decision
         return rec
+
+    def _switch(self, new: dict) -> None:
+        """Every rank, between steps: the new hook in the timed comm hook, in place (the
+        script's DDP and its bucket layout stay; a fresh PowerSGD state when switching to it)."""
+        self.decision = new
+        self._apply(new)
+
+    def _cannot_take(self, comm: str) -> str | None:
+        """Why this script's DDP cannot switch to `comm` in place, or None."""
+        if comm not in self.hooks:
+            return ("PowerSGD on gloo needs one DDP bucket and this model has several (leave "
+                    "bucket_cap_mb to fatpipe's wrap())")
+        return None
 
     def _measure_then_decide(self, step: int, compute_s: float) -> None:
         """comm=auto: the compute of steps 2..DECIDE_AT (the first allocates), then the decision."""
@@ -120,6 +142,7 @@ class ScriptRun:
                                         hooks=self.hooks)
         self.decision["since_step"] = step
         self._apply(self.decision)
+        self.auto = AutoComm(self.cfg, self.env, self.decision, step)
 
     def finish(self) -> None:
         """Rank 0: summary.json and faults.json from what the steps recorded; files closed."""
@@ -133,4 +156,5 @@ class ScriptRun:
             return
         self.record.write_summary(
             records, self.tokens_per_step, comm=self.comm, comm_decision=self.decision,
-            preset="script", params=sum(p.numel() for p in self.module.parameters()))
+            preset="script", params=sum(p.numel() for p in self.module.parameters()),
+            **(self.auto.summary(records) if self.auto else {}))

@@ -3,15 +3,22 @@
 Every step, `AutoComm.observe` adds the chosen hook's predicted step (`predicted_step_s`) to the
 metrics record and, once a warm-up window of steady steps is in (past PowerSGD's plain start),
 the measured p50 over the last WINDOW steps against it (`prediction_error`). When that p50 stays
-off its reference by more than THRESHOLD, the next checkpoint boundary re-probes the link
-(collective; every rank acts on rank 0's verdict) and applies the model again. If another hook
-then wins by MARGIN over the steps left, every rank switches there, before the checkpoint is
-written, so the checkpoint carries the new decision and a restart from it continues exactly as
-the uninterrupted run does (`commsetup.decide_comm` keeps a checkpoint's decision).
+off its reference by more than THRESHOLD, the run re-probes the link (collective; every rank
+acts on rank 0's verdict) and applies the model again (`reprobe`, one implementation for both
+users below). If another hook then wins by MARGIN over the steps left, every rank switches.
 
-Switching rebuilds DDP as a resume would (bucket layout, layout warm-up, the hook with a fresh
-PowerSGD state): PowerSGD on gloo needs one bucket, the other hooks DDP's own layout. Leaving
-PowerSGD drops its error feedback (the residual of compressions already applied; plain
+The built-in trainer (`at_checkpoint`) asks at its checkpoint boundaries and switches before the
+checkpoint is written, so the checkpoint carries the new decision and a restart from it
+continues exactly as the uninterrupted run does (`commsetup.decide_comm` keeps a checkpoint's
+decision). It rebuilds DDP as a resume would (bucket layout, layout warm-up, the hook with a
+fresh PowerSGD state): PowerSGD on gloo needs one bucket, the other hooks DDP's own layout.
+
+A user's script (`trainer.api`, `at_step`) has no checkpoint boundary fatpipe knows, and its DDP
+is the script's: it asks every `every` steps, a number that follows from the decision every
+rank holds, so all ranks ask in the same per-step call, and it switches the hook in place in the
+timed comm hook. PowerSGD is taken there only when the model was wrapped with one bucket.
+
+Leaving PowerSGD drops its error feedback (the residual of compressions already applied; plain
 gradients from then on carry no compression bias). No flapping: after a re-probe that keeps the
 hook, a re-probe needs the p50 off both the new prediction and the p50 it was taken at, a new
 hook must win by MARGIN, and a run re-probes at most MAX_REPROBES and switches at most
@@ -22,11 +29,14 @@ from __future__ import annotations
 
 import gc
 import logging
+import math
 import time
 from collections import deque
+from collections.abc import Callable
 
-from ..collectives import broadcast_object
-from ..config import HOOK_NAMES
+from ..collectives import broadcast_flag
+from ..config import HOOK_NAMES, TrainConfig
+from ..distenv import DistEnv
 from ..metrics import percentile
 from .autocomm import EXPOSED_BUDGET  # a less lossy hook within it may replace a faster one
 from .commsetup import plain_steps, redecide_comm
@@ -39,17 +49,34 @@ THRESHOLD = 0.30  # relative error of the window's p50 that triggers a re-probe
 MARGIN = 0.15  # a new hook must be this much faster over the steps left to replace the current
 MAX_SWITCHES = 2
 MAX_REPROBES = 4
+# A script's check is one broadcast of one integer, about one round trip of the link (measured:
+# 1.4 ms on gloo, 2 ranks over loopback on a busy 2-core machine; a pickled object, 1.9 ms).
+# Asked every `check_every` steps, it costs at most CHECK_SHARE of their time (a 0.5 s step on
+# such a link: 0.06% at the floor; 50 ms round trips and 0.5 s steps: every 20 steps); at least
+# WINDOW steps apart (a window is what a verdict needs), at most MAX_CHECK_EVERY, which bounds
+# how late a change is noticed.
+CHECK_SHARE = 0.005
+MAX_CHECK_EVERY = 50
+
+
+def check_every(decision: dict) -> int:
+    """Steps between a script's checks: the same on every rank, since the decision is."""
+    latency = decision.get("link", {}).get("latency_s") or 0.0
+    pred = decision.get("predicted", {}).get(decision["comm"])
+    step_s = pred["step_s"] if pred else 0.0
+    if step_s <= 0:
+        return MAX_CHECK_EVERY
+    return min(MAX_CHECK_EVERY, max(WINDOW, math.ceil(latency / (CHECK_SHARE * step_s))))
 
 
 class AutoComm:
-    """The prediction check and the mid-run re-decision of one trainer (rank 0 judges)."""
+    """The prediction check and the mid-run re-decision of one run (rank 0 judges)."""
 
-    def __init__(self, trainer):
-        cfg, env = trainer.cfg, trainer.env
+    def __init__(self, cfg: TrainConfig, env: DistEnv, decision: dict, start_step: int):
         self.enabled = cfg.comm == "auto" and env.world_size > 1 and cfg.redecide
         self.checking = cfg.comm == "auto" and env.world_size > 1
         self.cfg, self.env = cfg, env
-        self._reset(trainer.decision, trainer.start_step)
+        self._reset(decision, start_step)
 
     def _reset(self, decision: dict, step: int) -> None:
         """Start a new measuring window for `decision`, taken at `step`."""
@@ -62,6 +89,7 @@ class AutoComm:
         pred = decision.get("predicted", {}).get(decision["comm"])
         self.predicted = pred["step_s"] if pred else None
         self.reference = self.predicted
+        self.every = check_every(decision)
 
     def observe(self, rec: dict) -> dict:
         """Add the prediction and its measured error to a step's metrics record."""
@@ -88,17 +116,35 @@ class AutoComm:
                 and len(self.decision.get("switches", [])) < MAX_SWITCHES
                 and self.decision.get("reprobes", 0) < MAX_REPROBES)
 
+    def agreed_off(self) -> bool:
+        """Collective: rank 0's `off` verdict, the same on every rank."""
+        return broadcast_flag(self.off() if self.env.is_main else None, 0, self.env.device)
+
     def at_checkpoint(self, trainer, step: int) -> None:
-        """Collective at a checkpoint boundary before the last: re-probe if rank 0 saw the step
-        stay off, and switch every rank's hook if another now wins."""
+        """The built-in trainer, collective at a checkpoint boundary before the last: re-probe if
+        rank 0 saw the step stay off, and switch by rebuilding DDP if another hook now wins."""
         if not self.enabled or step >= self.cfg.steps or self.decision["comm"] not in HOOK_NAMES:
             return  # a periodic method (local SGD, DiLoCo) keeps the state it was set up with
-        device = self.env.device
-        if not broadcast_object(self.off() if self.env.is_main else None, 0, device):
-            return
+        if self.agreed_off():
+            trainer.decision = self.reprobe(trainer.model, step,
+                                            lambda new: _rebuild_ddp(trainer, new))
+
+    def at_step(self, step: int, model, apply: Callable[[dict], None],
+                refuse: Callable[[str], str | None]) -> None:
+        """A script's per-step call, every rank: every `every` steps rank 0's verdict, and a
+        re-probe when it says so. Steps past the run's `steps` have none left to price."""
+        if (self.enabled and self.decision["comm"] in HOOK_NAMES and step < self.cfg.steps
+                and step % self.every == 0 and self.agreed_off()):
+            self.reprobe(model, step, apply, refuse)
+
+    def reprobe(self, model, step: int, apply: Callable[[dict], None],
+                refuse: Callable[[str], str | None] = lambda name: None) -> dict:
+        """Collective, at a step every rank agreed on: probe the link again, apply the model, and
+        switch every rank (`apply(new decision)`) if another hook now wins and `refuse(name)`
+        gives no reason this run cannot take it. Returns the decision the run goes on with."""
         measured, started = self.p50(), time.perf_counter()
         current = self.decision
-        new = redecide_comm(self.cfg, self.env, trainer.model, current, step)
+        new = redecide_comm(self.cfg, self.env, model, current, step)
         probed = time.perf_counter()
         name, cur = new["comm"], current["comm"]
         before, after = (new["predicted"][cur]["run_step_s"], new["predicted"][name]["run_step_s"])
@@ -106,19 +152,23 @@ class AutoComm:
         wins = name != cur and name in HOOK_NAMES and (after <= (1 - MARGIN) * before or (
             HOOK_NAMES.index(name) < HOOK_NAMES.index(cur)
             and new["predicted"][name]["share"] <= EXPOSED_BUDGET))
+        refused = refuse(name) if wins else None
         new["reprobes"] = current.get("reprobes", 0) + 1
         new["switches"] = list(current.get("switches", []))
-        if not wins:
+        if not wins or refused:
             # Keep the hook; the world as measured now is the reference for the next change.
             new["comm"], new["reason"] = cur, current["reason"]
             new["since_step"] = current.get("since_step", 0)
-            trainer.decision = new
+            if refused:
+                new["switch_refused"] = {"step": step, "to": name, "why": refused}
             self._reset(new, step)
             self.reference = measured
-            log.info("comm=auto at step %d: step p50 %.0f ms against %.0f ms predicted; "
-                     "re-probed, keeping %s", step, measured * 1e3,
-                     current["predicted"][cur]["step_s"] * 1e3, cur)
-            return
+            if self.env.is_main:
+                log.info("comm=auto at step %d: step p50 %.0f ms against %.0f ms predicted; "
+                         "re-probed, keeping %s%s", step, measured * 1e3,
+                         current["predicted"][cur]["step_s"] * 1e3, cur,
+                         f"; not switching to {name}: {refused}" if refused else "")
+            return new
         new["since_step"] = step
         new["switches"].append({
             "step": step, "from": cur, "to": name, "measured_step_s_p50": measured,
@@ -126,30 +176,19 @@ class AutoComm:
             "repredicted_run_step_s": before, "predicted_run_step_s": after,
             "busbw_gbps": new["link"]["busbw_gbps"], "latency_s": new["link"]["latency_s"],
             "probe_s": probed - started})
-        self._switch(trainer, new, step)
+        apply(new)
+        self._reset(new, step)
         s = new["switches"][-1]
-        # The re-probe and the rebuild: time the run spent outside any step's step_s.
+        # The re-probe and the switch: time the run spent outside any step's step_s.
         s["pause_s"] = time.perf_counter() - started
         if self.env.is_main:
             log.warning("comm=auto switched %s -> %s at step %d: step p50 %.0f ms (predicted "
                         "%.0f); link now %.3f Gbit/s busbw; predicted %.0f -> %.0f ms/step over "
-                        "the steps left; re-probe %.1f s, re-probe and rebuild %.1f s", cur, name, step,
-                        s["measured_step_s_p50"] * 1e3, s["predicted_step_s_before"] * 1e3,
+                        "the steps left; re-probe %.1f s, re-probe and switch %.1f s", cur, name,
+                        step, s["measured_step_s_p50"] * 1e3, s["predicted_step_s_before"] * 1e3,
                         s["busbw_gbps"], s["repredicted_run_step_s"] * 1e3,
                         s["predicted_run_step_s"] * 1e3, s["probe_s"], s["pause_s"])
-
-    def _switch(self, trainer, new: dict, step: int) -> None:
-        if trainer.meter.state is not None:
-            norm = sum(float(e.norm()) ** 2 for e in trainer.meter.state.error_dict.values())
-            log.info("leaving powersgd: its error feedback (norm %.3g) is dropped", norm ** 0.5)
-        trainer.decision, trainer.comm = new, new["comm"]
-        # Rebuild DDP exactly as setup does on a resume from this checkpoint.
-        trainer.ddp = trainer.forward = trainer.meter = None
-        gc.collect()  # the old reducer unregisters its autograd hooks when it is freed
-        trainer._wrap_ddp(init_sync=False)  # the replicas are equal: nothing to broadcast
-        trainer._layout_warmup()
-        trainer._install_hook(None)
-        self._reset(new, step)
+        return new
 
     def summary(self, records: list[dict]) -> dict:
         """summary.json's comm=auto fields: the prediction for the hook the run ended on against
@@ -166,3 +205,17 @@ class AutoComm:
             "comm_switches": len(self.decision.get("switches", [])),
             "comm_reprobes": self.decision.get("reprobes", 0),
         }
+
+
+def _rebuild_ddp(trainer, new: dict) -> None:
+    """The built-in trainer's switch: DDP rebuilt exactly as setup does on a resume from this
+    checkpoint (its bucket layout for the new hook, the layout warm-up, a fresh hook state)."""
+    if trainer.meter.state is not None:
+        norm = sum(float(e.norm()) ** 2 for e in trainer.meter.state.error_dict.values())
+        log.info("leaving powersgd: its error feedback (norm %.3g) is dropped", norm ** 0.5)
+    trainer.decision, trainer.comm = new, new["comm"]
+    trainer.ddp = trainer.forward = trainer.meter = None
+    gc.collect()  # the old reducer unregisters its autograd hooks when it is freed
+    trainer._wrap_ddp(init_sync=False)  # the replicas are equal: nothing to broadcast
+    trainer._layout_warmup()
+    trainer._install_hook(None)
