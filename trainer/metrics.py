@@ -93,7 +93,8 @@ def percentile(values: list[float], q: float) -> float:
 
 
 def format_record(rec: dict, total: int) -> str:
-    return (f"step {rec['step']}/{total} loss {rec['loss']:.4f} lr {rec['lr']:.2e} "
+    lr = "" if rec.get("lr") is None else f"lr {rec['lr']:.2e} "  # a script's step() may not say
+    return (f"step {rec['step']}/{total} loss {rec['loss']:.4f} {lr}"
             f"step {rec['step_s'] * 1e3:.0f} ms sync {rec['sync_s'] * 1e3:.0f} ms "
             f"exposed {rec['exposed_comm_s'] * 1e3:.0f} ms {rec['tokens_per_s']:,.0f} tok/s "
             f"wire {rec['wire_bytes'] / 1e6:.2f}/{rec['grad_bytes'] / 1e6:.2f} MB "

@@ -106,7 +106,7 @@ class ScriptRun:
         self.started = None
         comm = self.periodic.end_step() if self.periodic else self.meter.end_step()
         self.tokens_per_step = tokens * self.env.world_size
-        rec = self.record.measure(step, loss_value, float(lr or 0.0), step_s, self.tokens_per_step,
+        rec = self.record.measure(step, loss_value, None if lr is None else float(lr), step_s, self.tokens_per_step,
                                   comm, self.comm)
         if self.auto:
             rec = self.auto.observe(rec)
