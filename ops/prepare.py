@@ -37,6 +37,11 @@ def trainer_package_dir() -> Path:
     raise FatpipeError("cannot find the fatpipe.trainer package folder to ship to the nodes")
 
 
+def pulled_excludes(project) -> tuple[str, ...]:
+    """rsync patterns, anchored at the project folder, for the paths `[run] pull` brings back."""
+    return tuple(f"/{path}" for path in project.spec.run.pull)
+
+
 def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
     """Ship the project, the run's inputs and the trainer package to an ssh node (its Python:
     prepare_envs, then the ops.nodeenv probe)."""
@@ -44,8 +49,9 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     if t.shares_fs:
         return
     claim_project_dir(t, plan.workdir, node.rdzv.cluster)  # never push into a folder that is not fatpipe's
-    # The staged dataset is `fatpipe data push`'s: never shipped again, never deleted by --delete.
-    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster)
+    # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
+    # never shipped again, never deleted by --delete.
+    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
     steps: list[tuple[str, Callable[[], object]]] = [
         # --delete for code, never inside the run folder (excluded files are not deleted).
         ("copy the project folder",

@@ -49,7 +49,8 @@ def cluster(tmp_path_factory):
 [run]
 pull = ["out"]
 """))
-    (folder / ".gitignore").write_text("out/\ngot/\n")  # the project push neither ships nor deletes them
+    # `out` is not git-ignored: being in [run] pull keeps it out of the project push.
+    (folder / ".gitignore").write_text("got/\none/\nrefused/\n")
     (folder / "job.py").write_text(JOB)
     try:
         deployed = fatpipe(folder, "deploy", CLUSTER)
@@ -97,6 +98,15 @@ def test_run_pull_brings_node_0s_checkpoint_back_after_a_launch_and_fatpipe_pull
     one = fatpipe(folder, "pull", CLUSTER, "out/step.txt", "--node", f"{CLUSTER}-1", "--to", "one")
     assert one.returncode == 0 and (folder / "one" / "out" / "step.txt").read_text() == "step 10\n", one.stdout
     assert not list(folder.rglob(".pull-*"))
+
+    # The next launch's project push (rsync --delete) neither ships the local copy nor deletes
+    # what only the node holds.
+    on_node(folder, 0, "out/node-only.txt").write_text("the node's")
+    (folder / "out" / "local-only.txt").write_text("mine")
+    done = launch(folder, "--", "job.py")
+    assert done.returncode == 0, done.stdout[-5000:]
+    assert on_node(folder, 0, "out/node-only.txt").read_text() == "the node's"
+    assert not on_node(folder, 0, "out/local-only.txt").exists()
 
 
 def test_a_bad_path_is_refused_in_one_line_and_nothing_lands(cluster):
