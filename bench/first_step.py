@@ -20,8 +20,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,15 +35,29 @@ from fatpipe.infra.nodevenv import STAMP_FILE
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.ops.transport import fan_out, transports_for
 
-NAME, OCTET = "bench-wheels", 187
+NAME, OCTET = "bench-wheels", 229  # an octet no system test uses
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "tests"))  # the counting index the node-wheels test uses
 from wheelindex import CountingIndex  # noqa: E402
 
 
+def cli_env() -> dict[str, str]:
+    """The CLI as a user runs it: the [node] table, not this shell's torch overrides, says what nodes get."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for name in ("FATPIPE_TORCH", "FATPIPE_TORCH_INDEX_URL", "FATPIPE_CONFIG"):
+        env.pop(name, None)
+    return env
+
+
 def cli(folder: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, text=True,
+    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=cli_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def index_files(folder: Path) -> None:
@@ -60,6 +76,7 @@ tier = "1g"
 isolation = "netns"
 transport = "ssh"
 private_cidr = "10.{OCTET}.0.0/24"
+rdzv_port = {free_port()}
 
 [train]
 preset = "tiny"
@@ -84,7 +101,7 @@ def up_to_first_step(folder: Path) -> tuple[float, bool]:
     """Seconds from starting `fatpipe up` (deployed: no deploy phase) to the first step's line."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "fatpipe.cli", "up", NAME, "--netcheck", "off"], cwd=folder,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            env=cli_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     first, lines = None, []
     for line in proc.stdout:
         lines.append(line)
