@@ -33,6 +33,7 @@ from pathlib import Path
 from fatpipe.infra.node import REMOTE_VENV
 from fatpipe.infra.nodevenv import STAMP_FILE
 from fatpipe.infra.outputs import parse_outputs
+from fatpipe.ops.projectdir import claim_project_dir
 from fatpipe.ops.transport import fan_out, transports_for
 
 NAME, OCTET = "bench-wheels", 229  # an octet no system test uses
@@ -126,8 +127,10 @@ def each_node_from_index(folder: Path, outputs, index_url: str) -> None:
                f"{py} -m pip install -q --index-url {shlex.quote(index_url)} --trusted-host {shlex.quote(host)} "
                f"{shlex.quote(venv.torch)} numpy; echo {stamp} > {STAMP_FILE}")
     transports = transports_for(outputs, project.state_dir(NAME))
+    for transport, node in zip(transports, outputs.nodes, strict=True):
+        claim_project_dir(transport, node.remote_dir, NAME)  # as fatpipe makes it: marked as the cluster's
     dirs = [shlex.quote(n.remote_dir) for n in outputs.nodes]
-    results = fan_out(lambda pair: pair[0].run(f"mkdir -p {pair[1]} && cd {pair[1]} && {command}", timeout=3600),
+    results = fan_out(lambda pair: pair[0].run(f"cd {pair[1]} && {command}", timeout=3600),
                       list(zip(transports, dirs, strict=True)))
     bad = [r.reason() for r in results if not r.ok]
     if bad:
