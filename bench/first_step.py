@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import platform
 import shlex
 import shutil
 import socket
@@ -144,13 +145,14 @@ def scenario(folder: Path, outputs, index: CountingIndex, before: bool) -> dict:
         each_node_from_index(folder, outputs, index.url)
     installed_s = time.monotonic() - started
     up_s, ok = up_to_first_step(folder)
-    return {"ok": ok, "to_first_step_s": installed_s + up_s, "index_bytes": index.bytes}
+    return {"ok": ok, "to_first_step_s": installed_s + up_s, "index_bytes": index.bytes,
+            "load_after": os.getloadavg()[0]}
 
 
 def api_overhead(out: Path) -> dict:
     subprocess.run([sys.executable, str(BENCH / "api_overhead.py"), "--steps", "100", "--out", str(out)],
                    check=True, timeout=1800)
-    return json.loads((out / "api_overhead.json").read_text())
+    return {**json.loads((out / "api_overhead.json").read_text()), "load_after": os.getloadavg()[0]}
 
 
 def main() -> int:
@@ -172,7 +174,12 @@ def main() -> int:
             index = CountingIndex(files, Path(tmp) / "index", f"10.{OCTET}.0.1")
             with open(folder / "fatpipe.toml", "a") as toml:
                 toml.write(f'\n[node]\ntorch_index = "{index.url}"\n')
-            doc = {"nodes": args.nodes, "wheel_bytes": sum(f.stat().st_size for f in files.glob("*.whl")),
+            import torch
+
+            doc = {"bench": "first_step", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "host": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                            "python": sys.version.split()[0], "torch": torch.__version__},
+                   "nodes": args.nodes, "wheel_bytes": sum(f.stat().st_size for f in files.glob("*.whl")),
                    "before": scenario(folder, outputs, index, before=True),
                    "after": scenario(folder, outputs, index, before=False)}
             index.server.shutdown()
@@ -186,7 +193,8 @@ def main() -> int:
     print(f"up -> first step (s)  {b['to_first_step_s']:12.1f} {a['to_first_step_s']:12.1f}")
     print(f"index bytes (MB)      {b['index_bytes'] / 1e6:12.1f} {a['index_bytes'] / 1e6:12.1f}")
     o = doc["api_overhead"]
-    print(f"API step overhead: ratio {o['ratio']:.3f} ({(o['ratio'] - 1) * 100:+.1f}%, goal < 2%)")
+    print(f"API step overhead: ratio {o['ratio']:.3f} ({(o['ratio'] - 1) * 100:+.1f}%, goal < 2%); "
+          f"load {b['load_after']:.1f} / {a['load_after']:.1f} / {o['load_after']:.1f} after each part")
     return 0 if b["ok"] and a["ok"] else 1
 
 
