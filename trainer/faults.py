@@ -4,10 +4,10 @@ Every collective the trainer issues (a DDP bucket's gradient sync, an object bro
 gather, a timed all-reduce) adds one to `ISSUED`. A worker dies at the first collective that
 raises or times out, so its counts are kept outside it, in the run-wide store that torchrun's
 agent keeps across restarts: rank 0 adds what it issued to `issued/<attempt>` (at most once a
-second, and at once when a collective fails), and
-any rank that sees a collective fail sets `failed/<attempt>`. Rank 0 adds those up at the start
-of each attempt, and keeps the totals of this torchrun (one store, one nonce) in the run
-folder's faults.json, so a run started again in the same folder goes on counting.
+second, and at once when a collective fails), and any rank that sees a collective fail sets
+`failed/<attempt>`. Rank 0 adds those up at the start of each attempt, and keeps the totals of
+this torchrun (one store, one nonce) in the run folder's faults.json, so a run started again in
+the same folder goes on counting.
 
 Each failure is also described, for the one line `fatpipe launch` prints when a run fails: every
 rank that sees it reports where it was (phase and step, from the traceback) to the store under its
