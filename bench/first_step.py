@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import platform
 import shlex
 import shutil
+import socket
 import subprocess
 import sys
 import tempfile
@@ -31,17 +34,32 @@ from pathlib import Path
 from fatpipe.infra.node import REMOTE_VENV
 from fatpipe.infra.nodevenv import STAMP_FILE
 from fatpipe.infra.outputs import parse_outputs
+from fatpipe.ops.projectdir import claim_project_dir
 from fatpipe.ops.transport import fan_out, transports_for
 
-NAME, OCTET = "bench-wheels", 187
+NAME, OCTET = "bench-wheels", 229  # an octet no system test uses
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "tests"))  # the counting index the node-wheels test uses
 from wheelindex import CountingIndex  # noqa: E402
 
 
+def cli_env() -> dict[str, str]:
+    """The CLI as a user runs it: the [node] table, not this shell's torch overrides, says what nodes get."""
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    for name in ("FATPIPE_TORCH", "FATPIPE_TORCH_INDEX_URL", "FATPIPE_CONFIG"):
+        env.pop(name, None)
+    return env
+
+
 def cli(folder: Path, *args: str, timeout: float = 1800) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, text=True,
+    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=cli_env(), text=True,
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def index_files(folder: Path) -> None:
@@ -60,6 +78,7 @@ tier = "1g"
 isolation = "netns"
 transport = "ssh"
 private_cidr = "10.{OCTET}.0.0/24"
+rdzv_port = {free_port()}
 
 [train]
 preset = "tiny"
@@ -84,7 +103,7 @@ def up_to_first_step(folder: Path) -> tuple[float, bool]:
     """Seconds from starting `fatpipe up` (deployed: no deploy phase) to the first step's line."""
     started = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "fatpipe.cli", "up", NAME, "--netcheck", "off"], cwd=folder,
-                            text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+                            env=cli_env(), text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     first, lines = None, []
     for line in proc.stdout:
         lines.append(line)
@@ -109,8 +128,10 @@ def each_node_from_index(folder: Path, outputs, index_url: str) -> None:
                f"{py} -m pip install -q --index-url {shlex.quote(index_url)} --trusted-host {shlex.quote(host)} "
                f"{shlex.quote(venv.torch)} numpy; echo {stamp} > {STAMP_FILE}")
     transports = transports_for(outputs, project.state_dir(NAME))
+    for transport, node in zip(transports, outputs.nodes, strict=True):
+        claim_project_dir(transport, node.remote_dir, NAME)  # as fatpipe makes it: marked as the cluster's
     dirs = [shlex.quote(n.remote_dir) for n in outputs.nodes]
-    results = fan_out(lambda pair: pair[0].run(f"mkdir -p {pair[1]} && cd {pair[1]} && {command}", timeout=3600),
+    results = fan_out(lambda pair: pair[0].run(f"cd {pair[1]} && {command}", timeout=3600),
                       list(zip(transports, dirs, strict=True)))
     bad = [r.reason() for r in results if not r.ok]
     if bad:
@@ -124,13 +145,14 @@ def scenario(folder: Path, outputs, index: CountingIndex, before: bool) -> dict:
         each_node_from_index(folder, outputs, index.url)
     installed_s = time.monotonic() - started
     up_s, ok = up_to_first_step(folder)
-    return {"ok": ok, "to_first_step_s": installed_s + up_s, "index_bytes": index.bytes}
+    return {"ok": ok, "to_first_step_s": installed_s + up_s, "index_bytes": index.bytes,
+            "load_after": os.getloadavg()[0]}
 
 
 def api_overhead(out: Path) -> dict:
     subprocess.run([sys.executable, str(BENCH / "api_overhead.py"), "--steps", "100", "--out", str(out)],
                    check=True, timeout=1800)
-    return json.loads((out / "api_overhead.json").read_text())
+    return {**json.loads((out / "api_overhead.json").read_text()), "load_after": os.getloadavg()[0]}
 
 
 def main() -> int:
@@ -152,7 +174,12 @@ def main() -> int:
             index = CountingIndex(files, Path(tmp) / "index", f"10.{OCTET}.0.1")
             with open(folder / "fatpipe.toml", "a") as toml:
                 toml.write(f'\n[node]\ntorch_index = "{index.url}"\n')
-            doc = {"nodes": args.nodes, "wheel_bytes": sum(f.stat().st_size for f in files.glob("*.whl")),
+            import torch
+
+            doc = {"bench": "first_step", "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                   "host": {"cpus": os.cpu_count(), "platform": platform.platform(),
+                            "python": sys.version.split()[0], "torch": torch.__version__},
+                   "nodes": args.nodes, "wheel_bytes": sum(f.stat().st_size for f in files.glob("*.whl")),
                    "before": scenario(folder, outputs, index, before=True),
                    "after": scenario(folder, outputs, index, before=False)}
             index.server.shutdown()
@@ -166,7 +193,8 @@ def main() -> int:
     print(f"up -> first step (s)  {b['to_first_step_s']:12.1f} {a['to_first_step_s']:12.1f}")
     print(f"index bytes (MB)      {b['index_bytes'] / 1e6:12.1f} {a['index_bytes'] / 1e6:12.1f}")
     o = doc["api_overhead"]
-    print(f"API step overhead: ratio {o['ratio']:.3f} ({(o['ratio'] - 1) * 100:+.1f}%, goal < 2%)")
+    print(f"API step overhead: ratio {o['ratio']:.3f} ({(o['ratio'] - 1) * 100:+.1f}%, goal < 2%); "
+          f"load {b['load_after']:.1f} / {a['load_after']:.1f} / {o['load_after']:.1f} after each part")
     return 0 if b["ok"] and a["ok"] else 1
 
 

@@ -65,11 +65,12 @@ def read_stamp() -> str:
     return f"have=; [ -f {STAMP_FILE} ] && read -r have < {STAMP_FILE}; "
 
 
-def fetch_command(stamp: str, venv: NodeVenv) -> str:
-    """Node 0: download the wheels once (unless its folder is complete), then build its own venv from them.
+def download_command(stamp: str, venv: NodeVenv) -> str:
+    """Node 0: download the wheels once (unless its folder is complete).
 
     torch and numpy come from torch's index as declared; the project's packages from PyPI, with
-    the folder as a source too, so a package that needs torch takes the one already there.
+    the folder as a source too, so a package that needs torch takes the one already there. pip
+    runs from node 0's venv, made empty first when it is not this declaration's.
     """
     folder = wheel_folder(stamp)
     partial, py = f"{folder}.partial", f"{REMOTE_VENV}/bin/python"
@@ -82,9 +83,19 @@ def fetch_command(stamp: str, venv: NodeVenv) -> str:
         f"{read_stamp()}set -e; {PIP_ENV}; "
         f'[ "$have" = {stamp} ] || python3 -m venv --clear {REMOTE_VENV}; '
         f"if [ ! -f {folder}/{COMPLETE} ]; then rm -rf {partial} {folder}; mkdir -p {partial}; "
-        f"{first}{rest}touch {partial}/{COMPLETE}; mv {partial} {folder}; fi; "
-        f'if [ "$have" != {stamp} ]; then {install_line(stamp, venv, folder)}; fi'
+        f"{first}{rest}touch {partial}/{COMPLETE}; mv {partial} {folder}; fi"
     )
+
+
+def own_install_command(stamp: str, venv: NodeVenv) -> str:
+    """Node 0: nothing when its venv has the stamp, else build it from its own wheel folder."""
+    return (f'{read_stamp()}[ "$have" = {stamp} ] && exit 0; set -e; {PIP_ENV}; '
+            f"{install_line(stamp, venv, wheel_folder(stamp))}")
+
+
+def fetch_command(stamp: str, venv: NodeVenv) -> str:
+    """Node 0 alone (no other node needs the wheels): download them, then build its venv from them."""
+    return f"( {download_command(stamp, venv)} ) || exit $?; {own_install_command(stamp, venv)}"
 
 
 def peer_command(stamp: str, venv: NodeVenv, url: str) -> str:
@@ -125,17 +136,22 @@ def must(node: NodeRun, what: str, result) -> None:
 
 
 def build_node_envs(nodes: list[NodeRun], venv: NodeVenv, stamp: str, log: Log) -> None:
-    """Bring every node's venv to `stamp`: one download on node 0, the others install from it."""
+    """Bring every node's venv to `stamp`: one download on node 0, then every stale node installs
+    at once, node 0 from its folder and the others from it over the private links."""
     stale = stale_nodes(nodes, stamp)
     if not stale:
         return
     first, started = nodes[0], time.monotonic()
-    must(first, "fetching the wheels", first.transport.run(first.sh(fetch_command(stamp, venv)),
-                                                           timeout=BUILD_TIMEOUT_S))
-    log(f"{first.name}: wheels in {wheel_folder(stamp)}, venv built from them ({time.monotonic() - started:.1f} s)")
     peers = [n for n in stale if n is not first]
     if not peers:
+        must(first, "building its venv", first.transport.run(first.sh(fetch_command(stamp, venv)),
+                                                             timeout=BUILD_TIMEOUT_S))
+        log(f"{first.name}: wheels in {wheel_folder(stamp)}, venv built from them "
+            f"({time.monotonic() - started:.1f} s)")
         return
+    must(first, "fetching the wheels", first.transport.run(first.sh(download_command(stamp, venv)),
+                                                           timeout=BUILD_TIMEOUT_S))
+    log(f"{first.name}: wheels in {wheel_folder(stamp)} ({time.monotonic() - started:.1f} s)")
     ip = str(ipaddress.ip_address(first.plan.private_ip))
     served = first.transport.run(first.sh(serve_command(stamp, ip)), timeout=SERVE_TIMEOUT_S + 30)
     pid = re.search(r"^pid (\d+)$", served.stdout, re.M)
@@ -145,12 +161,17 @@ def build_node_envs(nodes: list[NodeRun], venv: NodeVenv, stamp: str, log: Log) 
             raise FatpipeError(f"{first.transport.describe()}: serving the wheels failed: "
                                f"{served.stdout.strip()[-300:] or served.reason()}")
         url, started = private_url(first, int(port.group(1))), time.monotonic()
-        results = fan_out(lambda n: n.transport.run(n.sh(peer_command(stamp, venv, url)),
-                                                    timeout=BUILD_TIMEOUT_S), peers)
-        for node, result in zip(peers, results, strict=True):
-            must(node, f"installing the wheels from {first.name}", result)
-        log(f"{len(peers)} node(s): venv built from {first.name}'s wheels over the private links "
-            f"({time.monotonic() - started:.1f} s)")
+        # Node 0 installs while the others do: its own install is no longer a wait for them.
+        commands = {id(n): peer_command(stamp, venv, url) for n in peers}
+        commands[id(first)] = own_install_command(stamp, venv)
+        installing = [first, *peers]
+        results = fan_out(lambda n: n.transport.run(n.sh(commands[id(n)]), timeout=BUILD_TIMEOUT_S),
+                          installing)
+        for node, result in zip(installing, results, strict=True):
+            where = "building its venv" if node is first else f"installing the wheels from {first.name}"
+            must(node, where, result)
+        log(f"{len(peers)} node(s): venv built from {first.name}'s wheels over the private links, "
+            f"{first.name}'s from its folder at the same time ({time.monotonic() - started:.1f} s)")
     finally:
         if pid:
             first.transport.run(f"kill -- -{int(pid.group(1))}", timeout=30)

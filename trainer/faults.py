@@ -3,10 +3,11 @@
 Every collective the trainer issues (a DDP bucket's gradient sync, an object broadcast or
 gather, a timed all-reduce) adds one to `ISSUED`. A worker dies at the first collective that
 raises or times out, so its counts are kept outside it, in the run-wide store that torchrun's
-agent keeps across restarts: rank 0 adds what it issued to `issued/<attempt>` as it goes, and
-any rank that sees a collective fail sets `failed/<attempt>`. Rank 0 adds those up at the start
-of each attempt, and keeps the totals of this torchrun (one store, one nonce) in the run
-folder's faults.json, so a run started again in the same folder goes on counting.
+agent keeps across restarts: rank 0 adds what it issued to `issued/<attempt>` (at most once a
+second, and at once when a collective fails), and any rank that sees a collective fail sets
+`failed/<attempt>`. Rank 0 adds those up at the start of each attempt, and keeps the totals of
+this torchrun (one store, one nonce) in the run folder's faults.json, so a run started again in
+the same folder goes on counting.
 
 Each failure is also described, for the one line `fatpipe launch` prints when a run fails: every
 rank that sees it reports where it was (phase and step, from the traceback) to the store under its
@@ -36,6 +37,7 @@ log = logging.getLogger(__name__)
 FAULTS_FILE = "faults.json"  # infra.defaults keeps a copy for the launcher; a unit test ties them
 NODE_ENV = "FATPIPE_NODE_NAME"  # the node's name, in every node's environment (ops.rendezvous)
 REPORT_WAIT_S = 5.0  # how long rank 0 waits for the other ranks to report a failure
+PUSH_EVERY_S = 1.0  # how often rank 0 adds its issued collectives to the store (a round trip)
 # The Trainer's methods (fatpipe.trainer.train) a failure can happen in, and the phase each is.
 PHASES = {"run": "training", "train_step": "training", "save": "checkpoint", "setup": "setup",
           "finish": "finish"}
@@ -104,6 +106,7 @@ class FaultLedger:
         self.node = os.environ.get(NODE_ENV) or socket.gethostname()
         self.failures: list[dict] = []  # described failures, every attempt and torchrun (rank 0)
         self.pushed = ISSUED.count  # what rank 0 has added to the store so far
+        self.pushed_at = time.monotonic()
         self.failed_here = False
         self.store_answers = True  # False once a store call has failed
         # This torchrun's id, so a run started again in the folder adds to the counts of the
@@ -148,10 +151,17 @@ class FaultLedger:
                 self.earlier["failed"] += 1
                 self._describe(a, wait_s=0)  # when the rank 0 that saw it died before writing it
 
-    def push(self) -> None:
-        """Rank 0: add the collectives issued since the last push to this attempt's count."""
+    def push(self, now: bool = True) -> None:
+        """Rank 0: add the collectives issued since the last push to this attempt's count.
+
+        Called every step with `now=False`: at most every PUSH_EVERY_S, since each push is a
+        store round trip. A failure pushes at once; a killed rank 0 loses at most that second.
+        """
+        if not now and time.monotonic() - self.pushed_at < PUSH_EVERY_S:
+            return
         if self.is_main and ISSUED.count > self.pushed:
             delta, self.pushed = ISSUED.count - self.pushed, ISSUED.count
+            self.pushed_at = time.monotonic()
             self._call(lambda: self.store.add(self._key("issued", self.attempt), delta), 0)
 
     def record_failure(self, error: BaseException, point: tuple[str, int | None] | None = None) -> None:

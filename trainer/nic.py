@@ -126,21 +126,29 @@ def _same_ip(a: str, b: str) -> bool:
 
 
 class NicMeter:
-    """Gbit/s sent and received on one interface since the previous reading."""
+    """Gbit/s sent and received on one interface, read at most every `every_s` seconds.
 
-    def __init__(self, interface: str):
-        self.interface = interface
+    Reading the counters costs milliseconds on a busy machine (/proc/net/dev is read whole), so
+    a step between two readings gets the rates of the last window: a step shorter than a
+    second records the interface's rate over the last second, not over the step itself.
+    """
+
+    def __init__(self, interface: str, every_s: float = 1.0):
+        self.interface, self.every_s = interface, every_s
         self._last = self._read()
+        self._rates: tuple[float, float] | None = None
 
     def _read(self) -> tuple[float, int, int]:
         return (time.perf_counter(), *interface_counters(self.interface))
 
     def rates(self) -> tuple[float, float]:
-        """(tx_gbps, rx_gbps) averaged since the last call."""
+        """(tx_gbps, rx_gbps) over the last window (at the first call: since the meter began)."""
+        if self._rates is not None and time.perf_counter() - self._last[0] < self.every_s:
+            return self._rates
         now = self._read()
         dt = max(now[0] - self._last[0], 1e-9)
         tx, rx = (now[1] - self._last[1]) * 8 / dt / 1e9, (now[2] - self._last[2]) * 8 / dt / 1e9
-        self._last = now
+        self._last, self._rates = now, (tx, rx)
         return tx, rx
 
 

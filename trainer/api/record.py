@@ -61,8 +61,9 @@ class RunRecord:
         }
 
     def write(self, rec: dict) -> None:
-        """Every rank, every step: collectives issued (rank 0 counts them), the record, the window."""
-        self.faults.push()
+        """Every rank, every step: collectives issued (rank 0 counts them, at most once a second),
+        the record, the window."""
+        self.faults.push(now=False)
         if self.metrics:
             self.metrics.log(rec)
         self.nodes.record(rec)
