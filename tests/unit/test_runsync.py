@@ -197,7 +197,11 @@ def test_the_project_push_deletes_code_but_never_a_run(tmp_path, monkeypatch):
     node_run = SimpleNamespace(name="n0", transport=ssh, sh=lambda snippet: snippet,
                                plan=SimpleNamespace(workdir="proj", python="/usr/bin/python3"),
                                rdzv=SimpleNamespace(run_rel=run_rel, cluster="c"))
-    prepare_node(SimpleNamespace(root=project), node_run, project / run_rel, 0, lambda _: None)
+    write(project / "out" / "ckpt.pt", "the local copy [run] pull brought back")
+    write(there / "out" / "ckpt.pt", "the node's newer checkpoint")
+    write(there / "out" / "only-there.pt", "the node's")
+    declared = SimpleNamespace(root=project, spec=SimpleNamespace(run=SimpleNamespace(pull=["out"])))
+    prepare_node(declared, node_run, project / run_rel, 0, lambda _: None)
     [code] = [argv for argv in calls if argv[0] == "rsync" and argv[-2] == f"{project}/"]
     assert "--delete" in code
     filters = code[code.index("-e") + 2:-2]
@@ -205,3 +209,6 @@ def test_the_project_push_deletes_code_but_never_a_run(tmp_path, monkeypatch):
     assert (there / "train.py").read_text() == "new code" and not (there / "old.py").exists()
     assert (there / run_rel / "checkpoints" / "step-00000005.pt").read_text() == "the node's checkpoint"
     assert (there / run_rel / "metrics.jsonl").read_text() == "the node's metrics"
+    # What [run] pull brings back is the node's: neither overwritten nor deleted by the push.
+    assert (there / "out" / "ckpt.pt").read_text() == "the node's newer checkpoint"
+    assert (there / "out" / "only-there.pt").read_text() == "the node's"
