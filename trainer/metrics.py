@@ -41,7 +41,7 @@ def read_metrics(path: Path) -> list[dict]:
 class MetricsLog:
     """Writes each step's record to metrics.jsonl, TensorBoard and the console."""
 
-    def __init__(self, run_dir: Path, total_steps: int, start_step: int):
+    def __init__(self, run_dir: Path, total_steps: int | None, start_step: int):
         self.path = run_dir / "metrics.jsonl"
         truncate_metrics(self.path, start_step)
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses one line
@@ -80,7 +80,7 @@ def _tensorboard(folder: Path, purge_step: int):
     return SummaryWriter(str(folder), purge_step=purge_step)
 
 
-def _console(total: int, start: int):
+def _console(total: int | None, start: int):
     if sys.stdout.isatty():
         try:
             return _RichLine(total, start)
@@ -100,9 +100,11 @@ def percentile(values: list[float], q: float) -> float:
     return ordered[lo] + (ordered[hi] - ordered[lo]) * (pos - lo)
 
 
-def format_record(rec: dict, total: int) -> str:
+def format_record(rec: dict, total: int | None) -> str:
+    """One step's line; `total` None: a script that did not say how many steps it runs."""
     lr = "" if rec.get("lr") is None else f"lr {rec['lr']:.2e} "  # a script's step() may not say
-    return (f"step {rec['step']}/{total} loss {rec['loss']:.4f} {lr}"
+    of = "" if total is None else f"/{total}"
+    return (f"step {rec['step']}{of} loss {rec['loss']:.4f} {lr}"
             f"step {rec['step_s'] * 1e3:.0f} ms sync {rec['sync_s'] * 1e3:.0f} ms "
             f"exposed {rec['exposed_comm_s'] * 1e3:.0f} ms {rec['tokens_per_s']:,.0f} tok/s "
             f"wire {rec['wire_bytes'] / 1e6:.2f}/{rec['grad_bytes'] / 1e6:.2f} MB "
@@ -113,9 +115,9 @@ def format_record(rec: dict, total: int) -> str:
 class _PlainLines:
     """Plain lines for logs and pipes: the first step, every tenth, and the last."""
 
-    def __init__(self, total: int, start: int):
+    def __init__(self, total: int | None, start: int):
         self.total = total
-        self.every = max(1, min(10, total // 20))
+        self.every = 10 if total is None else max(1, min(10, total // 20))
 
     def update(self, rec: dict) -> None:
         s = rec["step"]
@@ -129,7 +131,7 @@ class _PlainLines:
 class _RichLine:
     """A live progress bar with the latest step's numbers, for terminals."""
 
-    def __init__(self, total: int, start: int):
+    def __init__(self, total: int | None, start: int):  # None: rich shows no bar end
         from rich.progress import (
             BarColumn,
             MofNCompleteColumn,

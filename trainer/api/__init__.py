@@ -102,7 +102,7 @@ def wrap(model: torch.nn.Module, *, allow_periodic: bool = False, steps: int | N
         ddp_kwargs["bucket_cap_mb"] = cap
     cfg = dataclasses.replace(cfg, bucket_cap_mb=ddp_kwargs["bucket_cap_mb"])
     ddp_kwargs.setdefault("gradient_as_bucket_view", True)
-    return _start(cfg, DDP(model, **ddp_kwargs), allow_periodic)
+    return _start(cfg, DDP(model, **ddp_kwargs), allow_periodic, steps is not None)
 
 
 def attach(ddp_model: DDP, *, allow_periodic: bool = False, steps: int | None = None,
@@ -112,7 +112,7 @@ def attach(ddp_model: DDP, *, allow_periodic: bool = False, steps: int | None = 
     if cfg is None:
         return ddp_model
     cfg = dataclasses.replace(cfg, bucket_cap_mb=ddp_model.bucket_bytes_cap / 2**20)
-    return _start(cfg, ddp_model, allow_periodic)
+    return _start(cfg, ddp_model, allow_periodic, steps is not None)
 
 
 def _run_store(env: DistEnv, timeout_s: float) -> tuple[DistEnv, dist.Store]:
@@ -130,7 +130,7 @@ def _run_store(env: DistEnv, timeout_s: float) -> tuple[DistEnv, dist.Store]:
     return dataclasses.replace(env, restarts=join_counter(store, env.rank) - 1), store
 
 
-def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool) -> DDP:
+def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool, steps_given: bool) -> DDP:
     global _run
     if _run is not None:
         raise RuntimeError("fatpipe measures one DDP model per process: wrap() was called before")
@@ -140,7 +140,7 @@ def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool) -> DDP:
     if env.is_main and not logging.getLogger().handlers and not log.parent.handlers:
         log.parent.addHandler(logging.StreamHandler(sys.stderr))  # the comm decision's lines
         log.parent.setLevel(logging.INFO)
-    _run = ScriptRun(cfg, env, store, ddp, allow_periodic)
+    _run = ScriptRun(cfg, env, store, ddp, allow_periodic, steps_given)
     atexit.register(finish)
     _previous_hook = sys.excepthook
 

@@ -39,14 +39,14 @@ class RunRecord:
         self.metrics: MetricsLog | None = None
         self.failed = False
 
-    def open(self, start_step: int = 0) -> None:
+    def open(self, start_step: int = 0, known_total: bool = True) -> None:
         """Just before the first step: the NIC's rates count from here (not the setup's traffic);
         rank 0's metrics.jsonl, cut back to `start_step` (a resumed run writes its steps again)."""
         self.nic = NicMeter(traffic_interface())
         if self.env.is_main:
-            self.metrics = MetricsLog(self.cfg.out_dir, self.cfg.steps, start_step)
+            self.metrics = MetricsLog(self.cfg.out_dir, self.cfg.steps if known_total else None, start_step)
 
-    def measure(self, step: int, loss: float, lr: float, step_s: float, tokens_per_step: int,
+    def measure(self, step: int, loss: float, lr: float | None, step_s: float, tokens_per_step: int,
                 comm: StepComm, comm_name: str) -> dict:
         """The step's record: its time, what its gradient sync cost and sent, the NIC's rates."""
         tx, rx = self.nic.rates()

@@ -37,7 +37,7 @@ class ScriptRun:
     """The comm hook of one DDP model and the measurements of every step of the script."""
 
     def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store, ddp: DDP,
-                 allow_periodic: bool):
+                 allow_periodic: bool, steps_given: bool = False):
         self.cfg, self.env, self.ddp, self.device = cfg, env, ddp, env.device
         self.module = ddp.module
         self.hooks = candidate_hooks() + (PERIODIC_NAMES if allow_periodic else ())
@@ -45,7 +45,7 @@ class ScriptRun:
             self.hooks = tuple(h for h in self.hooks if h != "powersgd")
         self._check(cfg.comm)
         self.record = RunRecord(cfg, env, store)
-        self.record.open()
+        self.record.open(known_total=steps_given)  # the console says step N/M only when the script said M
         self.meter = register_timed_hook(ddp, self.device)
         ddp.register_forward_pre_hook(self._step_begins)
         self.periodic = None
