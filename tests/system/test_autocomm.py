@@ -14,9 +14,7 @@ same parameters as the uninterrupted run.
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
@@ -24,8 +22,8 @@ from pathlib import Path
 
 import faults
 import pytest
+from midrun import launch_and_cut
 
-from fatpipe.stacks import simnet
 from fatpipe.trainer.checkpoint import list_checkpoints
 from fatpipe.trainer.metrics import read_metrics
 
@@ -100,36 +98,14 @@ def cluster(tmp_path_factory):
 
 
 def test_auto_switches_once_after_a_mid_run_cut(cluster):
-    runs = cluster / ".fatpipe" / NAME / "runs"
-    log = cluster / "launch.out"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            # Batches large enough that plain all-reduce fits the budget at 1 Gbit/s: the run
-            # starts on a DDP hook (mid-run switches are between DDP hooks).
-            [sys.executable, "-m", "fatpipe.cli", "launch", NAME, *TINY, "--batch-size", "16",
-             "--seq-len", "128", "--steps", str(STEPS), "--checkpoint-every", str(EVERY),
-             "--comm", "auto", "--max-restarts", "0",
-             "--timeout", str(RUN_TIMEOUT_S + 60)],
-            cwd=cluster, env=faults.cli_env(), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    try:
-        def logged() -> Path | None:
-            assert proc.poll() is None, log.read_text()[-4000:]
-            for run in runs.glob("2*"):
-                metrics = run / "metrics.jsonl"
-                if metrics.exists() and len(metrics.read_text().splitlines()) >= CUT_AFTER:
-                    return run
-            return None
-
-        run = faults.wait_for("the first steps", logged, RUN_TIMEOUT_S, every_s=0.1)
-        cut_at = len((run / "metrics.jsonl").read_text().splitlines())
-        for i in range(NODES):
-            simnet.reshape_node(NAME, i, 0.02)
-        assert proc.wait(timeout=RUN_TIMEOUT_S + 120) == 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=60)
+    # Batches large enough that plain all-reduce fits the budget at 1 Gbit/s: the run starts on
+    # a DDP hook (mid-run switches are between DDP hooks).
+    run, cut_at, _ = launch_and_cut(
+        cluster, NAME, NODES,
+        [*TINY, "--batch-size", "16", "--seq-len", "128", "--steps", str(STEPS),
+         "--checkpoint-every", str(EVERY), "--comm", "auto", "--max-restarts", "0",
+         "--timeout", str(RUN_TIMEOUT_S + 60)],
+        CUT_AFTER, RUN_TIMEOUT_S)
     s = json.loads((run / "summary.json").read_text())
     assert s["replicas_in_sync"] and s["steps"] == STEPS
     assert s["comm_switches"] == 1, json.dumps(s["comm_decision"], indent=1)

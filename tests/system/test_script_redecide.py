@@ -13,17 +13,13 @@ from __future__ import annotations
 
 import html
 import json
-import os
 import shutil
-import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import faults
 import pytest
+from midrun import launch_and_cut
 
-from fatpipe.stacks import simnet
 from fatpipe.trainer.metrics import read_metrics
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
@@ -43,35 +39,11 @@ def cluster(tmp_path_factory):
 
 
 def test_a_script_switches_its_hook_after_a_mid_run_cut(cluster):
-    runs = cluster / ".fatpipe" / NAME / "runs"
-    log = cluster / "launch.out"
-    with open(log, "w") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "fatpipe.cli", "launch", NAME, "--comm", "auto",
-             "--warmup-steps", "2", "--max-restarts", "0", "--timeout", str(RUN_TIMEOUT_S + 60),
-             "--", "examples/ddp_script.py", "--steps", str(STEPS), "--batch-size", "16",
-             "--seq-len", "64"],
-            cwd=cluster, env=faults.cli_env(), stdout=out, stderr=subprocess.STDOUT,
-            start_new_session=True)
-    try:
-        def logged() -> Path | None:
-            assert proc.poll() is None, log.read_text()[-4000:]
-            for run in runs.glob("2*"):
-                metrics = run / "metrics.jsonl"
-                if metrics.exists() and len(metrics.read_text().splitlines()) >= CUT_AFTER:
-                    return run
-            return None
-
-        run = faults.wait_for("the script's first steps", logged, RUN_TIMEOUT_S, every_s=0.1)
-        cut_at = len((run / "metrics.jsonl").read_text().splitlines())
-        for i in range(NODES):
-            simnet.reshape_node(NAME, i, 0.02)
-        assert proc.wait(timeout=RUN_TIMEOUT_S + 120) == 0, log.read_text()[-4000:]
-    finally:
-        if proc.poll() is None:
-            os.killpg(proc.pid, signal.SIGINT)
-            proc.wait(timeout=60)
-    output = log.read_text()
+    run, cut_at, output = launch_and_cut(
+        cluster, NAME, NODES,
+        ["--comm", "auto", "--warmup-steps", "2", "--max-restarts", "0", "--timeout", str(RUN_TIMEOUT_S + 60),
+         "--", "examples/ddp_script.py", "--steps", str(STEPS), "--batch-size", "16", "--seq-len", "64"],
+        CUT_AFTER, RUN_TIMEOUT_S)
     s = json.loads((run / "summary.json").read_text())
     assert s["steps"] == STEPS and s["preset"] == "script" and s["failed_collectives"] == 0
     decision = s["comm_decision"]

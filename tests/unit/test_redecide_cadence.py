@@ -144,3 +144,10 @@ def test_a_switch_the_script_can_take_is_applied_and_recorded(monkeypatch):
     assert switch["pause_s"] >= switch["probe_s"] >= 0
     assert auto.decision is new and auto.predicted == 0.3
     assert auto.summary([])["comm_switches"] == 1
+
+
+def test_a_named_hooks_decision_without_link_or_prediction_checks_at_the_longest_interval():
+    # decide_comm's answer for comm=none etc.: "link" and "predicted" present but None.
+    from fatpipe.trainer.comm.redecide import MAX_CHECK_EVERY, check_every
+
+    assert check_every({"comm": "none", "link": None, "predicted": None}) == MAX_CHECK_EVERY

@@ -61,8 +61,8 @@ MAX_CHECK_EVERY = 50
 
 def check_every(decision: dict) -> int:
     """Steps between a script's checks: the same on every rank, since the decision is."""
-    latency = decision.get("link", {}).get("latency_s") or 0.0
-    pred = decision.get("predicted", {}).get(decision["comm"])
+    latency = (decision.get("link") or {}).get("latency_s") or 0.0  # a named hook has no link
+    pred = (decision.get("predicted") or {}).get(decision["comm"])
     step_s = pred["step_s"] if pred else 0.0
     if step_s <= 0:
         return MAX_CHECK_EVERY
@@ -86,7 +86,7 @@ class AutoComm:
         plain = plain_steps(self.cfg, since, None) if decision["comm"] == "powersgd" else 0
         self.steady_from = since + plain + WARM_STEPS + 1  # for the summary: every attempt
         self.measure_from = max(step + WARM_STEPS + 1, self.steady_from)
-        pred = decision.get("predicted", {}).get(decision["comm"])
+        pred = (decision.get("predicted") or {}).get(decision["comm"])
         self.predicted = pred["step_s"] if pred else None
         self.reference = self.predicted
         self.every = check_every(decision)
