@@ -74,17 +74,24 @@ def stack(tmp_path, extra: str = "") -> dict:
 
 @pytest.mark.parametrize("cloud,mtu", [("aws", 9001), ("digitalocean", 1500)])
 def test_stack_boots_each_vm_with_the_clouds_user_data_and_no_shell(tmp_path, cloud, mtu):
+    from fatpipe.infra.nodevenv import node_venv
+    from fatpipe.stacks.bootenv import BOOT_ENV_SCRIPT
     from fatpipe.stacks.literals import literal
     from fatpipe.stacks.providers import provider_for
 
     doc = stack(tmp_path, f'user_data = "{cloud}"')
-    cluster = project(tmp_path, f'user_data = "{cloud}"').clusters["v"]
+    p = project(tmp_path, f'user_data = "{cloud}"')
+    cluster = p.clusters["v"]
     nodes = doc["resource"]["terraform_data"]
     assert list(nodes) == ["node-0", "node-1"]
     taps = set()
     for node in nodes.values():
         assert node["input"] == node["triggers_replace"]
-        assert node["input"]["user_data"] == literal(provider_for(cloud).user_data(cluster))
+        # The cloud's user data as its own nodes get it: the node venv's build at boot included.
+        assert node["input"]["user_data"] == literal(provider_for(cloud).user_data(cluster, p))
+        assert BOOT_ENV_SCRIPT in node["input"]["user_data"]
+        wheels = json.loads(node["input"]["wheels"])
+        assert wheels["requirements"][:2] == [node_venv(p, 0).torch, "numpy"] and wheels["index"] == []
         assert node["input"]["mtu"] == mtu
         taps.add(node["input"]["tap"])
         up, down = (p["local-exec"] for p in node["provisioner"])
@@ -134,3 +141,32 @@ def test_a_vm_whose_qemu_is_gone_is_vanished(tmp_path):
     finally:
         alive.kill()
         alive.wait()
+
+
+@pytest.mark.parametrize("cloud", ["aws", "digitalocean"])
+def test_the_seed_mounts_the_wheel_disk_and_points_pip_at_it_alone(tmp_path, cloud):
+    """The vendor data sets only what the clouds' user data leaves alone (bootcmd), with no value
+    from the cluster file: the mount by the disk's label, and pip's source for every later pip."""
+    import yaml
+
+    from fatpipe.stacks.providers import provider_for
+    from fatpipe.stacks.vmwheels import DISK_LABEL, MOUNT_POINT, vendor_data
+
+    text = vendor_data()
+    config = yaml.safe_load(text)
+    assert text.startswith("#cloud-config\n") and list(config) == ["bootcmd"]
+    assert f"mount -o ro LABEL={DISK_LABEL} {MOUNT_POINT}" in config["bootcmd"][1][2]
+    assert config["bootcmd"][2] == ["systemctl", "set-environment", "PIP_NO_INDEX=1",
+                                    f"PIP_FIND_LINKS={MOUNT_POINT}", "PIP_NO_COMPILE=0"]
+    p = project(tmp_path, f'user_data = "{cloud}"')
+    assert "bootcmd" not in yaml.safe_load(provider_for("vm").user_data(p.clusters["v"], p))
+
+
+def test_the_wheel_disk_is_keyed_by_the_wheels_bytes(tmp_path):
+    from fatpipe.stacks.vmwheels import contents_key
+
+    (tmp_path / "a-1.whl").write_bytes(b"one")
+    first = contents_key(tmp_path)
+    assert contents_key(tmp_path) == first
+    (tmp_path / "a-1.whl").write_bytes(b"two")
+    assert contents_key(tmp_path) != first
