@@ -9,67 +9,33 @@ without KVM the guests run under TCG (about a minute per boot; they boot in para
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import skip_or_fail
 
 from fatpipe.infra.tiers import normalize_sysctl, tier_profile
-from fatpipe.stacks.vmimage import build_image, missing_tools
 
 from .conftest import fatpipe_cli, free_port
+from .vmhelpers import BOOT_TIMEOUT_S, consoles, leftovers, on_node, vm_image_cache
 
 # The image build (once, cached) and TCG boots on a loaded 2-core machine: minutes each.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
 CLUSTER = "vmboot"
 OCTET = 181
-REPO = Path(__file__).resolve().parents[2]
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-vm-")
-BOOT_TIMEOUT_S = 1200  # TCG on a loaded 2-core machine: generous, no timing asserted
 
 
 @pytest.fixture(scope="session")
 def vm_cache() -> Path:
-    """The base image, built once and cached (FATPIPE_VM_CACHE, else .tools/vm-image)."""
-    if os.geteuid() != 0:
-        skip_or_fail("vm nodes need root (taps on a bridge, debootstrap)")
-    if missing_tools():
-        skip_or_fail(f"needs the Debian packages {' '.join(missing_tools())} (make system-packages, as root)")
-    cache = Path(os.environ.get("FATPIPE_VM_CACHE") or REPO / ".tools" / "vm-image")
-    build_image(cache, log=print)
-    return cache
+    return vm_image_cache()
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = BOOT_TIMEOUT_S) -> subprocess.CompletedProcess:
     return fatpipe_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
-
-
-def on_node(folder: Path, ip: str, command: str) -> str:
-    key = folder / ".fatpipe" / CLUSTER / "ssh" / "id_ed25519"
-    proc = subprocess.run(["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                           "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=30",
-                           f"debian@{ip}", command], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{ip}: {command}: {proc.stderr}"
-    return proc.stdout
-
-
-def leftovers(folder: Path) -> list[str]:
-    """QEMU processes, taps, bridges and node files of this cluster still on the machine."""
-    from fatpipe.infra.project import project_id_at
-    from fatpipe.stacks.vmnode import vm_names
-
-    names = vm_names(project_id_at(folder, create=False), CLUSTER, 0)
-    found = [f"link {link}" for link in os.listdir("/sys/class/net")
-             if link == names["bridge"] or link.startswith(names["tap"][:-1])]
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    found += [f"process {line[:80]}" for line in ps.splitlines() if f"fatpipe-{CLUSTER}-" in line]
-    found += [f"file {p}" for p in (folder / ".fatpipe" / CLUSTER).glob("nodes/*/*")]
-    return found
 
 
 def test_two_vms_boot_the_aws_user_data_and_down_leaves_nothing(vm_cache, needs_ssh, tmp_path, monkeypatch):
@@ -89,24 +55,23 @@ rdzv_port = {free_port()}
         deployed = fatpipe(folder, "deploy", CLUSTER)
         assert deployed.returncode == 0, deployed.stdout[-4000:]
         waited = fatpipe(folder, "wait", CLUSTER, "--wait-timeout", str(BOOT_TIMEOUT_S))
-        consoles = "".join(p.read_text(errors="replace")[-1500:] for p in folder.glob(f".fatpipe/{CLUSTER}/nodes/*/console.log"))
-        assert waited.returncode == 0, waited.stdout[-4000:] + consoles
+        assert waited.returncode == 0, waited.stdout[-4000:] + consoles(folder, CLUSTER)
         profile = tier_profile("1g")
         assert {"net.core.rmem_max", "net.core.wmem_max"} <= set(profile.sysctls)
         for index in range(2):
             ip = f"10.{OCTET}.0.{10 + index}"
-            status = on_node(folder, ip, "cloud-init status --long || true")
+            status = on_node(folder, CLUSTER, ip, "cloud-init status --long || true")
             assert re.search(r"^status: done$", status, re.M), status
             names = list(profile.sysctls)
-            values = on_node(folder, ip, "/usr/sbin/sysctl -n " + " ".join(names)).splitlines()
+            values = on_node(folder, CLUSTER, ip, "/usr/sbin/sysctl -n " + " ".join(names)).splitlines()
             assert {n: normalize_sysctl(v) for n, v in zip(names, values, strict=True)} == profile.sysctls
-            links = json.loads(on_node(folder, ip, "ip -j -4 addr show"))
+            links = json.loads(on_node(folder, CLUSTER, ip, "ip -j -4 addr show"))
             iface = next(link["ifname"] for link in links
                          if any(a["local"] == ip for a in link.get("addr_info", [])))
-            assert on_node(folder, ip, f"/usr/sbin/tc qdisc show dev {iface} root").split()[1] == "fq"
-            ready = json.loads(on_node(folder, ip, "cat /var/lib/fatpipe/ready"))
+            assert on_node(folder, CLUSTER, ip, f"/usr/sbin/tc qdisc show dev {iface} root").split()[1] == "fq"
+            ready = json.loads(on_node(folder, CLUSTER, ip, "cat /var/lib/fatpipe/ready"))
             assert ready["iface"] == iface and ready["mtu"] == 9001 and all(ready["packages"].values())
     finally:
         down = fatpipe(folder, "down", CLUSTER, timeout=300)
     assert down.returncode == 0, down.stdout[-4000:]
-    assert leftovers(folder) == []
+    assert leftovers(folder, CLUSTER) == []
