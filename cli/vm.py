@@ -37,6 +37,7 @@ def node_from_env():
     try:
         return VmNode(**{**values, "rate_gbit": float(values["rate_gbit"]), "mtu": int(values["mtu"]),
                          "vcpus": int(values["vcpus"]), "memory_mib": int(values["memory_mib"]),
+                         "rtt_ms": float(values["rtt_ms"]),
                          "node_dir": Path(values["node_dir"])})
     except ValueError as e:
         raise FatpipeError(f"fatpipe vm: a bad FATPIPE_VM_* value ({e})") from None

@@ -21,7 +21,8 @@ from fatpipe.infra.errors import FatpipeError
 from .simlinks import bridge_lock, bridge_ports, ensure_bridge, link_exists, run, tbf_args
 from .simsshd import cluster_key, host_address
 from .vmimage import BaseImage, build_image
-from .vmwheels import vendor_data, wheel_disk
+from .vmseed import vendor_data
+from .vmwheels import wheel_disk
 
 KVM_PROBE_TIMEOUT_S = 20  # a working KVM boots the kernel to its panic in a second or two
 STOP_TIMEOUT_S = 10
@@ -44,6 +45,7 @@ class VmNode:
     memory_mib: int = 1024
     cache: str = ""  # the image cache folder
     wheels: str = ""  # JSON: the wheel disk's requirements and index (stacks/vmwheels.py)
+    rtt_ms: float = 0.0  # the cluster's round trip, as netem inside the guest (stacks/vmseed.py)
 
     @property
     def ip(self) -> str:
@@ -72,7 +74,7 @@ def node_up(node: VmNode, user_data: str, log=print) -> None:
     try:
         key = cluster_key(node_dir.parent.parent, node.bridge)
         _overlay(image, node_dir)
-        _seed(node, user_data, Path(f"{key}.pub").read_text(), node_dir)
+        _seed(node, user_data, Path(f"{key}.pub").read_text(), node_dir, wheels is not None)
         _tap(node)
         _qemu(node, image, resolve_accel(node.accel, image, log), node_dir, wheels)
     except BaseException:
@@ -143,7 +145,7 @@ def _overlay(image: BaseImage, node_dir: Path) -> None:
          str(node_dir / "disk.qcow2")])
 
 
-def _seed(node: VmNode, user_data: str, public_key: str, node_dir: Path) -> None:
+def _seed(node: VmNode, user_data: str, public_key: str, node_dir: Path, wheels: bool) -> None:
     """The NoCloud seed: the cloud's user data as is, the key as the clouds' metadata gives it,
     and the private NIC found by its MAC (JSON is YAML)."""
     seed = node_dir / "seed"
@@ -155,7 +157,7 @@ def _seed(node: VmNode, user_data: str, public_key: str, node_dir: Path) -> None
     network = {"version": 2, "ethernets": {"private": {
         "match": {"macaddress": node.mac}, "addresses": [node.address]}}}
     (seed / "network-config").write_text(json.dumps(network, indent=1) + "\n")
-    (seed / "vendor-data").write_text(vendor_data())
+    (seed / "vendor-data").write_text(vendor_data(wheels, node.mac, node.rtt_ms))
     run(["cloud-localds", "-N", str(seed / "network-config"), "-V", str(seed / "vendor-data"),
          str(node_dir / "seed.img"), str(seed / "user-data"), str(seed / "meta-data")])
 

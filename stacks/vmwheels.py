@@ -3,8 +3,8 @@ guests' Python (Debian bookworm: CPython 3.11, x86_64, glibc 2.36), on a read-on
 every VM of the cluster attaches (docs/ARCHITECTURE.md, "The vm provider").
 
 The guests reach no index, so the node venv's build at boot (stacks/bootenv.py, the clouds' own
-user data) installs from this disk: the vm seed's vendor data mounts it and points pip at it
-(`PIP_NO_INDEX`, `PIP_FIND_LINKS`) before the user data runs. The wheels come from this machine's
+user data) installs from this disk: the vm seed's vendor data (stacks/vmseed.py) mounts it and
+points pip at it (`PIP_NO_INDEX`, `PIP_FIND_LINKS`) before the user data runs. The wheels come from this machine's
 pip (its configuration: index, find-links), downloaded once per requirement list; the disk is
 cached by a hash of the wheels themselves, so a changed wheel is a new disk, never a stale one.
 """
@@ -100,17 +100,3 @@ def _run(what: str, argv: list[str]) -> None:
         tail = (proc.stderr.strip() or proc.stdout.strip()).splitlines()[-1:] or [""]
         raise FatpipeError(f"vm wheel disk: `{what}` failed ({proc.returncode}): {tail[0]}")
 
-
-def vendor_data() -> str:
-    """The vm seed's own addition to the cloud's user data (NoCloud vendor data; the user data
-    wins on any key both set, and it sets neither `bootcmd` nor anything pip reads): mount the
-    wheel disk and point every later pip, the boot build's among them, at it alone."""
-    config = {"bootcmd": [
-        ["mkdir", "-p", MOUNT_POINT],
-        ["sh", "-c", f"mountpoint -q {MOUNT_POINT} || mount -o ro LABEL={DISK_LABEL} {MOUNT_POINT}"],
-        # systemd's environment reaches the boot build's transient unit. pip reads a `no-` option
-        # from the environment as the option without it: PIP_NO_COMPILE=0 skips byte-compiling,
-        # minutes under emulation (the first import compiles what it needs).
-        ["systemctl", "set-environment", "PIP_NO_INDEX=1", f"PIP_FIND_LINKS={MOUNT_POINT}", "PIP_NO_COMPILE=0"],
-    ]}
-    return "#cloud-config\n" + json.dumps(config, indent=1) + "\n"

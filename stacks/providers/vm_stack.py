@@ -14,7 +14,7 @@ from .sim_stack import ROOT_FROM_STACK_DIR
 
 # Each input key reaches `fatpipe vm node-up/node-down` as FATPIPE_VM_<KEY>.
 NODE_KEYS = ("name", "address", "mac", "rate_gbit", "mtu", "node_dir", "bridge", "tap", "accel",
-             "vcpus", "memory_mib", "cache", "wheels")
+             "vcpus", "memory_mib", "cache", "wheels", "rtt_ms")
 VM_ENV_PREFIX = "FATPIPE_VM_"
 
 
@@ -50,7 +50,7 @@ def node_input(cluster, project, index: int, mtu: int, user_data: str) -> dict:
     return {"name": name, "address": node_address(cluster.private_cidr, cluster.private_ip(index)),
             "rate_gbit": cluster.link_rate_gbps, "mtu": mtu, "node_dir": f".fatpipe/{cluster.name}/nodes/{name}",
             "accel": cluster.accel, "vcpus": cluster.vcpus, "memory_mib": cluster.memory_mib, "cache": cache,
-            "wheels": wheels_input(project), "user_data": user_data, **names}
+            "wheels": wheels_input(project), "rtt_ms": cluster.rtt_ms, "user_data": user_data, **names}
 
 
 def node_output(cluster, project, node: dict) -> dict:

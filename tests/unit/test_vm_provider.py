@@ -150,9 +150,10 @@ def test_the_seed_mounts_the_wheel_disk_and_points_pip_at_it_alone(tmp_path, clo
     import yaml
 
     from fatpipe.stacks.providers import provider_for
-    from fatpipe.stacks.vmwheels import DISK_LABEL, MOUNT_POINT, vendor_data
+    from fatpipe.stacks.vmseed import vendor_data
+    from fatpipe.stacks.vmwheels import DISK_LABEL, MOUNT_POINT
 
-    text = vendor_data()
+    text = vendor_data(True, "52:54:00:00:00:01", 0)
     config = yaml.safe_load(text)
     assert text.startswith("#cloud-config\n") and list(config) == ["bootcmd"]
     assert f"mount -o ro LABEL={DISK_LABEL} {MOUNT_POINT}" in config["bootcmd"][1][2]
@@ -170,3 +171,17 @@ def test_the_wheel_disk_is_keyed_by_the_wheels_bytes(tmp_path):
     assert contents_key(tmp_path) == first
     (tmp_path / "a-1.whl").write_bytes(b"two")
     assert contents_key(tmp_path) != first
+
+
+def test_rtt_is_half_the_round_trip_per_vm_passed_as_arguments_and_bounded(tmp_path):
+    import yaml
+
+    from fatpipe.stacks.vmseed import RTT_SCRIPT, vendor_data
+
+    (rtt,) = yaml.safe_load(vendor_data(False, "52:54:00:00:00:01", 40))["bootcmd"]
+    assert rtt == ["sh", "-c", RTT_SCRIPT, "fatpipe-rtt", "52:54:00:00:00:01", "20ms"]
+    assert yaml.safe_load(vendor_data(False, "52:54:00:00:00:01", 0)) == {}
+    assert project(tmp_path, "rtt_ms = 50").clusters["v"].rtt_ms == 50
+    with pytest.raises(ConfigError) as e:
+        project(tmp_path, "rtt_ms = 1001")
+    assert "rtt_ms" in str(e.value) and "less than or equal to 1000" in str(e.value)
