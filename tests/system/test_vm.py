@@ -1,9 +1,11 @@
-"""The `vm` provider, booted: 2 QEMU VMs with real kernels configured by the AWS user data.
+"""The `vm` provider, booted: 2 QEMU VMs with real kernels configured by the AWS user data and one
+by DigitalOcean's.
 
 What a namespace cannot show is checked on the guests: cloud-init finishes `done`, the tier's
 sysctls read back including the kernel-wide rmem_max/wmem_max, the private NIC's root qdisc is
-fq, `fatpipe wait` passes; and `down` leaves no QEMU, overlay, tap or bridge. On a machine
-without KVM the guests run under TCG (about a minute per boot; they boot in parallel).
+fq, `fatpipe wait` passes, the node venv the user data builds at boot installs torch from the
+read-only wheel disk (the guests reach no index); and `down` leaves no QEMU, overlay, tap or
+bridge. On a machine without KVM the guests run under TCG (minutes per boot; in parallel).
 """
 
 from __future__ import annotations
@@ -15,8 +17,10 @@ import tempfile
 from pathlib import Path
 
 import pytest
+import torch
 
 from fatpipe.infra.tiers import normalize_sysctl, tier_profile
+from fatpipe.stacks.bootenv import BOOT_ENV_DONE
 
 from .conftest import fatpipe_cli, free_port
 from .vmhelpers import BOOT_TIMEOUT_S, consoles, leftovers, on_node, vm_image_cache
@@ -24,8 +28,8 @@ from .vmhelpers import BOOT_TIMEOUT_S, consoles, leftovers, on_node, vm_image_ca
 # The image build (once, cached) and TCG boots on a loaded 2-core machine: minutes each.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
-CLUSTER = "vmboot"
-OCTET = 181
+CLUSTER, OCTET = "vmboot", 181
+DO_CLUSTER, DO_OCTET = "vmbootdo", 185
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-vm-")
 
 
@@ -38,40 +42,58 @@ def fatpipe(folder: Path, *args: str, timeout: float = BOOT_TIMEOUT_S) -> subpro
     return fatpipe_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
 
 
-def test_two_vms_boot_the_aws_user_data_and_down_leaves_nothing(vm_cache, needs_ssh, tmp_path, monkeypatch):
+def cluster_table(name: str, cloud: str, nodes: int, octet: int) -> str:
+    return f"""\
+[clusters.{name}]
+provider = "vm"
+nodes = {nodes}
+tier = "1g"
+user_data = "{cloud}"
+private_cidr = "10.{octet}.0.0/24"
+rdzv_port = {free_port()}
+"""
+
+
+def test_vms_boot_the_aws_and_digitalocean_user_data_and_down_leaves_nothing(vm_cache, needs_ssh, tmp_path,
+                                                                              monkeypatch):
+    """2 VMs with AWS's user data, 1 with DigitalOcean's (its MTU, 1500), booting together."""
     monkeypatch.setenv("FATPIPE_VM_CACHE", str(vm_cache))  # the stack records it for node-up
     folder = tmp_path / "project"
     folder.mkdir()
-    (folder / "fatpipe.toml").write_text(f"""\
-[clusters.{CLUSTER}]
-provider = "vm"
-nodes = 2
-tier = "1g"
-user_data = "aws"
-private_cidr = "10.{OCTET}.0.0/24"
-rdzv_port = {free_port()}
-""")
+    (folder / "fatpipe.toml").write_text(cluster_table(CLUSTER, "aws", 2, OCTET) +
+                                         cluster_table(DO_CLUSTER, "digitalocean", 1, DO_OCTET))
     try:
-        deployed = fatpipe(folder, "deploy", CLUSTER)
-        assert deployed.returncode == 0, deployed.stdout[-4000:]
-        waited = fatpipe(folder, "wait", CLUSTER, "--wait-timeout", str(BOOT_TIMEOUT_S))
-        assert waited.returncode == 0, waited.stdout[-4000:] + consoles(folder, CLUSTER)
-        profile = tier_profile("1g")
-        assert {"net.core.rmem_max", "net.core.wmem_max"} <= set(profile.sysctls)
-        for index in range(2):
-            ip = f"10.{OCTET}.0.{10 + index}"
-            status = on_node(folder, CLUSTER, ip, "cloud-init status --long || true")
-            assert re.search(r"^status: done$", status, re.M), status
-            names = list(profile.sysctls)
-            values = on_node(folder, CLUSTER, ip, "/usr/sbin/sysctl -n " + " ".join(names)).splitlines()
-            assert {n: normalize_sysctl(v) for n, v in zip(names, values, strict=True)} == profile.sysctls
-            links = json.loads(on_node(folder, CLUSTER, ip, "ip -j -4 addr show"))
-            iface = next(link["ifname"] for link in links
-                         if any(a["local"] == ip for a in link.get("addr_info", [])))
-            assert on_node(folder, CLUSTER, ip, f"/usr/sbin/tc qdisc show dev {iface} root").split()[1] == "fq"
-            ready = json.loads(on_node(folder, CLUSTER, ip, "cat /var/lib/fatpipe/ready"))
-            assert ready["iface"] == iface and ready["mtu"] == 9001 and all(ready["packages"].values())
+        for name in (CLUSTER, DO_CLUSTER):
+            deployed = fatpipe(folder, "deploy", name)
+            assert deployed.returncode == 0, deployed.stdout[-4000:]
+        for name in (CLUSTER, DO_CLUSTER):
+            waited = fatpipe(folder, "wait", name, "--wait-timeout", str(BOOT_TIMEOUT_S))
+            assert waited.returncode == 0, waited.stdout[-4000:] + consoles(folder, name)
+        for name, octet, nodes, mtu in ((CLUSTER, OCTET, 2, 9001), (DO_CLUSTER, DO_OCTET, 1, 1500)):
+            for index in range(nodes):
+                check_node(folder, name, f"10.{octet}.0.{10 + index}", mtu)
     finally:
-        down = fatpipe(folder, "down", CLUSTER, timeout=300)
-    assert down.returncode == 0, down.stdout[-4000:]
-    assert leftovers(folder, CLUSTER) == []
+        downs = [fatpipe(folder, "down", name, timeout=300) for name in (CLUSTER, DO_CLUSTER)]
+    assert all(down.returncode == 0 for down in downs), "".join(d.stdout[-2000:] for d in downs)
+    assert leftovers(folder, CLUSTER) == [] and leftovers(folder, DO_CLUSTER) == []
+
+
+def check_node(folder: Path, cluster: str, ip: str, mtu: int) -> None:
+    """cloud-init done, the tier's sysctls (the kernel-wide ones too), fq, the ready marker, and
+    the node venv built at boot from the wheel disk (no index reachable): torch imports."""
+    profile = tier_profile("1g")
+    assert {"net.core.rmem_max", "net.core.wmem_max"} <= set(profile.sysctls)
+    status = on_node(folder, cluster, ip, "cloud-init status --long || true")
+    assert re.search(r"^status: done$", status, re.M), status
+    names = list(profile.sysctls)
+    values = on_node(folder, cluster, ip, "/usr/sbin/sysctl -n " + " ".join(names)).splitlines()
+    assert {n: normalize_sysctl(v) for n, v in zip(names, values, strict=True)} == profile.sysctls
+    links = json.loads(on_node(folder, cluster, ip, "ip -j -4 addr show"))
+    iface = next(link["ifname"] for link in links if any(a["local"] == ip for a in link.get("addr_info", [])))
+    assert on_node(folder, cluster, ip, f"/usr/sbin/tc qdisc show dev {iface} root").split()[1] == "fq"
+    ready = json.loads(on_node(folder, cluster, ip, "cat /var/lib/fatpipe/ready"))
+    assert ready["iface"] == iface and ready["mtu"] == mtu and all(ready["packages"].values())
+    assert on_node(folder, cluster, ip, f"cat {BOOT_ENV_DONE}").strip() == "ok"
+    version = on_node(folder, cluster, ip, f"fatpipe/{cluster}/.fatpipe/venv/bin/python -c "
+                                           "'import torch; print(torch.__version__)'")
+    assert version.split("+")[0].strip() == torch.__version__.split("+")[0]
