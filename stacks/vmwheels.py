@@ -2,11 +2,14 @@
 guests' Python (Debian bookworm: CPython 3.11, x86_64, glibc 2.36), on a read-only ext4 disk that
 every VM of the cluster attaches (docs/ARCHITECTURE.md, "The vm provider").
 
-The guests reach no index, so the node venv's build at boot (stacks/bootenv.py, the clouds' own
-user data) installs from this disk: the vm seed's vendor data (stacks/vmseed.py) mounts it and
-points pip at it (`PIP_NO_INDEX`, `PIP_FIND_LINKS`) before the user data runs. The wheels come from this machine's
-pip (its configuration: index, find-links), downloaded once per requirement list; the disk is
-cached by a hash of the wheels themselves, so a changed wheel is a new disk, never a stale one.
+The guests reach no index, and unpacking GBs of wheels under CPU emulation takes many minutes, so
+the disk holds them installed (`site-packages/`, byte-compiled here) beside the files (`wheels/`).
+The vm seed's vendor data (stacks/vmseed.py) mounts it, lets every venv in the guest see
+`site-packages/` after its own, and points pip at `wheels/` alone: the node venv's build at boot
+(stacks/bootenv.py, the clouds' own user data) then finds torch and numpy already there and
+installs only what is missing, offline. The wheels come from this machine's pip (its
+configuration: index, find-links), downloaded once per requirement list; the disk is cached by a
+hash of the wheels themselves, so a changed wheel is a new disk, never a stale one.
 """
 
 from __future__ import annotations
@@ -31,6 +34,8 @@ GUEST_PLATFORMS = (*(f"manylinux_2_{minor}_x86_64" for minor in range(5, GUEST_G
                    "manylinux1_x86_64", "manylinux2010_x86_64", "manylinux2014_x86_64")
 DISK_LABEL = "fpwheels"
 MOUNT_POINT = "/opt/fatpipe/wheels"
+SITE_PACKAGES = f"{MOUNT_POINT}/site-packages"  # the wheels installed; the .whl files in wheels/
+DISK_LAYOUT = "wheels+site-packages/1"  # part of the disk's key: a new layout is a new disk
 DOWNLOAD_TIMEOUT_S = 1800
 
 
@@ -47,27 +52,42 @@ def index_args(venv, declared: bool) -> list[str]:
 
 
 def wheel_disk(cache: Path, requirements: list[str], index: list[str], log=print) -> Path:
-    """The cached disk holding the wheels of `requirements`, built first when missing (root for
-    the files' owner; pip download, then `mkfs.ext4 -d`: no loop mount)."""
+    """The cached disk for `requirements`, built first when missing (root for the files' owner;
+    pip download and install --target, then `mkfs.ext4 -d`: no loop mount)."""
     cache = Path(cache).resolve()
     cache.mkdir(parents=True, exist_ok=True)
     request = hashlib.sha256(json.dumps([requirements, index, GUEST_PYTHON, GUEST_PLATFORMS]).encode())
     wheels = cache / f"wheels-src-{request.hexdigest()[:16]}"
     with _locked(cache / ".wheels.lock"):
         _download(wheels, requirements, index, log)
-        key = contents_key(wheels)
+        key = hashlib.sha256(f"{DISK_LAYOUT}/{contents_key(wheels)}".encode()).hexdigest()[:16]
         disk = cache / f"wheels-{key}" / "wheels.img"
         if disk.exists():
             return disk
-        log(f"vm: wheel disk {key} from {len(list(wheels.glob('*.whl')))} wheels (mkfs.ext4 -d)")
+        log(f"vm: wheel disk {key} from {len(list(wheels.glob('*.whl')))} wheels (install --target, mkfs.ext4 -d)")
         work = cache / f".wheels-build-{key}"
         shutil.rmtree(work, ignore_errors=True)
-        work.mkdir()
-        size_mib = sum(p.stat().st_size for p in wheels.iterdir()) * 5 // 4 // 2**20 + 64
-        _run("mkfs.ext4", ["mkfs.ext4", "-q", "-L", DISK_LABEL, "-d", str(wheels), str(work / "wheels.img"),
+        shutil.copytree(wheels, work / "tree" / "wheels")
+        _install(work / "tree")
+        size_mib = sum(p.stat().st_size for p in (work / "tree").rglob("*") if p.is_file()) * 5 // 4 // 2**20 + 128
+        _run("mkfs.ext4", ["mkfs.ext4", "-q", "-L", DISK_LABEL, "-d", str(work / "tree"), str(work / "wheels.img"),
                            f"{size_mib}M"])
+        shutil.rmtree(work / "tree")
         os.replace(work, disk.parent)
     return disk
+
+
+def _install(tree: Path) -> None:
+    """Every downloaded wheel (the resolved closure: --no-deps, nothing else) unpacked for the
+    guests' Python, byte-compiled here: the disk is read-only, a guest could not cache its own."""
+    argv = [sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", "--only-binary=:all:",
+            *_guest_args(), "--target", str(tree / "site-packages"), *map(str, sorted((tree / "wheels").glob("*.whl")))]
+    _run("pip install --target", argv)
+
+
+def _guest_args() -> list[str]:
+    return ["--python-version", GUEST_PYTHON, "--implementation", "cp",
+            *(arg for platform in GUEST_PLATFORMS for arg in ("--platform", platform))]
 
 
 def contents_key(folder: Path) -> str:
@@ -84,9 +104,8 @@ def contents_key(folder: Path) -> str:
 def _download(folder: Path, requirements: list[str], index: list[str], log) -> None:
     """pip download for the guests' Python and platform; files already there are kept."""
     folder.mkdir(exist_ok=True)
-    argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", "--python-version", GUEST_PYTHON,
-            "--implementation", "cp",
-            *(arg for platform in GUEST_PLATFORMS for arg in ("--platform", platform)), "-d", str(folder), *index, *requirements]
+    argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", *_guest_args(),
+            "-d", str(folder), *index, *requirements]
     log(f"vm: wheels for the guests' Python {GUEST_PYTHON}: {' '.join(requirements)}")
     _run("pip download", argv)
 

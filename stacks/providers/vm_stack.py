@@ -12,9 +12,11 @@ from ..toolkit import LocalExecProvisioner, TerraformResource
 from .construct import ClusterConstruct
 from .sim_stack import ROOT_FROM_STACK_DIR
 
-# Each input key reaches `fatpipe vm node-up/node-down` as FATPIPE_VM_<KEY>.
+# Each input key reaches `fatpipe vm node-up/node-down` as FATPIPE_VM_<KEY>. What only booting
+# needs goes to node-up alone: a node deployed before such a key existed can still be destroyed.
 NODE_KEYS = ("name", "address", "mac", "rate_gbit", "mtu", "node_dir", "bridge", "tap", "accel",
-             "vcpus", "memory_mib", "cache", "wheels", "rtt_ms")
+             "vcpus", "memory_mib", "cache")
+BOOT_KEYS = ("wheels", "rtt_ms", "user_data")
 VM_ENV_PREFIX = "FATPIPE_VM_"
 
 
@@ -75,7 +77,7 @@ class VmClusterConstruct(ClusterConstruct):
                 provisioners=[
                     LocalExecProvisioner(type="local-exec", command="node-up", interpreter=vm_interpreter(),
                                          working_dir=ROOT_FROM_STACK_DIR,
-                                         environment=vm_environment((*NODE_KEYS, "user_data"))),
+                                         environment=vm_environment((*NODE_KEYS, *BOOT_KEYS))),
                     LocalExecProvisioner(type="local-exec", command="node-down", when="destroy",
                                          interpreter=vm_interpreter(), working_dir=ROOT_FROM_STACK_DIR,
                                          environment=vm_environment(NODE_KEYS)),

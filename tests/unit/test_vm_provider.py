@@ -100,7 +100,9 @@ def test_stack_boots_each_vm_with_the_clouds_user_data_and_no_shell(tmp_path, cl
         # Every value is environment from the resource's own input; none is command text.
         for env in (up["environment"], down["environment"]):
             assert all(v == f"${{self.input.{k[len('FATPIPE_VM_'):].lower()}}}" for k, v in env.items())
-        assert "FATPIPE_VM_USER_DATA" in up["environment"] and "FATPIPE_VM_USER_DATA" not in down["environment"]
+        # What only booting needs is node-up's: a node deployed before it existed can be destroyed.
+        for key in ("FATPIPE_VM_USER_DATA", "FATPIPE_VM_WHEELS", "FATPIPE_VM_RTT_MS"):
+            assert key in up["environment"] and key not in down["environment"]
         assert all(len(tap) <= 15 for tap in taps)
     assert len(taps) == 2
     out = doc["output"]["cluster"]["value"]
@@ -150,15 +152,16 @@ def test_the_seed_mounts_the_wheel_disk_and_points_pip_at_it_alone(tmp_path, clo
     import yaml
 
     from fatpipe.stacks.providers import provider_for
-    from fatpipe.stacks.vmseed import vendor_data
+    from fatpipe.stacks.vmseed import SITECUSTOMIZE, SITECUSTOMIZE_TEXT, vendor_data
     from fatpipe.stacks.vmwheels import DISK_LABEL, MOUNT_POINT
 
     text = vendor_data(True, "52:54:00:00:00:01", 0)
     config = yaml.safe_load(text)
     assert text.startswith("#cloud-config\n") and list(config) == ["bootcmd"]
     assert f"mount -o ro LABEL={DISK_LABEL} {MOUNT_POINT}" in config["bootcmd"][1][2]
-    assert config["bootcmd"][2] == ["systemctl", "set-environment", "PIP_NO_INDEX=1",
-                                    f"PIP_FIND_LINKS={MOUNT_POINT}", "PIP_NO_COMPILE=0"]
+    assert config["bootcmd"][2][4:] == [SITECUSTOMIZE_TEXT, SITECUSTOMIZE]
+    assert config["bootcmd"][3] == ["systemctl", "set-environment", "PIP_NO_INDEX=1",
+                                    f"PIP_FIND_LINKS={MOUNT_POINT}/wheels", "PIP_NO_COMPILE=0"]
     p = project(tmp_path, f'user_data = "{cloud}"')
     assert "bootcmd" not in yaml.safe_load(provider_for("vm").user_data(p.clusters["v"], p))
 
@@ -185,3 +188,18 @@ def test_rtt_is_half_the_round_trip_per_vm_passed_as_arguments_and_bounded(tmp_p
     with pytest.raises(ConfigError) as e:
         project(tmp_path, "rtt_ms = 1001")
     assert "rtt_ms" in str(e.value) and "less than or equal to 1000" in str(e.value)
+
+
+def test_a_venv_sees_the_disks_packages_after_its_own_and_the_system_python_does_not(tmp_path):
+    """The guest's sitecustomize, run by this machine's python in a venv and outside one."""
+    import subprocess
+    import sys
+
+    from fatpipe.stacks.vmseed import SITECUSTOMIZE_TEXT
+    from fatpipe.stacks.vmwheels import SITE_PACKAGES
+
+    show = SITECUSTOMIZE_TEXT + "print(sys.path[-1] == " + repr(SITE_PACKAGES) + ")\n"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    seen = {name: subprocess.run([python, "-c", show], capture_output=True, text=True, check=True).stdout.strip()
+            for name, python in (("venv", str(tmp_path / "venv" / "bin" / "python")), ("system", sys.base_prefix + "/bin/python3"))}
+    assert seen == {"venv": "True", "system": "False"}
