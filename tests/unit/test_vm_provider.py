@@ -126,6 +126,8 @@ def test_node_up_without_its_environment_is_one_line(monkeypatch):
 def test_a_vm_whose_qemu_is_gone_is_vanished(tmp_path):
     import subprocess
     import sys
+    import time
+    from pathlib import Path
 
     from fatpipe.infra.outputs import parse_outputs
     from fatpipe.stacks.vmnode import vanished_vms
@@ -136,6 +138,8 @@ def test_a_vm_whose_qemu_is_gone_is_vanished(tmp_path):
     # v-0 runs (a process named as node-up names QEMU), v-1's pid is someone else's, v-2 has none.
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fatpipe-v-0"])
     try:
+        while b"fatpipe-v-0" not in Path(f"/proc/{alive.pid}/cmdline").read_bytes():
+            time.sleep(0.05)  # until the child has exec'd (before, its cmdline is pytest's)
         for name, pid in (("v-0", alive.pid), ("v-1", 1)):
             (tmp_path / name).mkdir()
             (tmp_path / name / "qemu.pid").write_text(f"{pid}\n")
