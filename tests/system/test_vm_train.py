@@ -25,7 +25,7 @@ CLUSTER = "vmtrain"
 OCTET = 182
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-vmt-")
 RTT_MS = 20
-TRAIN = ["--preset", "tiny", "--steps", "4", "--warmup-steps", "1", "--batch-size", "2", "--seq-len", "32",
+TRAIN = ["--preset", "tiny", "--steps", "3", "--warmup-steps", "1", "--comm", "none", "--batch-size", "2", "--seq-len", "32",
          "--max-restarts", "0", "--join-timeout", "900"]
 
 
