@@ -26,7 +26,10 @@ OCTET = 182
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-vmt-")
 RTT_MS = 20
 TRAIN = ["--preset", "tiny", "--steps", "3", "--warmup-steps", "1", "--comm", "none", "--batch-size", "2", "--seq-len", "32",
-         "--max-restarts", "0", "--join-timeout", "900"]
+         "--max-restarts", "0", "--join-timeout", "900",
+         # The collectives' timeout: rank 0's held-out loss before the last barrier takes minutes
+         # under emulation, past the default 300 s the other rank waits in that barrier.
+         "--timeout-s", "1800"]
 
 
 def fatpipe(folder: Path, *args: str, timeout: float) -> subprocess.CompletedProcess:
