@@ -27,16 +27,18 @@ def image(cache):
 
 def node_from_env():
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.stacks.providers.vm_stack import NODE_KEYS, VM_ENV_PREFIX
+    from fatpipe.stacks.providers.vm_stack import BOOT_KEYS, NODE_KEYS, VM_ENV_PREFIX
     from fatpipe.stacks.vmnode import VmNode
 
     values = {key: os.environ.get(f"{VM_ENV_PREFIX}{key.upper()}") for key in NODE_KEYS}
     missing = [key for key, value in values.items() if value is None]
     if missing:
         raise FatpipeError(f"fatpipe vm: missing {', '.join(VM_ENV_PREFIX + k.upper() for k in missing)}")
+    boot = {key: os.environ[f"{VM_ENV_PREFIX}{key.upper()}"] for key in BOOT_KEYS[:-1]
+            if f"{VM_ENV_PREFIX}{key.upper()}" in os.environ}  # node-up's alone (not the user data)
     try:
-        return VmNode(**{**values, "rate_gbit": float(values["rate_gbit"]), "mtu": int(values["mtu"]),
-                         "vcpus": int(values["vcpus"]), "memory_mib": int(values["memory_mib"]),
+        return VmNode(**{**values, **boot, "rtt_ms": float(boot.get("rtt_ms", 0)),
+                         "rate_gbit": float(values["rate_gbit"]), "mtu": int(values["mtu"]), "vcpus": int(values["vcpus"]), "memory_mib": int(values["memory_mib"]),
                          "node_dir": Path(values["node_dir"])})
     except ValueError as e:
         raise FatpipeError(f"fatpipe vm: a bad FATPIPE_VM_* value ({e})") from None

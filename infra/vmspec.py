@@ -24,4 +24,6 @@ class VmCluster(LocalCluster):
     memory_mib: int = Field(1024, ge=512, le=1024 * 1024)
     # auto: KVM when a bounded probe boots the kernel with it, else software emulation (TCG).
     accel: Literal["auto", "kvm", "tcg"] = "auto"
+    # A round trip between the VMs (a cross-region link rehearsed): netem inside the guests.
+    rtt_ms: float = Field(0, ge=0, le=1000)
     ssh_user: str = VM_LOGIN  # the taps are shaped to link_rate_gbps

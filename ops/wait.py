@@ -20,6 +20,7 @@ MARK = "@@fatpipe"
 # Root qdiscs the kernel attaches by itself; the node profile replaces these with fq, and leaves
 # any other (a tbf or htb someone installed to shape the link) alone.
 DEFAULT_QDISCS = ("pfifo_fast", "pfifo", "fq_codel", "mq", "noqueue", "fq")
+INGRESS_QDISCS = ("ingress", "clsact")
 
 
 @dataclass
@@ -129,6 +130,8 @@ def profile_problems(marker: dict) -> list[str]:
         problems.append(f"packages not installed: {', '.join(missing)} (apt failed at boot? see "
                         "/var/log/cloud-init-output.log)")
     qdisc = marker.get("qdisc")
+    if isinstance(qdisc, list):  # an ingress qdisc (a policer, a vm's rtt_ms) paces no sending
+        qdisc = [name for name in qdisc if name not in INGRESS_QDISCS]
     shaped = isinstance(qdisc, list) and qdisc[:1] and qdisc[0] not in DEFAULT_QDISCS  # someone's shaper
     if isinstance(qdisc, list) and not shaped and (not qdisc or "fq" not in qdisc or set(qdisc) - {"fq", "mq"}):
         problems.append(f"qdisc {' '.join(qdisc) or 'none'} on {marker.get('iface')} (want fq, or mq of fq)")

@@ -21,6 +21,8 @@ from fatpipe.infra.errors import FatpipeError
 from .simlinks import bridge_lock, bridge_ports, ensure_bridge, link_exists, run, tbf_args
 from .simsshd import cluster_key, host_address
 from .vmimage import BaseImage, build_image
+from .vmseed import vendor_data
+from .vmwheels import wheel_disk
 
 KVM_PROBE_TIMEOUT_S = 20  # a working KVM boots the kernel to its panic in a second or two
 STOP_TIMEOUT_S = 10
@@ -42,6 +44,8 @@ class VmNode:
     vcpus: int = 1
     memory_mib: int = 1024
     cache: str = ""  # the image cache folder
+    wheels: str = ""  # JSON: the wheel disk's requirements and index (stacks/vmwheels.py)
+    rtt_ms: float = 0.0  # the cluster's round trip, as netem inside the guest (stacks/vmseed.py)
 
     @property
     def ip(self) -> str:
@@ -62,6 +66,7 @@ def node_up(node: VmNode, user_data: str, log=print) -> None:
     if os.geteuid() != 0:
         raise FatpipeError("vm nodes need root (a tap on a bridge)")
     image = build_image(Path(node.cache), log)
+    wheels = _wheel_disk(node, log)
     node_down(node, log)  # a leftover of the same node (a failed up, a lost state) goes first
     node_dir = node.node_dir.resolve()
     node_dir.mkdir(parents=True, exist_ok=True)
@@ -69,9 +74,9 @@ def node_up(node: VmNode, user_data: str, log=print) -> None:
     try:
         key = cluster_key(node_dir.parent.parent, node.bridge)
         _overlay(image, node_dir)
-        _seed(node, user_data, Path(f"{key}.pub").read_text(), node_dir)
+        _seed(node, user_data, Path(f"{key}.pub").read_text(), node_dir, wheels is not None)
         _tap(node)
-        _qemu(node, image, resolve_accel(node.accel, image, log), node_dir)
+        _qemu(node, image, resolve_accel(node.accel, image, log), node_dir, wheels)
     except BaseException:
         node_down(node, log)
         raise
@@ -123,12 +128,24 @@ def _probe_kvm(image: BaseImage) -> tuple[str, str]:
     return "kvm", ""
 
 
+def _wheel_disk(node: VmNode, log) -> Path | None:
+    """The cluster's wheel disk (built once, cached), or None for a node given no requirements."""
+    if not node.wheels:
+        return None
+    try:
+        wanted = json.loads(node.wheels)
+        requirements, index = list(map(str, wanted["requirements"])), list(map(str, wanted["index"]))
+    except (ValueError, KeyError, TypeError):
+        raise FatpipeError("fatpipe vm: FATPIPE_VM_WHEELS is not the stack's JSON (requirements, index)") from None
+    return wheel_disk(Path(node.cache), requirements, index, log)
+
+
 def _overlay(image: BaseImage, node_dir: Path) -> None:
     run(["qemu-img", "create", "-q", "-f", "qcow2", "-F", "qcow2", "-b", str(image.disk),
          str(node_dir / "disk.qcow2")])
 
 
-def _seed(node: VmNode, user_data: str, public_key: str, node_dir: Path) -> None:
+def _seed(node: VmNode, user_data: str, public_key: str, node_dir: Path, wheels: bool) -> None:
     """The NoCloud seed: the cloud's user data as is, the key as the clouds' metadata gives it,
     and the private NIC found by its MAC (JSON is YAML)."""
     seed = node_dir / "seed"
@@ -140,8 +157,9 @@ def _seed(node: VmNode, user_data: str, public_key: str, node_dir: Path) -> None
     network = {"version": 2, "ethernets": {"private": {
         "match": {"macaddress": node.mac}, "addresses": [node.address]}}}
     (seed / "network-config").write_text(json.dumps(network, indent=1) + "\n")
-    run(["cloud-localds", "-N", str(seed / "network-config"), str(node_dir / "seed.img"),
-         str(seed / "user-data"), str(seed / "meta-data")])
+    (seed / "vendor-data").write_text(vendor_data(wheels, node.mac, node.rtt_ms))
+    run(["cloud-localds", "-N", str(seed / "network-config"), "-V", str(seed / "vendor-data"),
+         str(node_dir / "seed.img"), str(seed / "user-data"), str(seed / "meta-data")])
 
 
 def _tap(node: VmNode) -> None:
@@ -158,7 +176,7 @@ def _tap(node: VmNode) -> None:
     run(["tc", "qdisc", "replace", "dev", node.tap, "root"] + tbf_args(node.rate_gbit))
 
 
-def _qemu(node: VmNode, image: BaseImage, accel: str, node_dir: Path) -> None:
+def _qemu(node: VmNode, image: BaseImage, accel: str, node_dir: Path, wheels: Path | None) -> None:
     argv = ["qemu-system-x86_64", "-name", f"fatpipe-{node.name}", "-accel", accel,
             "-cpu", "host" if accel == "kvm" else "max", "-smp", str(node.vcpus), "-m", str(node.memory_mib),
             "-nodefaults", "-no-user-config", "-display", "none",
@@ -167,6 +185,8 @@ def _qemu(node: VmNode, image: BaseImage, accel: str, node_dir: Path) -> None:
             "-append", "root=/dev/vda rw console=ttyS0",
             "-drive", f"file={node_dir / 'disk.qcow2'},if=virtio,format=qcow2",
             "-drive", f"file={node_dir / 'seed.img'},if=virtio,format=raw,readonly=on",
+            # Shared by every VM of the cluster: read-only, so no guest can change it.
+            *(["-drive", f"file={wheels},if=virtio,format=raw,readonly=on"] if wheels else []),
             "-netdev", f"tap,id=private,ifname={node.tap},script=no,downscript=no",
             "-device", f"virtio-net-pci,netdev=private,mac={node.mac}",
             "-daemonize", "-pidfile", str(node_dir / "qemu.pid")]

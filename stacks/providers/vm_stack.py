@@ -12,9 +12,11 @@ from ..toolkit import LocalExecProvisioner, TerraformResource
 from .construct import ClusterConstruct
 from .sim_stack import ROOT_FROM_STACK_DIR
 
-# Each input key reaches `fatpipe vm node-up/node-down` as FATPIPE_VM_<KEY>.
+# Each input key reaches `fatpipe vm node-up/node-down` as FATPIPE_VM_<KEY>. What only booting
+# needs goes to node-up alone: a node deployed before such a key existed can still be destroyed.
 NODE_KEYS = ("name", "address", "mac", "rate_gbit", "mtu", "node_dir", "bridge", "tap", "accel",
              "vcpus", "memory_mib", "cache")
+BOOT_KEYS = ("wheels", "rtt_ms", "user_data")
 VM_ENV_PREFIX = "FATPIPE_VM_"
 
 
@@ -27,6 +29,20 @@ def vm_environment(keys: tuple[str, ...]) -> dict[str, str]:
     return {f"{VM_ENV_PREFIX}{key.upper()}": f"${{self.input.{key}}}" for key in keys}
 
 
+def wheels_input(project) -> str:
+    """What the wheel disk holds (stacks/vmwheels.py): the node venv's requirements and torch's
+    index where one is declared, as JSON (pip gets each item as one argument)."""
+    import json
+    import os
+
+    from fatpipe.infra.nodevenv import TORCH_INDEX_ENV, node_venv
+    from fatpipe.stacks.vmwheels import index_args, wheel_requirements
+
+    venv = node_venv(project, 0)
+    declared = project.spec.node.torch_index is not None or bool(os.environ.get(TORCH_INDEX_ENV))
+    return json.dumps({"requirements": wheel_requirements(venv), "index": index_args(venv, declared)})
+
+
 def node_input(cluster, project, index: int, mtu: int, user_data: str) -> dict:
     from fatpipe.stacks.vmnode import node_address, vm_names
 
@@ -36,7 +52,7 @@ def node_input(cluster, project, index: int, mtu: int, user_data: str) -> dict:
     return {"name": name, "address": node_address(cluster.private_cidr, cluster.private_ip(index)),
             "rate_gbit": cluster.link_rate_gbps, "mtu": mtu, "node_dir": f".fatpipe/{cluster.name}/nodes/{name}",
             "accel": cluster.accel, "vcpus": cluster.vcpus, "memory_mib": cluster.memory_mib, "cache": cache,
-            "user_data": user_data, **names}
+            "wheels": wheels_input(project), "rtt_ms": cluster.rtt_ms, "user_data": user_data, **names}
 
 
 def node_output(cluster, project, node: dict) -> dict:
@@ -51,7 +67,8 @@ class VmClusterConstruct(ClusterConstruct):
 
     def __init__(self, scope, id: str, *, cluster, project, cloud):
         super().__init__(scope, id)
-        user_data = cloud.user_data(cluster)
+        # The cloud's user data as its nodes get it, the node venv's build at boot included.
+        user_data = cloud.user_data(cluster, project)
         self.nodes, outputs = [], []
         for index in range(cluster.nodes):
             node = node_input(cluster, project, index, cloud.mtu, user_data)
@@ -60,7 +77,7 @@ class VmClusterConstruct(ClusterConstruct):
                 provisioners=[
                     LocalExecProvisioner(type="local-exec", command="node-up", interpreter=vm_interpreter(),
                                          working_dir=ROOT_FROM_STACK_DIR,
-                                         environment=vm_environment((*NODE_KEYS, "user_data"))),
+                                         environment=vm_environment((*NODE_KEYS, *BOOT_KEYS))),
                     LocalExecProvisioner(type="local-exec", command="node-down", when="destroy",
                                          interpreter=vm_interpreter(), working_dir=ROOT_FROM_STACK_DIR,
                                          environment=vm_environment(NODE_KEYS)),

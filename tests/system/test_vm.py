@@ -1,112 +1,99 @@
-"""The `vm` provider, booted: 2 QEMU VMs with real kernels configured by the AWS user data.
+"""The `vm` provider, booted: 2 QEMU VMs with real kernels configured by the AWS user data and one
+by DigitalOcean's.
 
 What a namespace cannot show is checked on the guests: cloud-init finishes `done`, the tier's
 sysctls read back including the kernel-wide rmem_max/wmem_max, the private NIC's root qdisc is
-fq, `fatpipe wait` passes; and `down` leaves no QEMU, overlay, tap or bridge. On a machine
-without KVM the guests run under TCG (about a minute per boot; they boot in parallel).
+fq, `fatpipe wait` passes, the node venv the user data builds at boot installs torch from the
+read-only wheel disk (the guests reach no index); and `down` leaves no QEMU, overlay, tap or
+bridge. On a machine without KVM the guests run under TCG (minutes per boot; in parallel).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import tempfile
 from pathlib import Path
 
 import pytest
-from conftest import skip_or_fail
+import torch
 
 from fatpipe.infra.tiers import normalize_sysctl, tier_profile
-from fatpipe.stacks.vmimage import build_image, missing_tools
+from fatpipe.stacks.bootenv import BOOT_ENV_DONE
 
 from .conftest import fatpipe_cli, free_port
+from .vmhelpers import BOOT_TIMEOUT_S, consoles, leftovers, on_node, vm_image_cache
 
 # The image build (once, cached) and TCG boots on a loaded 2-core machine: minutes each.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(2700)]
 
-CLUSTER = "vmboot"
-OCTET = 181
-REPO = Path(__file__).resolve().parents[2]
+CLUSTER, OCTET = "vmboot", 181
+DO_CLUSTER, DO_OCTET = "vmbootdo", 185
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-vm-")
-BOOT_TIMEOUT_S = 1200  # TCG on a loaded 2-core machine: generous, no timing asserted
 
 
 @pytest.fixture(scope="session")
 def vm_cache() -> Path:
-    """The base image, built once and cached (FATPIPE_VM_CACHE, else .tools/vm-image)."""
-    if os.geteuid() != 0:
-        skip_or_fail("vm nodes need root (taps on a bridge, debootstrap)")
-    if missing_tools():
-        skip_or_fail(f"needs the Debian packages {' '.join(missing_tools())} (make system-packages, as root)")
-    cache = Path(os.environ.get("FATPIPE_VM_CACHE") or REPO / ".tools" / "vm-image")
-    build_image(cache, log=print)
-    return cache
+    return vm_image_cache()
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = BOOT_TIMEOUT_S) -> subprocess.CompletedProcess:
     return fatpipe_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
 
 
-def on_node(folder: Path, ip: str, command: str) -> str:
-    key = folder / ".fatpipe" / CLUSTER / "ssh" / "id_ed25519"
-    proc = subprocess.run(["ssh", "-i", str(key), "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=no",
-                           "-o", "UserKnownHostsFile=/dev/null", "-o", "LogLevel=ERROR", "-o", "ConnectTimeout=30",
-                           f"debian@{ip}", command], capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, f"{ip}: {command}: {proc.stderr}"
-    return proc.stdout
+def cluster_table(name: str, cloud: str, nodes: int, octet: int) -> str:
+    return f"""\
+[clusters.{name}]
+provider = "vm"
+nodes = {nodes}
+tier = "1g"
+user_data = "{cloud}"
+private_cidr = "10.{octet}.0.0/24"
+rdzv_port = {free_port()}
+"""
 
 
-def leftovers(folder: Path) -> list[str]:
-    """QEMU processes, taps, bridges and node files of this cluster still on the machine."""
-    from fatpipe.infra.project import project_id_at
-    from fatpipe.stacks.vmnode import vm_names
-
-    names = vm_names(project_id_at(folder, create=False), CLUSTER, 0)
-    found = [f"link {link}" for link in os.listdir("/sys/class/net")
-             if link == names["bridge"] or link.startswith(names["tap"][:-1])]
-    ps = subprocess.run(["ps", "-eo", "args"], capture_output=True, text=True).stdout
-    found += [f"process {line[:80]}" for line in ps.splitlines() if f"fatpipe-{CLUSTER}-" in line]
-    found += [f"file {p}" for p in (folder / ".fatpipe" / CLUSTER).glob("nodes/*/*")]
-    return found
-
-
-def test_two_vms_boot_the_aws_user_data_and_down_leaves_nothing(vm_cache, needs_ssh, tmp_path, monkeypatch):
+def test_vms_boot_the_aws_and_digitalocean_user_data_and_down_leaves_nothing(vm_cache, needs_ssh, tmp_path,
+                                                                              monkeypatch):
+    """2 VMs with AWS's user data, 1 with DigitalOcean's (its MTU, 1500), booting together."""
     monkeypatch.setenv("FATPIPE_VM_CACHE", str(vm_cache))  # the stack records it for node-up
     folder = tmp_path / "project"
     folder.mkdir()
-    (folder / "fatpipe.toml").write_text(f"""\
-[clusters.{CLUSTER}]
-provider = "vm"
-nodes = 2
-tier = "1g"
-user_data = "aws"
-private_cidr = "10.{OCTET}.0.0/24"
-rdzv_port = {free_port()}
-""")
+    (folder / "fatpipe.toml").write_text(cluster_table(CLUSTER, "aws", 2, OCTET) +
+                                         cluster_table(DO_CLUSTER, "digitalocean", 1, DO_OCTET))
     try:
-        deployed = fatpipe(folder, "deploy", CLUSTER)
-        assert deployed.returncode == 0, deployed.stdout[-4000:]
-        waited = fatpipe(folder, "wait", CLUSTER, "--wait-timeout", str(BOOT_TIMEOUT_S))
-        consoles = "".join(p.read_text(errors="replace")[-1500:] for p in folder.glob(f".fatpipe/{CLUSTER}/nodes/*/console.log"))
-        assert waited.returncode == 0, waited.stdout[-4000:] + consoles
-        profile = tier_profile("1g")
-        assert {"net.core.rmem_max", "net.core.wmem_max"} <= set(profile.sysctls)
-        for index in range(2):
-            ip = f"10.{OCTET}.0.{10 + index}"
-            status = on_node(folder, ip, "cloud-init status --long || true")
-            assert re.search(r"^status: done$", status, re.M), status
-            names = list(profile.sysctls)
-            values = on_node(folder, ip, "/usr/sbin/sysctl -n " + " ".join(names)).splitlines()
-            assert {n: normalize_sysctl(v) for n, v in zip(names, values, strict=True)} == profile.sysctls
-            links = json.loads(on_node(folder, ip, "ip -j -4 addr show"))
-            iface = next(link["ifname"] for link in links
-                         if any(a["local"] == ip for a in link.get("addr_info", [])))
-            assert on_node(folder, ip, f"/usr/sbin/tc qdisc show dev {iface} root").split()[1] == "fq"
-            ready = json.loads(on_node(folder, ip, "cat /var/lib/fatpipe/ready"))
-            assert ready["iface"] == iface and ready["mtu"] == 9001 and all(ready["packages"].values())
+        for name in (CLUSTER, DO_CLUSTER):
+            deployed = fatpipe(folder, "deploy", name)
+            assert deployed.returncode == 0, deployed.stdout[-4000:]
+        for name in (CLUSTER, DO_CLUSTER):
+            waited = fatpipe(folder, "wait", name, "--wait-timeout", str(BOOT_TIMEOUT_S))
+            assert waited.returncode == 0, waited.stdout[-4000:] + consoles(folder, name)
+        for name, octet, nodes, mtu in ((CLUSTER, OCTET, 2, 9001), (DO_CLUSTER, DO_OCTET, 1, 1500)):
+            for index in range(nodes):
+                check_node(folder, name, f"10.{octet}.0.{10 + index}", mtu)
     finally:
-        down = fatpipe(folder, "down", CLUSTER, timeout=300)
-    assert down.returncode == 0, down.stdout[-4000:]
-    assert leftovers(folder) == []
+        downs = [fatpipe(folder, "down", name, timeout=300) for name in (CLUSTER, DO_CLUSTER)]
+    assert all(down.returncode == 0 for down in downs), "".join(d.stdout[-2000:] for d in downs)
+    assert leftovers(folder, CLUSTER) == [] and leftovers(folder, DO_CLUSTER) == []
+
+
+def check_node(folder: Path, cluster: str, ip: str, mtu: int) -> None:
+    """cloud-init done, the tier's sysctls (the kernel-wide ones too), fq, the ready marker, and
+    the node venv built at boot from the wheel disk (no index reachable): torch imports."""
+    profile = tier_profile("1g")
+    assert {"net.core.rmem_max", "net.core.wmem_max"} <= set(profile.sysctls)
+    status = on_node(folder, cluster, ip, "cloud-init status --long || true")
+    assert re.search(r"^status: done$", status, re.M), status
+    names = list(profile.sysctls)
+    values = on_node(folder, cluster, ip, "/usr/sbin/sysctl -n " + " ".join(names)).splitlines()
+    assert {n: normalize_sysctl(v) for n, v in zip(names, values, strict=True)} == profile.sysctls
+    links = json.loads(on_node(folder, cluster, ip, "ip -j -4 addr show"))
+    iface = next(link["ifname"] for link in links if any(a["local"] == ip for a in link.get("addr_info", [])))
+    assert on_node(folder, cluster, ip, f"/usr/sbin/tc qdisc show dev {iface} root").split()[1] == "fq"
+    ready = json.loads(on_node(folder, cluster, ip, "cat /var/lib/fatpipe/ready"))
+    assert ready["iface"] == iface and ready["mtu"] == mtu and all(ready["packages"].values())
+    assert on_node(folder, cluster, ip, f"cat {BOOT_ENV_DONE}").strip() == "ok"
+    version = on_node(folder, cluster, ip, f"fatpipe/{cluster}/.fatpipe/venv/bin/python -c "
+                                           "'import torch; print(torch.__version__)'")
+    assert version.split("+")[0].strip() == torch.__version__.split("+")[0]

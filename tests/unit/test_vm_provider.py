@@ -74,17 +74,24 @@ def stack(tmp_path, extra: str = "") -> dict:
 
 @pytest.mark.parametrize("cloud,mtu", [("aws", 9001), ("digitalocean", 1500)])
 def test_stack_boots_each_vm_with_the_clouds_user_data_and_no_shell(tmp_path, cloud, mtu):
+    from fatpipe.infra.nodevenv import node_venv
+    from fatpipe.stacks.bootenv import BOOT_ENV_SCRIPT
     from fatpipe.stacks.literals import literal
     from fatpipe.stacks.providers import provider_for
 
     doc = stack(tmp_path, f'user_data = "{cloud}"')
-    cluster = project(tmp_path, f'user_data = "{cloud}"').clusters["v"]
+    p = project(tmp_path, f'user_data = "{cloud}"')
+    cluster = p.clusters["v"]
     nodes = doc["resource"]["terraform_data"]
     assert list(nodes) == ["node-0", "node-1"]
     taps = set()
     for node in nodes.values():
         assert node["input"] == node["triggers_replace"]
-        assert node["input"]["user_data"] == literal(provider_for(cloud).user_data(cluster))
+        # The cloud's user data as its own nodes get it: the node venv's build at boot included.
+        assert node["input"]["user_data"] == literal(provider_for(cloud).user_data(cluster, p))
+        assert BOOT_ENV_SCRIPT in node["input"]["user_data"]
+        wheels = json.loads(node["input"]["wheels"])
+        assert wheels["requirements"][:2] == [node_venv(p, 0).torch, "numpy"] and wheels["index"] == []
         assert node["input"]["mtu"] == mtu
         taps.add(node["input"]["tap"])
         up, down = (p["local-exec"] for p in node["provisioner"])
@@ -93,7 +100,9 @@ def test_stack_boots_each_vm_with_the_clouds_user_data_and_no_shell(tmp_path, cl
         # Every value is environment from the resource's own input; none is command text.
         for env in (up["environment"], down["environment"]):
             assert all(v == f"${{self.input.{k[len('FATPIPE_VM_'):].lower()}}}" for k, v in env.items())
-        assert "FATPIPE_VM_USER_DATA" in up["environment"] and "FATPIPE_VM_USER_DATA" not in down["environment"]
+        # What only booting needs is node-up's: a node deployed before it existed can be destroyed.
+        for key in ("FATPIPE_VM_USER_DATA", "FATPIPE_VM_WHEELS", "FATPIPE_VM_RTT_MS"):
+            assert key in up["environment"] and key not in down["environment"]
         assert all(len(tap) <= 15 for tap in taps)
     assert len(taps) == 2
     out = doc["output"]["cluster"]["value"]
@@ -117,6 +126,8 @@ def test_node_up_without_its_environment_is_one_line(monkeypatch):
 def test_a_vm_whose_qemu_is_gone_is_vanished(tmp_path):
     import subprocess
     import sys
+    import time
+    from pathlib import Path
 
     from fatpipe.infra.outputs import parse_outputs
     from fatpipe.stacks.vmnode import vanished_vms
@@ -127,6 +138,8 @@ def test_a_vm_whose_qemu_is_gone_is_vanished(tmp_path):
     # v-0 runs (a process named as node-up names QEMU), v-1's pid is someone else's, v-2 has none.
     alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "fatpipe-v-0"])
     try:
+        while b"fatpipe-v-0" not in Path(f"/proc/{alive.pid}/cmdline").read_bytes():
+            time.sleep(0.05)  # until the child has exec'd (before, its cmdline is pytest's)
         for name, pid in (("v-0", alive.pid), ("v-1", 1)):
             (tmp_path / name).mkdir()
             (tmp_path / name / "qemu.pid").write_text(f"{pid}\n")
@@ -134,3 +147,63 @@ def test_a_vm_whose_qemu_is_gone_is_vanished(tmp_path):
     finally:
         alive.kill()
         alive.wait()
+
+
+@pytest.mark.parametrize("cloud", ["aws", "digitalocean"])
+def test_the_seed_mounts_the_wheel_disk_and_points_pip_at_it_alone(tmp_path, cloud):
+    """The vendor data sets only what the clouds' user data leaves alone (bootcmd), with no value
+    from the cluster file: the mount by the disk's label, and pip's source for every later pip."""
+    import yaml
+
+    from fatpipe.stacks.providers import provider_for
+    from fatpipe.stacks.vmseed import SITECUSTOMIZE, SITECUSTOMIZE_TEXT, vendor_data
+    from fatpipe.stacks.vmwheels import DISK_LABEL, MOUNT_POINT
+
+    text = vendor_data(True, "52:54:00:00:00:01", 0)
+    config = yaml.safe_load(text)
+    assert text.startswith("#cloud-config\n") and list(config) == ["bootcmd"]
+    assert f"mount -o ro LABEL={DISK_LABEL} {MOUNT_POINT}" in config["bootcmd"][1][2]
+    assert config["bootcmd"][2][4:] == [SITECUSTOMIZE_TEXT, SITECUSTOMIZE]
+    assert config["bootcmd"][3] == ["systemctl", "set-environment", "PIP_NO_INDEX=1",
+                                    f"PIP_FIND_LINKS={MOUNT_POINT}/wheels", "PIP_NO_COMPILE=0"]
+    p = project(tmp_path, f'user_data = "{cloud}"')
+    assert "bootcmd" not in yaml.safe_load(provider_for("vm").user_data(p.clusters["v"], p))
+
+
+def test_the_wheel_disk_is_keyed_by_the_wheels_bytes(tmp_path):
+    from fatpipe.stacks.vmwheels import contents_key
+
+    (tmp_path / "a-1.whl").write_bytes(b"one")
+    first = contents_key(tmp_path)
+    assert contents_key(tmp_path) == first
+    (tmp_path / "a-1.whl").write_bytes(b"two")
+    assert contents_key(tmp_path) != first
+
+
+def test_rtt_is_half_the_round_trip_per_vm_passed_as_arguments_and_bounded(tmp_path):
+    import yaml
+
+    from fatpipe.stacks.vmseed import RTT_SCRIPT, vendor_data
+
+    (rtt,) = yaml.safe_load(vendor_data(False, "52:54:00:00:00:01", 40))["bootcmd"]
+    assert rtt == ["sh", "-c", RTT_SCRIPT, "fatpipe-rtt", "52:54:00:00:00:01", "20ms"]
+    assert yaml.safe_load(vendor_data(False, "52:54:00:00:00:01", 0)) == {}
+    assert project(tmp_path, "rtt_ms = 50").clusters["v"].rtt_ms == 50
+    with pytest.raises(ConfigError) as e:
+        project(tmp_path, "rtt_ms = 1001")
+    assert "rtt_ms" in str(e.value) and "less than or equal to 1000" in str(e.value)
+
+
+def test_a_venv_sees_the_disks_packages_after_its_own_and_the_system_python_does_not(tmp_path):
+    """The guest's sitecustomize, run by this machine's python in a venv and outside one."""
+    import subprocess
+    import sys
+
+    from fatpipe.stacks.vmseed import SITECUSTOMIZE_TEXT
+    from fatpipe.stacks.vmwheels import SITE_PACKAGES
+
+    show = SITECUSTOMIZE_TEXT + "print(sys.path[-1] == " + repr(SITE_PACKAGES) + ")\n"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
+    seen = {name: subprocess.run([python, "-c", show], capture_output=True, text=True, check=True).stdout.strip()
+            for name, python in (("venv", str(tmp_path / "venv" / "bin" / "python")), ("system", sys.base_prefix + "/bin/python3"))}
+    assert seen == {"venv": "True", "system": "False"}

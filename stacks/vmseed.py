@@ -1,0 +1,57 @@
+"""What the `vm` seed adds to a cloud's user data (NoCloud vendor data): the wheel disk's mount and
+pip's source, and a cluster's round trip as netem inside the guest (docs/ARCHITECTURE.md, "The vm
+provider"). The user data wins on any key both set; the clouds' set no `bootcmd`, which runs
+early at every boot, so a reboot applies both again."""
+
+from __future__ import annotations
+
+import json
+
+from .vmwheels import DISK_LABEL, GUEST_PYTHON, MOUNT_POINT, SITE_PACKAGES
+
+# Debian's python imports sitecustomize (this file, through a link from the stdlib folder) in a
+# venv too: every venv then sees the wheel disk's packages after its own, so pip counts torch as
+# installed and `import torch` reads it from the disk. The system interpreter is left alone.
+SITECUSTOMIZE = f"/etc/python{GUEST_PYTHON}/sitecustomize.py"
+SITECUSTOMIZE_TEXT = f"""\
+# fatpipe vm: venvs see the wheel disk's packages after their own (written at every boot).
+import sys
+if sys.prefix != sys.base_prefix and {SITE_PACKAGES!r} not in sys.path:
+    sys.path.append({SITE_PACKAGES!r})
+"""
+RTT_IFB = "fprtt0"
+# Delay on the private NIC's ingress (redirected to an ifb, netem there): the root qdisc stays
+# the profile's fq, which paces what the VM sends and which `wait` checks. Half the round trip
+# per VM: every packet between two VMs is delayed once on each way. The MAC and the delay come
+# as arguments ($1, $2), never as shell text.
+RTT_SCRIPT = f"""set -e
+nic=
+for d in /sys/class/net/*; do [ "$(cat "$d/address")" = "$1" ] && nic=${{d##*/}}; done
+[ -n "$nic" ] || {{ echo "fatpipe rtt: no NIC with MAC $1" >&2; exit 1; }}
+ip link show {RTT_IFB} >/dev/null 2>&1 || ip link add {RTT_IFB} type ifb
+ip link set {RTT_IFB} mtu "$(cat /sys/class/net/$nic/mtu)" up
+tc qdisc replace dev "$nic" handle ffff: ingress
+tc filter replace dev "$nic" parent ffff: protocol all prio 1 matchall action mirred egress redirect dev {RTT_IFB}
+tc qdisc replace dev {RTT_IFB} root netem delay "$2" limit 100000
+"""
+
+
+def vendor_data(wheels: bool, mac: str, rtt_ms: float) -> str:
+    """The vendor data of one VM: with `wheels`, mount the wheel disk, show its packages to every
+    venv and point every later pip (the boot build's among them) at its wheels alone; with
+    `rtt_ms`, delay the private NIC's ingress."""
+    bootcmd: list[list[str]] = []
+    if wheels:
+        bootcmd += [
+            ["mkdir", "-p", MOUNT_POINT],
+            ["sh", "-c", f"mountpoint -q {MOUNT_POINT} || mount -o ro LABEL={DISK_LABEL} {MOUNT_POINT}"],
+            ["sh", "-c", 'printf %s "$1" > "$2"', "fatpipe-site", SITECUSTOMIZE_TEXT, SITECUSTOMIZE],
+            # systemd's environment reaches the boot build's transient unit. pip reads a `no-`
+            # option from the environment as the option without it: PIP_NO_COMPILE=0 skips
+            # byte-compiling, minutes under emulation (the first import compiles what it needs).
+            ["systemctl", "set-environment", "PIP_NO_INDEX=1", f"PIP_FIND_LINKS={MOUNT_POINT}/wheels",
+             "PIP_NO_COMPILE=0"],
+        ]
+    if rtt_ms > 0:
+        bootcmd.append(["sh", "-c", RTT_SCRIPT, "fatpipe-rtt", mac, f"{rtt_ms / 2:g}ms"])
+    return "#cloud-config\n" + json.dumps({"bootcmd": bootcmd} if bootcmd else {}, indent=1) + "\n"
