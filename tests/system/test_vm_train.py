@@ -19,7 +19,7 @@ from .conftest import fatpipe_cli, free_port
 from .vmhelpers import BOOT_TIMEOUT_S, consoles, leftovers, on_node, vm_image_cache
 
 # TCG boots, torch installed from wheels in the guests and a short run: many minutes on 2 cores.
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+pytestmark = [pytest.mark.slow, pytest.mark.vm_long, pytest.mark.timeout(3600)]
 
 CLUSTER = "vmtrain"
 OCTET = 182
