@@ -29,17 +29,18 @@ def vm_environment(keys: tuple[str, ...]) -> dict[str, str]:
     return {f"{VM_ENV_PREFIX}{key.upper()}": f"${{self.input.{key}}}" for key in keys}
 
 
-def wheels_input(project) -> str:
-    """What the wheel disk holds (stacks/vmwheels.py): the node venv's requirements and torch's
-    index where one is declared, as JSON (pip gets each item as one argument)."""
+def wheels_input(project, cluster) -> str:
+    """What the wheel disk holds (stacks/vmwheels.py): the cluster's node venv's requirements and
+    torch's index where one is declared, as JSON (pip gets each item as one argument)."""
     import json
     import os
 
+    from fatpipe.infra.nodespec import cluster_node
     from fatpipe.infra.nodevenv import TORCH_INDEX_ENV, node_venv
     from fatpipe.stacks.vmwheels import index_args, wheel_requirements
 
-    venv = node_venv(project, 0)
-    declared = project.spec.node.torch_index is not None or bool(os.environ.get(TORCH_INDEX_ENV))
+    venv = node_venv(project, cluster.name, 0)  # the guests have no GPUs
+    declared = cluster_node(project.spec, cluster.name).torch_index is not None or bool(os.environ.get(TORCH_INDEX_ENV))
     return json.dumps({"requirements": wheel_requirements(venv), "index": index_args(venv, declared)})
 
 
@@ -52,7 +53,7 @@ def node_input(cluster, project, index: int, mtu: int, user_data: str) -> dict:
     return {"name": name, "address": node_address(cluster.private_cidr, cluster.private_ip(index)),
             "rate_gbit": cluster.link_rate_gbps, "mtu": mtu, "node_dir": f".fatpipe/{cluster.name}/nodes/{name}",
             "accel": cluster.accel, "vcpus": cluster.vcpus, "memory_mib": cluster.memory_mib, "cache": cache,
-            "wheels": wheels_input(project), "rtt_ms": cluster.rtt_ms, "user_data": user_data, **names}
+            "wheels": wheels_input(project, cluster), "rtt_ms": cluster.rtt_ms, "user_data": user_data, **names}
 
 
 def node_output(cluster, project, node: dict) -> dict:
