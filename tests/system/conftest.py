@@ -204,6 +204,18 @@ def fatpipe_cli(folder: Path, *args: str, control_dir: str, timeout: float = 600
                           stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
 
 
+def declared_env_cli(folder: Path, *args: str, control_dir: str, timeout: float = 600) -> subprocess.CompletedProcess:
+    """`fatpipe ARGS` whose nodes get the environment the project declares: the suite's own
+    FATPIPE_TORCH overrides (this machine's torch for every node) are left out."""
+    import faults
+
+    env = faults.cli_env(FATPIPE_SSH_CONTROL_DIR=control_dir)
+    for name in ("FATPIPE_TORCH", "FATPIPE_TORCH_INDEX_URL"):
+        env.pop(name, None)
+    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+
+
 def rented_sim_toml(folder: Path, hosts: str, rented: str, octet: int, remote_dirs: list[str], *,
                     rdzv_port: int, sim_extra: str = "") -> str:
     """A sim cluster `hosts` reached over SSH (bare machines with sshd) and the same machines

@@ -12,7 +12,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import faults
 import pytest
 from conftest import skip_or_fail
 
@@ -22,7 +21,7 @@ from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from fatpipe.infra.project import Project, load_project, parse_project
 from fatpipe.stacks.bootenv import BOOT_ENV_SPEC
 
-from .conftest import require_ssh_sim, ssh_sim_toml
+from .conftest import declared_env_cli, require_ssh_sim, ssh_sim_toml
 from .test_wheel_check import WHEEL, index  # noqa: F401 (the local package index fixture)
 
 pytestmark = pytest.mark.timeout(900)
@@ -125,11 +124,7 @@ CONTROL_DIR = tempfile.mkdtemp(prefix="fp-ncl-")  # ssh's sockets need a short p
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = faults.cli_env(FATPIPE_SSH_CONTROL_DIR=CONTROL_DIR)
-    for name in ("FATPIPE_TORCH", "FATPIPE_TORCH_INDEX_URL"):
-        env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return declared_env_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
 
 
 @pytest.fixture

@@ -16,14 +16,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import faults
 import pytest
 
 from fatpipe.infra.node import PROJECT_MARKER, REMOTE_VENV
 from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from fatpipe.infra.project import load_project
 
-from .conftest import free_port
+from .conftest import declared_env_cli, free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -32,11 +31,7 @@ CONTROL_DIR = tempfile.mkdtemp(prefix="fp-env-")  # ssh's sockets need a short p
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    env = faults.cli_env(FATPIPE_SSH_CONTROL_DIR=CONTROL_DIR)
-    env.pop("FATPIPE_TORCH", None)
-    env.pop("FATPIPE_TORCH_INDEX_URL", None)
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return declared_env_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
 
 
 @pytest.fixture

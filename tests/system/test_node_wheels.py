@@ -16,14 +16,13 @@ import sys
 import tempfile
 from pathlib import Path
 
-import faults
 import pytest
 from conftest import skip_or_fail
 from wheelindex import CountingIndex
 
 from fatpipe.infra.node import REMOTE_VENV
 
-from .conftest import require_ssh_sim, ssh_sim_toml
+from .conftest import declared_env_cli, require_ssh_sim, ssh_sim_toml
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
@@ -32,11 +31,7 @@ CONTROL_DIR = tempfile.mkdtemp(prefix="fp-whl-")  # ssh's sockets need a short p
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 1200) -> subprocess.CompletedProcess:
-    env = faults.cli_env(FATPIPE_SSH_CONTROL_DIR=CONTROL_DIR)
-    for name in ("FATPIPE_TORCH", "FATPIPE_TORCH_INDEX_URL"):
-        env.pop(name, None)
-    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
-                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
+    return declared_env_cli(folder, *args, control_dir=CONTROL_DIR, timeout=timeout)
 
 
 @pytest.fixture(scope="module")
