@@ -287,6 +287,7 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
         out.print("[yellow]interrupted[/]: the run was stopped on every node")
     elif result.timed_out:
         out.print(f"[red]timed out[/] after {timeout_s:g} s: the run was stopped on every node")
-    pull_declared(project, node_runs(rdzv, project.state_dir(outputs.name))[0], out)
+    if project.spec.run.pull:  # node 0's transport is made only when something is to come back
+        pull_declared(project, node_runs(rdzv, project.state_dir(outputs.name))[0], out)
     out.print(f"logs and results in {run_dir}", markup=False)
     return result

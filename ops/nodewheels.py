@@ -162,11 +162,12 @@ def build_node_envs(nodes: list[NodeRun], venv: NodeVenv, stamp: str, log: Log) 
                                f"{served.stdout.strip()[-300:] or served.reason()}")
         url, started = private_url(first, int(port.group(1))), time.monotonic()
         # Node 0 installs while the others do: its own install is no longer a wait for them.
-        commands = {id(n): peer_command(stamp, venv, url) for n in peers}
-        commands[id(first)] = own_install_command(stamp, venv)
+        def install(n: NodeRun):
+            command = own_install_command(stamp, venv) if n is first else peer_command(stamp, venv, url)
+            return n.transport.run(n.sh(command), timeout=BUILD_TIMEOUT_S)
+
         installing = [first, *peers]
-        results = fan_out(lambda n: n.transport.run(n.sh(commands[id(n)]), timeout=BUILD_TIMEOUT_S),
-                          installing)
+        results = fan_out(install, installing)
         for node, result in zip(installing, results, strict=True):
             where = "building its venv" if node is first else f"installing the wheels from {first.name}"
             must(node, where, result)

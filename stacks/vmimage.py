@@ -131,7 +131,7 @@ def build_image(cache: Path, log=print, mirror: str | None = None) -> BaseImage:
     if missing_tools():
         raise FatpipeError(f"the vm image needs these Debian packages: {' '.join(missing_tools())} (make system-packages)")
     cache.mkdir(parents=True, exist_ok=True)
-    with _locked(cache / ".lock"):
+    with locked(cache / ".lock"):
         found = cached_image(cache)
         if found:
             return found
@@ -184,7 +184,7 @@ def _run(argv: list[str], log_file: Path) -> None:
 
 
 @contextlib.contextmanager
-def _locked(path: Path):
+def locked(path: Path):
     with open(path, "w") as f:
         fcntl.flock(f, fcntl.LOCK_EX)
         try:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 
-from .vmimage import _locked
+from .vmimage import locked
 
 # The guests' interpreter and platform (the base image's suite): what the wheels must fit.
 GUEST_PYTHON = "3.11"
@@ -58,7 +58,7 @@ def wheel_disk(cache: Path, requirements: list[str], index: list[str], log=print
     cache.mkdir(parents=True, exist_ok=True)
     request = hashlib.sha256(json.dumps([requirements, index, GUEST_PYTHON, GUEST_PLATFORMS]).encode())
     wheels = cache / f"wheels-src-{request.hexdigest()[:16]}"
-    with _locked(cache / ".wheels.lock"):
+    with locked(cache / ".wheels.lock"):
         _download(wheels, requirements, index, log)
         key = hashlib.sha256(f"{DISK_LAYOUT}/{contents_key(wheels)}".encode()).hexdigest()[:16]
         disk = cache / f"wheels-{key}" / "wheels.img"

@@ -114,15 +114,11 @@ class ScriptRun:
         if self.decision is None:
             self._measure_then_decide(step, step_s - comm.exposed_s)
         elif self.auto:
-            self.auto.at_step(step, self.module, self._switch, self._cannot_take)
+            # A switch puts the new hook in the timed comm hook in place (the script's DDP and
+            # its bucket layout stay; a fresh PowerSGD state when switching to it).
+            self.auto.at_step(step, self.module, self._apply, self._cannot_take)
             self.decision = self.auto.decision
         return rec
-
-    def _switch(self, new: dict) -> None:
-        """Every rank, between steps: the new hook in the timed comm hook, in place (the
-        script's DDP and its bucket layout stay; a fresh PowerSGD state when switching to it)."""
-        self.decision = new
-        self._apply(new)
 
     def _cannot_take(self, comm: str) -> str | None:
         """Why this script's DDP cannot switch to `comm` in place, or None."""
