@@ -34,12 +34,17 @@ def node_from_env():
     missing = [key for key, value in values.items() if value is None]
     if missing:
         raise FatpipeError(f"fatpipe vm: missing {', '.join(VM_ENV_PREFIX + k.upper() for k in missing)}")
+    node_dir = Path(values["node_dir"])
+    # node-down removes this folder: only ever a node's own folder under the project's state.
+    if node_dir.is_absolute() or len(node_dir.parts) != 4 or node_dir.parts[::2] != (".fatpipe", "nodes") \
+            or ".." in node_dir.parts:
+        raise FatpipeError(f"fatpipe vm: {VM_ENV_PREFIX}NODE_DIR {str(node_dir)!r} is not .fatpipe/<cluster>/nodes/<node>")
     boot = {key: os.environ[f"{VM_ENV_PREFIX}{key.upper()}"] for key in BOOT_KEYS[:-1]
             if f"{VM_ENV_PREFIX}{key.upper()}" in os.environ}  # node-up's alone (not the user data)
     try:
         return VmNode(**{**values, **boot, "rtt_ms": float(boot.get("rtt_ms", 0)),
                          "rate_gbit": float(values["rate_gbit"]), "mtu": int(values["mtu"]), "vcpus": int(values["vcpus"]), "memory_mib": int(values["memory_mib"]),
-                         "node_dir": Path(values["node_dir"])})
+                         "node_dir": node_dir})
     except ValueError as e:
         raise FatpipeError(f"fatpipe vm: a bad FATPIPE_VM_* value ({e})") from None
 

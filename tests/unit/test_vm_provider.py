@@ -207,3 +207,22 @@ def test_a_venv_sees_the_disks_packages_after_its_own_and_the_system_python_does
     seen = {name: subprocess.run([python, "-c", show], capture_output=True, text=True, check=True).stdout.strip()
             for name, python in (("venv", str(tmp_path / "venv" / "bin" / "python")), ("system", sys.base_prefix + "/bin/python3"))}
     assert seen == {"venv": "True", "system": "False"}
+
+
+@pytest.mark.parametrize("node_dir", ["/", "/home/me", ".", "..", ".fatpipe/c/nodes", "../x/nodes/y",
+                                      ".fatpipe/c/nodes/../../..", "data/c/nodes/n", ".fatpipe/../nodes/n"])
+def test_node_down_refuses_a_folder_that_is_no_nodes_own(monkeypatch, tmp_path, node_dir):
+    # node-down removes the node's folder: a hostile or mistaken value must never name another.
+    from click.testing import CliRunner
+
+    from fatpipe.cli.main import cli
+    from fatpipe.stacks.providers.vm_stack import NODE_KEYS, VM_ENV_PREFIX
+
+    for key in NODE_KEYS:
+        monkeypatch.setenv(f"{VM_ENV_PREFIX}{key.upper()}", "1")
+    monkeypatch.setenv(f"{VM_ENV_PREFIX}NODE_DIR", node_dir)
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "keep").write_text("mine")
+    result = CliRunner().invoke(cli, ["vm", "node-down"])
+    assert result.exit_code != 0 and "is not .fatpipe/<cluster>/nodes/<node>" in result.output, result.output
+    assert (tmp_path / "keep").read_text() == "mine"
