@@ -8,11 +8,12 @@ from .errors import FatpipeError
 from .spec import TIER_GBPS
 
 # TCP buffers hold twice the bandwidth-delay product (the kernel charges packet overhead to
-# the buffer, so only about half of it is window) at an RTT budget of 10 ms: far above
-# in-region RTTs (0.05-2 ms), so a queue that builds up during an all-reduce burst never caps
-# the window. Rounded up to a power of two and never below 8 MiB, so a profile only raises
-# the kernel's own limits (tcp_rmem max 6 MiB, tcp_wmem max 4 MiB).
-RTT_BUDGET_S = 0.010
+# the buffer, so only about half of it is window) at the cluster's RTT budget. The default,
+# 10 ms, is far above in-region RTTs (0.05-2 ms), so a queue that builds up during an
+# all-reduce burst never caps the window; nodes across regions declare their farthest round
+# trip (`max_rtt_ms`). Rounded up to a power of two and never below 8 MiB, so a profile only
+# raises the kernel's own limits (tcp_rmem max 6 MiB, tcp_wmem max 4 MiB).
+RTT_BUDGET_MS = 10.0
 MIN_BUFFER = 8 << 20
 
 # Packets queued per CPU before the NIC's softirq drops them; a 10G+ NIC outruns the 1000 default.
@@ -24,9 +25,9 @@ NETDEV_BACKLOG = {"1g": 5000, "10g": 30000, "25g": 100000}
 NCCL_SOCKETS = {"1g": (1, 2), "10g": (2, 4), "25g": (4, 4)}
 
 
-def buffer_bytes(gbps: float) -> int:
-    """The TCP buffer ceiling for a link of `gbps`: 2 x BDP at RTT_BUDGET_S, a power of two."""
-    need = max(int(2 * gbps * 1e9 / 8 * RTT_BUDGET_S), MIN_BUFFER)
+def buffer_bytes(gbps: float, rtt_budget_ms: float = RTT_BUDGET_MS) -> int:
+    """The TCP buffer ceiling for a link of `gbps`: 2 x BDP at `rtt_budget_ms`, a power of two."""
+    need = max(int(2 * gbps * 1e9 / 8 * rtt_budget_ms / 1000), MIN_BUFFER)
     return 1 << (need - 1).bit_length()
 
 
@@ -40,12 +41,12 @@ class TierProfile:
     nccl: dict[str, str] = field(repr=False, hash=False)  # NCCL_* settings for env and nccl.conf
 
 
-def tier_profile(tier: str) -> TierProfile:
-    """The profile of tier `tier` ("1g", "10g" or "25g")."""
+def tier_profile(tier: str, rtt_budget_ms: float = RTT_BUDGET_MS) -> TierProfile:
+    """The profile of tier `tier` ("1g", "10g" or "25g"), its buffers sized for `rtt_budget_ms`."""
     if tier not in TIER_GBPS:
         raise ValueError(f"unknown tier {tier!r}; allowed: {', '.join(TIER_GBPS)}")
     gbps = TIER_GBPS[tier]
-    size = buffer_bytes(gbps)
+    size = buffer_bytes(gbps, rtt_budget_ms)
     sysctls = {
         "net.core.rmem_max": str(size),
         "net.core.wmem_max": str(size),

@@ -61,3 +61,13 @@ def test_read_back_comparison_ignores_sysctl_tabs():
     problems = sysctl_mismatches(declared, observed)
     assert "net.ipv4.tcp_congestion_control: cubic (want bbr)" in problems
     assert any(p.startswith("net.core.default_qdisc: not read back") for p in problems)
+
+
+def test_buffers_cover_the_declared_round_trip():
+    """A cross-region round trip gets buffers of twice its bandwidth-delay product (half of a
+    buffer is window): 1 Gbit/s at 100 ms is a 12.5 MB BDP, so 32 MiB; 10 ms stays at 8 MiB."""
+    assert tier_profile("1g").sysctls["net.core.rmem_max"] == str(8 << 20)
+    far = tier_profile("1g", rtt_budget_ms=100).sysctls
+    assert far["net.core.rmem_max"] == far["net.core.wmem_max"] == str(32 << 20)
+    assert far["net.ipv4.tcp_rmem"].split()[-1] == str(32 << 20)
+    assert buffer_bytes(1, rtt_budget_ms=50) == 16 << 20
