@@ -38,6 +38,15 @@ class SimCluster(LocalCluster):
     ssh_user: str = ""
     firewall: bool = True  # transport ssh: the host firewall rented machines get (infra/firewall.py)
 
+    @field_validator("max_rtt_ms")
+    @classmethod
+    def _no_round_trip(cls, value: float | None) -> float | None:
+        # Namespaces of one kernel: no link has a round trip, and rmem_max/wmem_max are the host's.
+        if value is not None:
+            raise ValueError("sim nodes have no round trip to size buffers for (max_rtt_ms is for aws, "
+                             "digitalocean, ssh and vm clusters)")
+        return value
+
     @model_validator(mode="after")
     def _ssh_needs_namespaces(self):
         if self.transport == "ssh" and self.isolation == "loopback":

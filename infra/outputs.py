@@ -11,6 +11,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from .errors import FatpipeError
 from .hostvalues import check_address, check_login
+from .spec import DEFAULT_MAX_RTT_MS
 
 
 def _ipv4(value: str, what: str) -> str:
@@ -74,6 +75,7 @@ class ClusterOutputs(BaseModel):
     ssh_user: str = ""
     gpus_per_node: int = Field(0, ge=0)
     rdzv_port: int = Field(29400, ge=1, le=65535)
+    max_rtt_ms: float = Field(DEFAULT_MAX_RTT_MS, gt=0)  # the round trip the nodes' buffers are sized for
     isolation: Literal["netns", "loopback"] | None = None  # sim clusters: what `auto` resolved to
     nccl: dict[str, str] = Field(default_factory=dict)  # NCCL_* settings the nodes' runs get
     # Machines fatpipe did not make: whether their host firewall is on (launch checks it, or

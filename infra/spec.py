@@ -17,6 +17,9 @@ from .trainspec import Strict
 
 Tier = Literal["1g", "10g", "25g"]
 TIER_GBPS: dict[str, int] = {"1g": 1, "10g": 10, "25g": 25}
+# The round trip the nodes' TCP buffers are sized for unless a cluster declares its own
+# (`max_rtt_ms`): far above in-region RTTs (0.05-2 ms); nodes across regions declare theirs.
+DEFAULT_MAX_RTT_MS = 10.0
 
 # Nodes get deterministic private IPs from this host offset up, so the rendezvous endpoint
 # (node 0) is known before anything boots. AWS reserves the first four addresses of a subnet
@@ -74,6 +77,9 @@ class ClusterBase(Strict):
     gpus_per_node: int = Field(0, ge=0, le=16)
     private_cidr: str = "10.42.0.0/24"
     rdzv_port: int = Field(29400, ge=1024, le=65535)
+    # The longest round trip between two nodes: the TCP buffers hold its bandwidth-delay
+    # product (infra/tiers.py). Default DEFAULT_MAX_RTT_MS; nodes across regions declare theirs.
+    max_rtt_ms: float | None = Field(None, ge=0.1, le=1000)
     backend: Backend = Field(default_factory=Backend)
     data: DataSpec | None = None  # this cluster's dataset ([clusters.<name>.data]); else [data]
     node: NodeSpec | None = None  # keys that replace the project's [node] here ([clusters.<name>.node])
@@ -120,6 +126,11 @@ class ClusterBase(Strict):
     def tier_gbps(self) -> int:
         return TIER_GBPS[self.tier]
 
+    @property
+    def rtt_budget_ms(self) -> float:
+        """The round trip the tier profile's buffers are sized for."""
+        return self.max_rtt_ms or DEFAULT_MAX_RTT_MS
+
     def private_ip(self, index: int) -> str:
         """The deterministic private IP of node `index`."""
         net = ipaddress.IPv4Network(self.private_cidr)
@@ -142,7 +153,7 @@ class ClusterBase(Strict):
             "name": self.name, "provider": self.provider, "region": self.region,
             "tier_gbps": self.tier_gbps, "private_cidr": self.private_cidr,
             "ssh_user": self.ssh_user, "gpus_per_node": self.gpus_per_node,
-            "rdzv_port": self.rdzv_port, **extra, "nodes": nodes,
+            "rdzv_port": self.rdzv_port, "max_rtt_ms": self.rtt_budget_ms, **extra, "nodes": nodes,
         }
 
 

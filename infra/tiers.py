@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from .errors import FatpipeError
-from .spec import TIER_GBPS
+from .spec import DEFAULT_MAX_RTT_MS, TIER_GBPS
 
 # TCP buffers hold twice the bandwidth-delay product (the kernel charges packet overhead to
 # the buffer, so only about half of it is window) at the cluster's RTT budget. The default,
@@ -13,7 +13,7 @@ from .spec import TIER_GBPS
 # all-reduce burst never caps the window; nodes across regions declare their farthest round
 # trip (`max_rtt_ms`). Rounded up to a power of two and never below 8 MiB, so a profile only
 # raises the kernel's own limits (tcp_rmem max 6 MiB, tcp_wmem max 4 MiB).
-RTT_BUDGET_MS = 10.0
+RTT_BUDGET_MS = DEFAULT_MAX_RTT_MS
 MIN_BUFFER = 8 << 20
 
 # Packets queued per CPU before the NIC's softirq drops them; a 10G+ NIC outruns the 1000 default.

@@ -27,3 +27,8 @@ class VmCluster(LocalCluster):
     # A round trip between the VMs (a cross-region link rehearsed): netem inside the guests.
     rtt_ms: float = Field(0, ge=0, le=1000)
     ssh_user: str = VM_LOGIN  # the taps are shaped to link_rate_gbps
+
+    @property
+    def rtt_budget_ms(self) -> float:
+        """The buffers cover the round trip the guests' netem adds, whatever `max_rtt_ms` says."""
+        return max(super().rtt_budget_ms, self.rtt_ms)

@@ -139,7 +139,7 @@ def profile_problems(marker: dict) -> list[str]:
 
 
 def declared_sysctls(outputs) -> dict[str, str]:
-    return tier_profile(tier_name(outputs.tier_gbps)).sysctls
+    return tier_profile(tier_name(outputs.tier_gbps), outputs.max_rtt_ms).sysctls
 
 
 def wait_for_nodes(project, outputs, timeout_s: float = 300, interval_s: float = 2,
