@@ -12,7 +12,7 @@ CDKTN_STAMP := $(VENV)/.fatpipe-cdktn-installed
 CHECKOV := .tools/checkov/bin/checkov
 CHECKOV_VERSION ?= 3.3.30
 
-.PHONY: install install-cdktn cdktf-cli cdktn-cli checkov system-packages demo test test-unit test-system test-loaded test-vm-train lint clean
+.PHONY: install install-cdktn cdktf-cli cdktn-cli checkov system-packages demo test test-unit test-system test-loaded lint clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -86,23 +86,18 @@ lint: install
 # Everything: lint, the unit tests (seconds, no real processes) and the system tests (real
 # terraform, namespaces, sshd, torchrun; minutes).
 test: system-packages install install-cdktn cdktf-cli cdktn-cli checkov lint
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -m "not vm_long" tests/unit tests/system
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/unit tests/system
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
 
 test-system: system-packages install install-cdktn cdktf-cli cdktn-cli checkov
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -m "not vm_long" tests/system
-
-# `fatpipe up` trained inside 2 QEMU VMs (tests/system/test_vm_train.py): every phase on real
-# kernels, 30-40 minutes where the VMs run under software emulation (TCG), minutes under KVM.
-test-vm-train: system-packages install install-cdktn cdktf-cli cdktn-cli checkov
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -m vm_long tests/system/test_vm_train.py
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/system
 
 # The suite (or PYTEST_ARGS) on a loaded machine, as on a busy CI runner: two CPU-bound processes
 # run beside it and are killed at the end whatever happens (failure, Ctrl-C, TERM); each process
 # has a time limit besides. E.g. make test-loaded PYTEST_ARGS="-q tests/system/test_trainer.py"
-PYTEST_ARGS ?= -m "not vm_long" tests/unit tests/system
+PYTEST_ARGS ?= tests/unit tests/system
 LOADED_TIMEOUT_S ?= 7200
 test-loaded: system-packages install install-cdktn cdktf-cli cdktn-cli checkov
 	@timeout $(LOADED_TIMEOUT_S) $(PYTHON) -c 'while 1: pass' & a=$$!; \
