@@ -82,6 +82,7 @@ def peer_delay_args(rtt_ms: float, peer_rtt_ms: dict[str, float]) -> list[str]:
         raise ValueError(f"{len(groups)} distinct round trips to peers: at most {MAX_PEER_DELAYS}")
     return [default] + [arg for delay, ips in groups.items() for arg in (delay, *ips)]
 
+
 def vendor_data(wheels: bool, mac: str, rtt_ms: float, peer_rtt_ms: dict[str, float] | None = None) -> str:
     """The vendor data of one VM: with `wheels`, mount the wheel disk, show its packages to every
     venv and point every later pip (the boot build's among them) at its wheels alone; with
