@@ -43,10 +43,32 @@ def node_from_env():
             if f"{VM_ENV_PREFIX}{key.upper()}" in os.environ}  # node-up's alone (not the user data)
     try:
         return VmNode(**{**values, **boot, "rtt_ms": float(boot.get("rtt_ms", 0)),
+                         "peer_rtt_ms": peer_rtts(boot.get("peer_rtt_ms", "{}")),
                          "rate_gbit": float(values["rate_gbit"]), "mtu": int(values["mtu"]), "vcpus": int(values["vcpus"]), "memory_mib": int(values["memory_mib"]),
                          "node_dir": node_dir})
     except ValueError as e:
         raise FatpipeError(f"fatpipe vm: a bad FATPIPE_VM_* value ({e})") from None
+
+
+def peer_rtts(text: str) -> tuple[tuple[str, float], ...]:
+    """FATPIPE_VM_PEER_RTT_MS, the stack's JSON {peer IP: round trip in ms}, checked: it comes
+    from the environment, and its values become tc's arguments in the guest."""
+    import ipaddress
+    import json
+
+    from fatpipe.infra.errors import FatpipeError
+
+    try:
+        peers = json.loads(text)
+        if not isinstance(peers, dict):
+            raise ValueError("not a JSON object")
+        for rtt in peers.values():  # a number from 0 to 1000 (NaN and booleans are not)
+            if isinstance(rtt, bool) or not isinstance(rtt, (int, float)) or not 0 <= rtt <= 1000:
+                raise ValueError(f"{rtt!r} is not a round trip of 0 to 1000 ms")
+        checked = tuple((str(ipaddress.IPv4Address(ip)), float(rtt)) for ip, rtt in sorted(peers.items()))
+    except ValueError as e:
+        raise FatpipeError(f"fatpipe vm: FATPIPE_VM_PEER_RTT_MS is not {{peer IPv4: round trip ms}} ({e})") from None
+    return checked
 
 
 @vm.command("node-up", hidden=True)

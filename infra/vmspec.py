@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from .spec import LocalCluster
 
@@ -24,11 +24,35 @@ class VmCluster(LocalCluster):
     memory_mib: int = Field(1024, ge=512, le=1024 * 1024)
     # auto: KVM when a bounded probe boots the kernel with it, else software emulation (TCG).
     accel: Literal["auto", "kvm", "tcg"] = "auto"
-    # A round trip between the VMs (a cross-region link rehearsed): netem inside the guests.
+    # A round trip between two VMs of one region (a cross-region link rehearsed): netem inside
+    # the guests. With `regions`, the nodes split into that many consecutive groups (node i is in
+    # region i * regions // nodes) and two VMs of different regions see `cross_region_rtt_ms`.
     rtt_ms: float = Field(0, ge=0, le=1000)
+    regions: int = Field(1, ge=1, le=64)
+    cross_region_rtt_ms: float | None = Field(None, ge=0, le=1000)
     ssh_user: str = VM_LOGIN  # the taps are shaped to link_rate_gbps
 
     @property
     def rtt_budget_ms(self) -> float:
-        """The buffers cover the round trip the guests' netem adds, whatever `max_rtt_ms` says."""
-        return max(super().rtt_budget_ms, self.rtt_ms)
+        """The buffers cover the longest round trip the guests' netem adds, whatever `max_rtt_ms` says."""
+        return max(super().rtt_budget_ms, self.rtt_ms, self.cross_region_rtt_ms or 0)
+
+    @model_validator(mode="after")
+    def _regions_fit(self):
+        if self.regions > self.nodes:
+            raise ValueError(f"regions = {self.regions}: more regions than nodes ({self.nodes})")
+        if self.regions == 1 and self.cross_region_rtt_ms is not None:
+            raise ValueError("cross_region_rtt_ms: needs regions >= 2 (one region has no cross-region link)")
+        if self.regions > 1 and self.cross_region_rtt_ms is None:
+            raise ValueError(f"regions = {self.regions}: give cross_region_rtt_ms, the round trip between regions")
+        return self
+
+    def region_of(self, index: int) -> int:
+        return index * self.regions // self.nodes
+
+    def peer_rtt_ms(self, index: int) -> dict[str, float]:
+        """Node `index`'s peers whose round trip is not `rtt_ms`, by private IP: what its guest
+        delays apart from the default (empty for one region, so its seed is unchanged)."""
+        theirs = {self.private_ip(peer): self.rtt_ms if self.region_of(peer) == self.region_of(index)
+                  else self.cross_region_rtt_ms for peer in range(self.nodes) if peer != index}
+        return {ip: rtt for ip, rtt in theirs.items() if rtt != self.rtt_ms}

@@ -46,6 +46,7 @@ class VmNode:
     cache: str = ""  # the image cache folder
     wheels: str = ""  # JSON: the wheel disk's requirements and index (stacks/vmwheels.py)
     rtt_ms: float = 0.0  # the cluster's round trip, as netem inside the guest (stacks/vmseed.py)
+    peer_rtt_ms: tuple[tuple[str, float], ...] = ()  # (peer IP, round trip) where not rtt_ms (regions)
 
     @property
     def ip(self) -> str:
@@ -157,7 +158,7 @@ def _seed(node: VmNode, user_data: str, public_key: str, node_dir: Path, wheels:
     network = {"version": 2, "ethernets": {"private": {
         "match": {"macaddress": node.mac}, "addresses": [node.address]}}}
     (seed / "network-config").write_text(json.dumps(network, indent=1) + "\n")
-    (seed / "vendor-data").write_text(vendor_data(wheels, node.mac, node.rtt_ms))
+    (seed / "vendor-data").write_text(vendor_data(wheels, node.mac, node.rtt_ms, dict(node.peer_rtt_ms)))
     run(["cloud-localds", "-N", str(seed / "network-config"), "-V", str(seed / "vendor-data"),
          str(node_dir / "seed.img"), str(seed / "user-data"), str(seed / "meta-data")])
 

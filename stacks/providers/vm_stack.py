@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import json
 import sys
 
 from fatpipe.stacks.vmimage import default_cache
@@ -16,7 +17,7 @@ from .sim_stack import ROOT_FROM_STACK_DIR
 # needs goes to node-up alone: a node deployed before such a key existed can still be destroyed.
 NODE_KEYS = ("name", "address", "mac", "rate_gbit", "mtu", "node_dir", "bridge", "tap", "accel",
              "vcpus", "memory_mib", "cache")
-BOOT_KEYS = ("wheels", "rtt_ms", "user_data")
+BOOT_KEYS = ("wheels", "rtt_ms", "peer_rtt_ms", "user_data")  # the user data last
 VM_ENV_PREFIX = "FATPIPE_VM_"
 
 
@@ -32,7 +33,6 @@ def vm_environment(keys: tuple[str, ...]) -> dict[str, str]:
 def wheels_input(project, cluster) -> str:
     """What the wheel disk holds (stacks/vmwheels.py): the cluster's node venv's requirements and
     torch's index where one is declared, as JSON (pip gets each item as one argument)."""
-    import json
     import os
 
     from fatpipe.infra.nodespec import cluster_node
@@ -53,7 +53,9 @@ def node_input(cluster, project, index: int, mtu: int, user_data: str) -> dict:
     return {"name": name, "address": node_address(cluster.private_cidr, cluster.private_ip(index)),
             "rate_gbit": cluster.link_rate_gbps, "mtu": mtu, "node_dir": f".fatpipe/{cluster.name}/nodes/{name}",
             "accel": cluster.accel, "vcpus": cluster.vcpus, "memory_mib": cluster.memory_mib, "cache": cache,
-            "wheels": wheels_input(project, cluster), "rtt_ms": cluster.rtt_ms, "user_data": user_data, **names}
+            "wheels": wheels_input(project, cluster), "rtt_ms": cluster.rtt_ms,
+            # JSON {peer IP: round trip} (`regions`); "{}" for one region.
+            "peer_rtt_ms": json.dumps(cluster.peer_rtt_ms(index), sort_keys=True), "user_data": user_data, **names}
 
 
 def node_output(cluster, project, node: dict) -> dict:

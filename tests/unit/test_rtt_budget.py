@@ -69,3 +69,9 @@ def test_bad_budgets_are_one_line_naming_the_key(text, message):
         cluster(text)
     problems = [line for line in str(e.value).splitlines() if "max_rtt_ms" in line]
     assert len(problems) == 1 and message in problems[0], str(e.value)
+
+
+def test_a_two_regions_vm_clusters_budget_covers_the_far_pairs():
+    text = ('[clusters.v]\nprovider = "vm"\nprivate_cidr = "10.93.0.0/24"\nnodes = 4\nregions = 2\nrtt_ms = 1\n'
+            'cross_region_rtt_ms = 80\n')
+    assert cluster(text).rtt_budget_ms == 80
