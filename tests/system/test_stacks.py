@@ -17,7 +17,7 @@ from fatpipe.infra.tiers import tier_profile
 
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT_KEYS = {"name", "provider", "region", "tier_gbps", "private_cidr", "ssh_user",
-               "gpus_per_node", "rdzv_port", "nodes", "nccl"}
+               "gpus_per_node", "rdzv_port", "max_rtt_ms", "nodes", "nccl"}
 NODE_KEYS = {"name", "public_ip", "private_ip", "transport"}
 
 CLUSTERS = """
@@ -226,6 +226,7 @@ def test_output_is_the_cluster_contract(stacks, project, name):
     assert (value["name"], value["provider"], value["region"]) == (name, cluster.provider, cluster.region)
     assert value["tier_gbps"] == cluster.tier_gbps and isinstance(value["tier_gbps"], int)
     assert value["rdzv_port"] == 29400 and value["private_cidr"] == cluster.private_cidr
+    assert value["max_rtt_ms"] == 10  # the buffers' default round trip (infra/tiers.py)
     assert value["ssh_user"] == ("ubuntu" if cluster.provider == "aws" else "root")
     assert value["gpus_per_node"] == cluster.gpus_per_node
     assert [set(n) for n in value["nodes"]] == [NODE_KEYS] * cluster.nodes
