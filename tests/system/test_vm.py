@@ -4,8 +4,8 @@ by DigitalOcean's, and `fatpipe up` training on the two AWS ones.
 What a namespace cannot show is checked on the guests: cloud-init finishes `done`, the tier's
 sysctls read back including the kernel-wide rmem_max/wmem_max, the private NIC's root qdisc is
 fq, `fatpipe wait` passes, the node venv the user data builds at boot installs torch from the
-read-only wheel disk (the guests reach no index), the cluster's round trip (netem in the guests)
-reads back in ping; then `up` runs every phase on the booted pair (its deploy changes nothing):
+read-only wheel disk (the guests reach no index), the round trips of a two-regions layout (netem
+in the guests, per peer) read back in ping; then `up` runs every phase on the booted pair (its deploy changes nothing):
 `netcheck --quick` between the VMs and a few steps of the built-in trainer over gloo; and `down`
 leaves no QEMU, overlay, tap or bridge. On a machine without KVM the guests run under TCG
 (minutes per boot; in parallel): one boot serves every check.
@@ -34,7 +34,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 CLUSTER, OCTET = "vmboot", 181
 DO_CLUSTER, DO_OCTET = "vmbootdo", 185
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-vm-")
-RTT_MS = 20
+# The AWS pair as two regions: each VM delays its far peer by half of CROSS_RTT_MS and anything
+# else (this machine's address on the bridge) by half of RTT_MS.
+RTT_MS, CROSS_RTT_MS = 2, 20
 TRAIN = ["--preset", "tiny", "--steps", "3", "--warmup-steps", "1", "--comm", "none", "--batch-size", "2",
          "--seq-len", "32", "--max-restarts", "0", "--join-timeout", "900",
          # The collectives' timeout: a step or the held-out loss can take minutes under emulation,
@@ -68,7 +70,7 @@ def test_vms_boot_the_clouds_user_data_train_and_down_leaves_nothing(vm_cache, n
     monkeypatch.setenv("FATPIPE_VM_CACHE", str(vm_cache))  # the stack records it for node-up
     folder = tmp_path / "project"
     folder.mkdir()
-    (folder / "fatpipe.toml").write_text(cluster_table(CLUSTER, "aws", 2, OCTET, f"rtt_ms = {RTT_MS}\n") +
+    (folder / "fatpipe.toml").write_text(cluster_table(CLUSTER, "aws", 2, OCTET, f"regions = 2\nrtt_ms = {RTT_MS}\ncross_region_rtt_ms = {CROSS_RTT_MS}\n") +
                                          cluster_table(DO_CLUSTER, "digitalocean", 1, DO_OCTET))
     try:
         for name in (CLUSTER, DO_CLUSTER):
@@ -110,9 +112,14 @@ def check_node(folder: Path, cluster: str, ip: str, mtu: int) -> None:
 
 
 def check_round_trip(folder: Path) -> None:
-    pings = on_node(folder, CLUSTER, f"10.{OCTET}.0.10", f"ping -q -c 5 -i 0.5 10.{OCTET}.0.11")
-    rtt_min = float(re.search(r"= ([\d.]+)/", pings).group(1))
-    assert rtt_min >= 0.9 * RTT_MS, pings  # a lower bound only: a loaded machine adds, never removes
+    """The far peer is CROSS_RTT_MS away; this machine (no netem on its side) half of RTT_MS.
+    Lower bounds, and an upper one far above: a loaded machine adds delay, never removes it."""
+    def rtt_min(peer: str) -> float:
+        pings = on_node(folder, CLUSTER, f"10.{OCTET}.0.10", f"ping -q -c 5 -i 0.5 {peer}")
+        return float(re.search(r"= ([\d.]+)/", pings).group(1))
+
+    far, host = rtt_min(f"10.{OCTET}.0.11"), rtt_min(f"10.{OCTET}.0.1")
+    assert far >= 0.9 * CROSS_RTT_MS and 0.9 * RTT_MS / 2 <= host < CROSS_RTT_MS / 2, (far, host)
 
 
 def check_up_trains(folder: Path) -> None:
