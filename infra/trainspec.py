@@ -26,6 +26,7 @@ class TrainSpec(Strict):
     warmup_steps: int = Field(20, ge=0)
     checkpoint_every: int = Field(50, ge=1)
     node_metrics_every: int = Field(10, ge=0)  # steps per node-metrics window; 0: off
+    eval_windows: int = Field(128, ge=1)  # held-out windows the final eval loss reads
     timeout_s: float = Field(300.0, gt=0)  # collective timeout: a lost peer fails the attempt
     bucket_cap_mb: float = Field(25.0, gt=0)
     seed: int = 1337

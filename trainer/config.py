@@ -54,6 +54,7 @@ class TrainConfig:
     powersgd_rank: int = 4  # PowerSGD matrix approximation rank
     sync_every: int = 16  # comm=diloco/localsgd: steps between syncs (auto picks its own)
     node_metrics_every: int = 10  # steps per node-metrics window (nodes.jsonl, events.jsonl); 0: off
+    eval_windows: int = 128  # held-out windows the final eval loss reads (fewer: a faster end)
     redecide: bool = True  # comm=auto: re-probe and maybe switch hooks when steps drift off
     auto_periodic: bool = False  # comm=auto may pick diloco/localsgd (every >= 50 steps)
     out: str = "run"  # run directory: metrics, summary, checkpoints, tb/
@@ -66,7 +67,7 @@ class TrainConfig:
         if self.comm not in COMMS:
             raise ConfigError(f"--comm must be one of {', '.join(COMMS)}, not {self.comm!r}")
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "powersgd_rank",
-                     "sync_every"):
+                     "sync_every", "eval_windows"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ConfigError(f"--{_flag(name)} must be >= 1, got {getattr(self, name)}")
         for name in ("warmup_steps", "checkpoint_every", "node_metrics_every"):
@@ -122,6 +123,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--powersgd-rank", type=int, default=d.powersgd_rank)
     p.add_argument("--sync-every", type=int, default=d.sync_every)
     p.add_argument("--node-metrics-every", type=int, default=d.node_metrics_every)
+    p.add_argument("--eval-windows", type=int, default=d.eval_windows,
+                   help="held-out windows the final eval loss reads")
     p.add_argument("--redecide", action=argparse.BooleanOptionalAction, default=d.redecide)
     p.add_argument("--auto-periodic", action=argparse.BooleanOptionalAction,
                    default=d.auto_periodic)

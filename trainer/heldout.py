@@ -8,9 +8,8 @@ import torch
 from .data import Corpus, Windows, split_windows
 from .torchstate import autocast, fork_rng
 
-# The first held-out windows that are evaluated, in order: the same ones for every run of a
-# corpus and seq_len, whatever the world size or batch size.
-EVAL_WINDOWS = 128
+# The first held-out windows that are evaluated (`--eval-windows`), in order: the same ones for
+# every run of a corpus and seq_len, whatever the world size or batch size.
 
 
 def heldout_windows(train: Corpus, val: Corpus | None, seq_len: int) -> tuple[Windows, range]:
@@ -25,9 +24,10 @@ def heldout_windows(train: Corpus, val: Corpus | None, seq_len: int) -> tuple[Wi
 
 @torch.no_grad()
 def heldout_loss(model: torch.nn.Module, windows: Windows, held: range, batch_size: int,
-                 device: torch.device) -> tuple[float, int]:
-    """(mean loss per window, windows evaluated) of `model` on the windows `held` of `windows`."""
-    ids = list(held[:EVAL_WINDOWS])
+                 device: torch.device, count: int) -> tuple[float, int]:
+    """(mean loss per window, windows evaluated) of `model` on the first `count` windows `held`
+    of `windows`."""
+    ids = list(held[:count])
     total = 0.0
     was_training = model.training
     model.eval()

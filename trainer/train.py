@@ -221,7 +221,8 @@ class Trainer:
             log.error("replicas diverged: parameter digests differ across ranks")
         records = self.record.records()
         held = heldout_windows(self.corpus, self.val_corpus, self.cfg.seq_len)
-        eval_loss, eval_windows = heldout_loss(self.model, *held, self.cfg.batch_size, self.device)
+        eval_loss, eval_windows = heldout_loss(self.model, *held, self.cfg.batch_size, self.device,
+                                                 self.cfg.eval_windows)
         self.record.write_summary(
             records, self.tokens_per_step, comm=self.comm, comm_decision=self.decision,
             preset=self.cfg.preset, params=self.model.num_params(), param_digests=digests,
