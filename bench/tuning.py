@@ -151,7 +151,7 @@ def measure_row(guests: Guests, snapshots: list[dict], rtt_ms: float, args) -> d
             "sized_buffer": profiles(snapshots[0], rtt_ms)["sized"][0]["net.core.rmem_max"]}
 
 
-def table(rows: list[dict], rate_mbit: float) -> str:
+def table(rows: list[dict]) -> str:
     lines = ["| RTT ms | BDP MB | iperf3 default / tier / sized (Gbit/s) | sized / default | "
              "all-reduce busbw default / tier / sized (Gbit/s) |", "| --- | --- | --- | --- | --- |"]
     for row in rows:
@@ -269,7 +269,7 @@ def main() -> int:
                     "load_after": os.getloadavg()[0]},
            "vms": {"nodes": 2, "vcpus": 1, "memory_mib": 1024, "accel": accel[:1]}, "rate_mbit": args.rate_mbit,
            "iperf3_seconds": args.seconds, "allreduce_mib": args.mib, "rows": rows}
-    doc["table"], doc["goals"] = table(rows, args.rate_mbit), goals(rows, args.rate_mbit)
+    doc["table"], doc["goals"] = table(rows), goals(rows, args.rate_mbit)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(doc, indent=2) + "\n")
     print(doc["table"])
