@@ -261,6 +261,7 @@ def main() -> int:
             left = leftovers(folder)
             print("down: nothing left" if not left else f"down LEFT: {left}")
             shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(control, ignore_errors=True)
     import torch
 
     accel = [json.loads(f.read_text())["accel"] for f in (REPO / ".tools" / "vm-image").glob("*/accel.json")]
