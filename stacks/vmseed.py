@@ -1,12 +1,14 @@
 """What the `vm` seed adds to a cloud's user data (NoCloud vendor data): the wheel disk's mount and
-pip's source, and a cluster's round trip as netem inside the guest (docs/ARCHITECTURE.md, "The vm
-provider"). The user data wins on any key both set; the clouds' set no `bootcmd`, which runs
+pip's source, a cluster's round trip as netem inside the guest, and a snapshot of the kernel's own
+TCP settings (docs/ARCHITECTURE.md, "The vm provider"). The user data wins on any key both set; the clouds' set no `bootcmd`, which runs
 early at every boot, so a reboot applies both again."""
 
 from __future__ import annotations
 
 import ipaddress
 import json
+
+from fatpipe.infra.tiers import tier_profile
 
 from .vmwheels import DISK_LABEL, GUEST_PYTHON, MOUNT_POINT, SITE_PACKAGES
 
@@ -59,6 +61,32 @@ done
 """
 MAX_PEER_DELAYS = 15  # prio has at most 16 bands, band 0 being the default
 
+# The distribution's values of the tier profile's sysctls and the private NIC's root qdisc, taken
+# before the user data's sysctl file exists (bootcmd runs before write_files; on first boot
+# only: a later boot would read the profile) so that bench/tuning.py can compare against them.
+KERNEL_SYSCTLS = "/var/lib/fatpipe/kernel-sysctls.json"
+KERNEL_SYSCTLS_SCRIPT = """import json, os, pathlib, subprocess, sys
+out, mac, names = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
+if out.exists():
+    sys.exit(0)
+nics = [d.name for d in pathlib.Path("/sys/class/net").iterdir() if (d / "address").read_text().strip() == mac]
+if not nics:
+    sys.exit(f"fatpipe kernel-sysctls: no NIC with MAC {mac}")
+shown = json.loads(subprocess.run(["tc", "-j", "qdisc", "show", "dev", nics[0], "root"], check=True,
+                                  capture_output=True, text=True).stdout or "[]")
+doc = {"sysctls": {n: " ".join(pathlib.Path("/proc/sys", *n.split(".")).read_text().split()) for n in names},
+       "nic": nics[0], "root_qdisc": shown[0]["kind"] if shown else None}
+out.parent.mkdir(parents=True, exist_ok=True)
+tmp = out.with_suffix(".tmp")
+tmp.write_text(json.dumps(doc, indent=1) + "\\n")
+os.replace(tmp, out)
+"""
+
+
+def kernel_sysctls_command(mac: str) -> list[str]:
+    """The bootcmd entry writing KERNEL_SYSCTLS (if absent); the names and MAC are arguments."""
+    return ["python3", "-c", KERNEL_SYSCTLS_SCRIPT, KERNEL_SYSCTLS, mac, *tier_profile("1g").sysctls]
+
 
 def half_delay(rtt_ms: float) -> str:
     """What one VM delays for a round trip of `rtt_ms` (0 to 1000), as tc reads it."""
@@ -87,7 +115,8 @@ def vendor_data(wheels: bool, mac: str, rtt_ms: float, peer_rtt_ms: dict[str, fl
     """The vendor data of one VM: with `wheels`, mount the wheel disk, show its packages to every
     venv and point every later pip (the boot build's among them) at its wheels alone; with
     `rtt_ms`, delay the private NIC's ingress; with `peer_rtt_ms` (peer IP -> round trip), delay
-    those peers' packets by their own round trip instead."""
+    those peers' packets by their own round trip instead; always, snapshot the kernel's TCP
+    settings on first boot."""
     bootcmd: list[list[str]] = []
     if wheels:
         bootcmd += [
@@ -105,4 +134,5 @@ def vendor_data(wheels: bool, mac: str, rtt_ms: float, peer_rtt_ms: dict[str, fl
         bootcmd.append(["sh", "-c", PEER_RTT_SCRIPT, "fatpipe-rtt", mac, *delays])
     elif rtt_ms > 0:
         bootcmd.append(["sh", "-c", RTT_SCRIPT, "fatpipe-rtt", mac, delays[0]])
-    return "#cloud-config\n" + json.dumps({"bootcmd": bootcmd} if bootcmd else {}, indent=1) + "\n"
+    bootcmd.append(kernel_sysctls_command(mac))
+    return "#cloud-config\n" + json.dumps({"bootcmd": bootcmd}, indent=1) + "\n"

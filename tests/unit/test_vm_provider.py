@@ -185,9 +185,9 @@ def test_rtt_is_half_the_round_trip_per_vm_passed_as_arguments_and_bounded(tmp_p
 
     from fatpipe.stacks.vmseed import RTT_SCRIPT, vendor_data
 
-    (rtt,) = yaml.safe_load(vendor_data(False, "52:54:00:00:00:01", 40))["bootcmd"]
+    rtt, _snapshot = yaml.safe_load(vendor_data(False, "52:54:00:00:00:01", 40))["bootcmd"]
     assert rtt == ["sh", "-c", RTT_SCRIPT, "fatpipe-rtt", "52:54:00:00:00:01", "20ms"]
-    assert yaml.safe_load(vendor_data(False, "52:54:00:00:00:01", 0)) == {}
+    assert "fatpipe-rtt" not in vendor_data(False, "52:54:00:00:00:01", 0)
     assert project(tmp_path, "rtt_ms = 50").clusters["v"].rtt_ms == 50
     with pytest.raises(ConfigError) as e:
         project(tmp_path, "rtt_ms = 1001")
@@ -226,3 +226,34 @@ def test_node_down_refuses_a_folder_that_is_no_nodes_own(monkeypatch, tmp_path, 
     result = CliRunner().invoke(cli, ["vm", "node-down"])
     assert result.exit_code != 0 and "is not .fatpipe/<cluster>/nodes/<node>" in result.output, result.output
     assert (tmp_path / "keep").read_text() == "mine"
+
+
+def test_the_seed_snapshots_the_kernels_tcp_settings_once_with_values_as_arguments(tmp_path):
+    """The snapshot's script, run here on this machine's kernel: every profile sysctl as `sysctl
+    -n` prints it (spaces for tabs), the NIC found by its MAC with its root qdisc; a second run
+    leaves the file alone (a later boot would read the profile's values)."""
+    import subprocess
+
+    import yaml
+
+    from fatpipe.infra.tiers import normalize_sysctl, tier_profile
+    from fatpipe.stacks.vmseed import KERNEL_SYSCTLS, kernel_sysctls_command, vendor_data
+
+    command = yaml.safe_load(vendor_data(True, "52:54:00:00:00:01", 0))["bootcmd"][-1]
+    assert command == kernel_sysctls_command("52:54:00:00:00:01")
+    assert command[3:5] == [KERNEL_SYSCTLS, "52:54:00:00:00:01"] and command[5:] == list(tier_profile("1g").sysctls)
+    out = tmp_path / "sub" / "kernel-sysctls.json"
+    lo_mac = open("/sys/class/net/lo/address").read().strip()
+    subprocess.run([*command[:3], str(out), lo_mac, *command[5:]], check=True)
+    doc = json.loads(out.read_text())
+    for name, value in doc["sysctls"].items():
+        shown = subprocess.run(["sysctl", "-n", name], capture_output=True, text=True, check=True).stdout
+        assert value == normalize_sysctl(shown)
+    assert list(doc["sysctls"]) == list(tier_profile("1g").sysctls) and doc["nic"] == "lo"
+    assert doc["root_qdisc"] and " " not in doc["root_qdisc"]
+    out.write_text("{}")
+    subprocess.run([*command[:3], str(out), lo_mac, *command[5:]], check=True)
+    assert out.read_text() == "{}"
+    missing = subprocess.run([*command[:3], str(tmp_path / "x.json"), "52:54:00:ff:ff:ff"], capture_output=True, text=True)
+    assert missing.returncode != 0 and "no NIC with MAC 52:54:00:ff:ff:ff" in missing.stderr
+    assert not (tmp_path / "x.json").exists()

@@ -13,7 +13,13 @@ import yaml
 
 from fatpipe.infra.errors import ConfigError, FatpipeError
 from fatpipe.infra.project import Project, parse_project
-from fatpipe.stacks.vmseed import PEER_RTT_SCRIPT, RTT_SCRIPT, peer_delay_args, vendor_data
+from fatpipe.stacks.vmseed import (
+    PEER_RTT_SCRIPT,
+    RTT_SCRIPT,
+    kernel_sysctls_command,
+    peer_delay_args,
+    vendor_data,
+)
 
 MAC = "52:54:00:00:00:01"
 TWO_REGIONS = "nodes = 4\nregions = 2\nrtt_ms = 1\ncross_region_rtt_ms = 80"
@@ -100,10 +106,12 @@ def test_one_region_renders_todays_vendor_data_byte_for_byte(monkeypatch, tmp_pa
         vm = node_from_env()
         assert vm.peer_rtt_ms == ()
         text = vendor_data(False, vm.mac, vm.rtt_ms, dict(vm.peer_rtt_ms))
-        expected = {"bootcmd": [["sh", "-c", TODAYS_RTT_SCRIPT, "fatpipe-rtt", vm.mac, "20ms"]]}
+        expected = {"bootcmd": [["sh", "-c", TODAYS_RTT_SCRIPT, "fatpipe-rtt", vm.mac, "20ms"],
+                                kernel_sysctls_command(vm.mac)]}
         assert text == "#cloud-config\n" + json.dumps(expected, indent=1) + "\n"
     assert RTT_SCRIPT == TODAYS_RTT_SCRIPT
-    assert vendor_data(False, MAC, 0, {}) == "#cloud-config\n{}\n"
+    assert vendor_data(False, MAC, 0, {}) == "#cloud-config\n" + json.dumps(
+        {"bootcmd": [kernel_sysctls_command(MAC)]}, indent=1) + "\n"
 
 
 def test_two_regions_reach_the_guest_script_as_arguments(monkeypatch, tmp_path):
@@ -120,7 +128,8 @@ def test_two_regions_reach_the_guest_script_as_arguments(monkeypatch, tmp_path):
         assert json.loads(node["input"]["peer_rtt_ms"]) == dict.fromkeys(ips, 80)
         node_env(monkeypatch, node["input"])
         vm = node_from_env()
-        (rtt,) = yaml.safe_load(vendor_data(False, vm.mac, vm.rtt_ms, dict(vm.peer_rtt_ms)))["bootcmd"]
+        rtt, snapshot = yaml.safe_load(vendor_data(False, vm.mac, vm.rtt_ms, dict(vm.peer_rtt_ms)))["bootcmd"]
+        assert snapshot == kernel_sysctls_command(vm.mac)
         assert rtt == ["sh", "-c", PEER_RTT_SCRIPT, "fatpipe-rtt", vm.mac, "0.5ms", "40ms", *ips]
 
 
