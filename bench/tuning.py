@@ -68,11 +68,12 @@ class Guests:
 
 
 def profiles(snapshot: dict, rtt_ms: float) -> dict[str, tuple[dict[str, str], str]]:
-    from fatpipe.infra.tiers import RTT_BUDGET_MS, tier_profile
+    from fatpipe.infra.spec import DEFAULT_MAX_RTT_MS
+    from fatpipe.infra.tiers import tier_profile
 
     return {"default": (snapshot["sysctls"], snapshot["root_qdisc"]),
             "tier": (tier_profile("1g").sysctls, "fq"),
-            "sized": (tier_profile("1g", rtt_budget_ms=max(rtt_ms, RTT_BUDGET_MS)).sysctls, "fq")}
+            "sized": (tier_profile("1g", rtt_budget_ms=max(rtt_ms, DEFAULT_MAX_RTT_MS)).sysctls, "fq")}
 
 
 def apply_profile(guests: Guests, index: int, nic: str, sysctls: dict[str, str], qdisc: str) -> None:

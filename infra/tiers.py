@@ -13,7 +13,6 @@ from .spec import DEFAULT_MAX_RTT_MS, TIER_GBPS
 # all-reduce burst never caps the window; nodes across regions declare their farthest round
 # trip (`max_rtt_ms`). Rounded up to a power of two and never below 8 MiB, so a profile only
 # raises the kernel's own limits (tcp_rmem max 6 MiB, tcp_wmem max 4 MiB).
-RTT_BUDGET_MS = DEFAULT_MAX_RTT_MS
 MIN_BUFFER = 8 << 20
 
 # Packets queued per CPU before the NIC's softirq drops them; a 10G+ NIC outruns the 1000 default.
@@ -25,7 +24,7 @@ NETDEV_BACKLOG = {"1g": 5000, "10g": 30000, "25g": 100000}
 NCCL_SOCKETS = {"1g": (1, 2), "10g": (2, 4), "25g": (4, 4)}
 
 
-def buffer_bytes(gbps: float, rtt_budget_ms: float = RTT_BUDGET_MS) -> int:
+def buffer_bytes(gbps: float, rtt_budget_ms: float = DEFAULT_MAX_RTT_MS) -> int:
     """The TCP buffer ceiling for a link of `gbps`: 2 x BDP at `rtt_budget_ms`, a power of two."""
     need = max(int(2 * gbps * 1e9 / 8 * rtt_budget_ms / 1000), MIN_BUFFER)
     return 1 << (need - 1).bit_length()
@@ -41,7 +40,7 @@ class TierProfile:
     nccl: dict[str, str] = field(repr=False, hash=False)  # NCCL_* settings for env and nccl.conf
 
 
-def tier_profile(tier: str, rtt_budget_ms: float = RTT_BUDGET_MS) -> TierProfile:
+def tier_profile(tier: str, rtt_budget_ms: float = DEFAULT_MAX_RTT_MS) -> TierProfile:
     """The profile of tier `tier` ("1g", "10g" or "25g"), its buffers sized for `rtt_budget_ms`."""
     if tier not in TIER_GBPS:
         raise ValueError(f"unknown tier {tier!r}; allowed: {', '.join(TIER_GBPS)}")
@@ -67,6 +66,11 @@ def tier_profile(tier: str, rtt_budget_ms: float = RTT_BUDGET_MS) -> TierProfile
         "NCCL_IB_DISABLE": "1",  # no InfiniBand on these networks: go straight to sockets
     }
     return TierProfile(tier, gbps, sysctls, nccl)  # fresh dicts each call: callers may edit them
+
+
+def cluster_profile(cluster) -> TierProfile:
+    """A cluster's tier profile, its buffers sized for the round trip it declares."""
+    return tier_profile(cluster.tier, cluster.rtt_budget_ms)
 
 
 def tier_name(gbps: float) -> str:

@@ -19,7 +19,7 @@ from fatpipe.infra.node import (
     UNIT,
     UNIT_FILE,
 )
-from fatpipe.infra.tiers import TierProfile, tier_profile
+from fatpipe.infra.tiers import TierProfile, cluster_profile
 
 # The seed's monitoring tools, plus what fatpipe itself needs on a node: iperf3 for netcheck,
 # rsync to ship code, python3-venv for the trainer's environment.
@@ -174,7 +174,7 @@ def ready_script(profile: TierProfile, packages: tuple[str, ...] = PACKAGES) -> 
 def profile_files(cluster, mtu: int | None, nccl: dict[str, str],
                   packages: tuple[str, ...] = PACKAGES) -> dict[str, tuple[str, str]]:
     """{path: (content, mode)}: every file the node profile puts on a node, however it gets there."""
-    profile = tier_profile(cluster.tier, cluster.rtt_budget_ms)
+    profile = cluster_profile(cluster)
     return {
         SYSCTL_FILE: (sysctl_conf(profile), "0644"),
         MODULES_FILE: ("tcp_bbr\nsch_fq\n", "0644"),
@@ -192,7 +192,7 @@ def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool 
     files = profile_files(cluster, mtu, nccl, installs)
     return {
         "files": {path: {"content": content, "mode": mode} for path, (content, mode) in files.items()},
-        "sysctls": tier_profile(cluster.tier, cluster.rtt_budget_ms).sysctls,
+        "sysctls": cluster_profile(cluster).sysctls,
         "packages": list(installs),
         "unit": UNIT, "net_script": NET_SCRIPT, "ready_script": READY_SCRIPT,
         # The host firewall (ops/node_firewall.py); None where the cluster opts out.
@@ -235,7 +235,7 @@ def render_cloud_init(cluster, mtu: int, limit: int, nccl: dict[str, str] | None
     stand between the scripts above and the node. The same text serves every node: each one
     finds its own private NIC at boot.
     """
-    nccl = tier_profile(cluster.tier, cluster.rtt_budget_ms).nccl if nccl is None else nccl
+    nccl = cluster_profile(cluster).nccl if nccl is None else nccl
     text = "#cloud-config\n" + json.dumps(cloud_config(cluster, mtu, nccl, project), indent=1) + "\n"
     if len(text.encode()) > limit:
         raise FatpipeError(f"user data for {cluster.name} is {len(text.encode())} bytes; {cluster.provider} allows {limit}")

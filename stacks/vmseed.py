@@ -1,7 +1,7 @@
 """What the `vm` seed adds to a cloud's user data (NoCloud vendor data): the wheel disk's mount and
-pip's source, a cluster's round trip as netem inside the guest, and a snapshot of the kernel's own
-TCP settings (docs/ARCHITECTURE.md, "The vm provider"). The user data wins on any key both set; the clouds' set no `bootcmd`, which runs
-early at every boot, so a reboot applies both again."""
+pip's source, a cluster's round trips as netem inside the guest, and a snapshot of the kernel's
+own TCP settings (docs/ARCHITECTURE.md, "The vm provider"). The user data wins on any key both
+set; the clouds' set no `bootcmd`, which runs early at every boot, so a reboot applies it again."""
 
 from __future__ import annotations
 

@@ -8,9 +8,6 @@ import torch
 from .data import Corpus, Windows, split_windows
 from .torchstate import autocast, fork_rng
 
-# The first held-out windows that are evaluated (`--eval-windows`), in order: the same ones for
-# every run of a corpus and seq_len, whatever the world size or batch size.
-
 
 def heldout_windows(train: Corpus, val: Corpus | None, seq_len: int) -> tuple[Windows, range]:
     """The windows the eval loss reads: the validation split's first ones when the data ships
@@ -26,7 +23,8 @@ def heldout_windows(train: Corpus, val: Corpus | None, seq_len: int) -> tuple[Wi
 def heldout_loss(model: torch.nn.Module, windows: Windows, held: range, batch_size: int,
                  device: torch.device, count: int) -> tuple[float, int]:
     """(mean loss per window, windows evaluated) of `model` on the first `count` windows `held`
-    of `windows`."""
+    of `windows` (`--eval-windows`), in order: the same ones for every run of a corpus and
+    seq_len, whatever the world size or batch size."""
     ids = list(held[:count])
     total = 0.0
     was_training = model.training
