@@ -57,12 +57,18 @@ def push(project, cluster, outputs_file, remote_python):
 
     An s3:// or https:// source is fetched by every node itself, in parallel, resumable."""
     from fatpipe.infra.runs import load_outputs
+    from fatpipe.ops.launch import refuse_if_running
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)
     out = console()
     with changing(project, name, "data push"):
+        refuse_if_running(project, name)  # a live run reads this data: nothing changes under it
         result = stage_with_progress(project, outputs, remote_python, out)
+    from fatpipe.trainer.staging.tidy import describe_removed
+
+    for node, names in result.removed.items():
+        out.print(f"{node}: {describe_removed(result.manifest, names)}", markup=False, highlight=False)
     if result.fetched is not None:
         out.print(f"[green]fetched[/] {result.manifest['path']} on {len(outputs.nodes)} node(s) from "
                   f"{result.manifest['source']}: {result.manifest['total_bytes']} bytes, "

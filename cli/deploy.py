@@ -24,11 +24,13 @@ from .steps import changing, deploy_outputs
 def deploy(project, cluster: str | None, engine: str, yes: bool, verbose: bool):
     """Create the cluster's nodes and write its outputs (the input of every later command)."""
     from fatpipe.infra.runs import outputs_file
+    from fatpipe.ops.launch import refuse_if_running
     from fatpipe.ops.preflight import wheel_preflight
 
     out = console()
     name = project.cluster(cluster).name
     with changing(project, name, "deploy"):
+        refuse_if_running(project, name)  # an apply may change or replace the nodes a live run is on
         wheel = wheel_preflight(project, project.cluster(name))  # before anything is paid for
         if wheel:
             out.print(wheel)

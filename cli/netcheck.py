@@ -63,4 +63,8 @@ def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, ve
     outputs = load_outputs(project, name, outputs_file)
     out = console()
     with changing(project, name, "netcheck"):
+        if run_dir:  # without one, the measurement refuses a live run itself
+            from fatpipe.ops.launch import refuse_if_running
+
+            refuse_if_running(project, name)  # it would share the links and the CPUs, and write into that run
         run_netcheck(project, outputs, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)

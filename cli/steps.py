@@ -232,6 +232,7 @@ def stage_data(project, outputs, phases, out) -> None:
     """`up`'s data phase: stage the cluster's [data] on every node, skipping what is already there."""
     from fatpipe.infra.dataspec import cluster_data
     from fatpipe.ops.stage import push_data
+    from fatpipe.trainer.staging.tidy import describe_removed
 
     data = cluster_data(project.spec, outputs.name)
     if data is None:
@@ -243,6 +244,8 @@ def stage_data(project, outputs, phases, out) -> None:
     moved = sum(n["received"] for n in (result.fanout or {}).get("nodes", []))
     how = f"{moved} moved node to node" if result.fetched is None else f"{sum(result.fetched.values())} fetched"
     phases.get("data").note = f"{result.manifest['total_bytes']} bytes; {how}"
+    for node, names in result.removed.items():
+        note(out)(f"{node}: {describe_removed(result.manifest, names)}")
 
 
 def _checker_python(rdzv) -> str | None:

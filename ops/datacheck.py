@@ -16,8 +16,9 @@ from fatpipe.infra.dataspec import LOCAL_MANIFEST, DataSpec, cluster_data
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG
+from fatpipe.trainer.staging.check import PRUNED_PREFIX, verdict
 from fatpipe.trainer.staging.hashcache import HashCache
-from fatpipe.trainer.staging.manifest import first_difference, node_cache
+from fatpipe.trainer.staging.names import UnsafeName, check_manifest
 
 from .projectdir import claim_project_dir
 from .rendezvous import remote_dir
@@ -30,10 +31,12 @@ LOCAL_HASHES = "data-hashes.json"  # the operator's hash cache, beside its manif
 
 @dataclass(frozen=True)
 class NodeData:
-    """One node's verdict: None when its data matches the manifest, else the first difference."""
+    """One node's verdict: None when its data matches the manifest, else the first difference (and
+    the files it holds beyond the manifest); `removed`: what a push's check removed as not listed."""
 
     node: str
     problem: str | None
+    removed: tuple[str, ...] = ()
 
 
 def declared_data(project, cluster: str) -> DataSpec:
@@ -59,9 +62,11 @@ def local_manifest_path(project, cluster: str) -> Path:
 def read_local_manifest(project, cluster: str) -> dict | None:
     path = local_manifest_path(project, cluster)
     try:
-        return json.loads(path.read_text())
+        return check_manifest(json.loads(path.read_text()), str(path))
     except FileNotFoundError:
         return None
+    except UnsafeName as e:
+        raise FatpipeError(f"{e}; `fatpipe data push {cluster}` writes it again", exit_code=2) from None
     except ValueError:
         raise FatpipeError(f"{path}: unreadable (not JSON); `fatpipe data push {cluster}` writes it again",
                            exit_code=2) from None
@@ -98,35 +103,41 @@ def ship_checker(project, cluster: str, t: Transport, workdir: str) -> None:
             raise FatpipeError(f"{t.describe()}: {what} failed: {done.reason()}")
 
 
-def check_node(project, outputs, node, t: Transport, python: str, rehash: bool = False) -> NodeData:
+def check_node(project, outputs, node, t: Transport, python: str, rehash: bool = False,
+               prune: bool = False) -> NodeData:
     workdir = node_workdir(outputs, node)
     ship_checker(project, outputs.name, t, workdir)
+    flags = ("--rehash " if rehash else "") + ("--prune " if prune else "")
     command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {shlex.quote(python)} -m "
-               f"fatpipe.trainer.staging.manifest check {'--rehash ' if rehash else ''}{MANIFEST_DIR}/{LOCAL_MANIFEST} .")
+               f"fatpipe.trainer.staging.check check {flags}{MANIFEST_DIR}/{LOCAL_MANIFEST} .")
     done = t.run(command, timeout=CHECK_TIMEOUT_S)
+    lines = done.stdout.strip().splitlines()
+    pruned = next((json.loads(line[len(PRUNED_PREFIX):]) for line in lines if line.startswith(PRUNED_PREFIX)), [])
     if done.ok:
-        return NodeData(node.name, None)
-    if done.returncode == 1 and done.stdout.strip():
-        return NodeData(node.name, done.stdout.strip().splitlines()[-1])
+        return NodeData(node.name, None, tuple(pruned))
+    if done.returncode == 1 and lines:
+        return NodeData(node.name, lines[-1], tuple(pruned))
     raise FatpipeError(f"{t.describe()}: could not check its data: {done.reason()}")
 
 
-def check_data(project, outputs, manifest: dict, python: str | None = None, rehash: bool = False) -> list[NodeData]:
+def check_data(project, outputs, manifest: dict, python: str | None = None, rehash: bool = False,
+               prune: bool = False) -> list[NodeData]:
     """Every node's verdict, in node order (nodes sharing this machine's files: one check for all).
 
-    Each node skips files its hash cache knows unchanged; `rehash` reads every file again."""
+    Each node skips files its hash cache knows unchanged; `rehash` reads every file again. `prune`
+    (a push) removes what the manifest does not list, and keeps the manifest beside data that matches."""
     transports = transports_for(outputs, project.state_dir(outputs.name))
     if all(t.shares_fs for t in transports):
-        cache = node_cache(manifest, project.root)
-        if rehash:
-            cache.files.clear()
-        problem = first_difference(manifest, project.root, cache)
-        cache.save()
-        return [NodeData(node.name, problem) for node in outputs.nodes]
+        try:
+            problem, removed = verdict(manifest, project.root, rehash, prune)
+        except UnsafeName as e:
+            raise FatpipeError(str(e)) from None
+        # One folder for all: what was removed is told once.
+        return [NodeData(node.name, problem, tuple(removed) if i == 0 else ()) for i, node in enumerate(outputs.nodes)]
     if any(t.shares_fs for t in transports):
         raise FatpipeError(f"cluster {outputs.name} mixes ssh nodes with local ones; data staging needs one kind")
     pairs = list(zip(outputs.nodes, transports, strict=True))
-    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3", rehash), pairs)
+    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3", rehash, prune), pairs)
 
 
 def require_data(project, outputs, python: str | None = None) -> dict | None:

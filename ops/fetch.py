@@ -21,6 +21,7 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
 from fatpipe.trainer.staging.fetch import ERROR_PREFIX, PROGRESS_PREFIX, RESULT_PREFIX
+from fatpipe.trainer.staging.names import UnsafeName, check_manifest
 
 from .datacheck import (
     MANIFEST_DIR,
@@ -83,7 +84,10 @@ def run_fetch(t: Transport, node: str, workdir: str, python: str | None, spec_re
     if error or result is None:
         why = error or (tail[-1] if tail else f"exit status {code}")
         raise FatpipeError(f"{node}: fetching the data failed: {why}")
-    return result
+    try:  # what a node reports is checked like any remote name before this machine keeps it
+        return check_manifest(result, f"node {node}")
+    except UnsafeName as e:
+        raise FatpipeError(f"{node}: {e}") from None
 
 
 def file_difference(reference: dict, mine: dict, others: int) -> str:
@@ -104,22 +108,23 @@ def agree(names: list[str], manifests: list[dict]) -> tuple[dict, list[str]]:
     """The manifest most nodes hold (node 0's on a tie), and one line per node that differs."""
     prints = [m["fingerprint"] for m in manifests]
     best = max(Counter(prints).items(), key=lambda kv: (kv[1], -prints.index(kv[0])))
-    reference = {k: v for k, v in manifests[prints.index(best[0])].items() if k != "fetched_bytes"}
+    reference = {k: v for k, v in manifests[prints.index(best[0])].items() if k not in ("fetched_bytes", "removed")}
     odd = [f"node {name}: {file_difference(reference, m, best[1])}"
            for name, m in zip(names, manifests, strict=True) if m["fingerprint"] != best[0]]
     return reference, odd
 
 
 def fetch_data(project, outputs, spec, remote_python: str | None = None,
-               progress: NodeProgress | None = None) -> tuple[dict, dict[str, int]]:
-    """Every node fetches the remote source; (the agreed manifest, bytes each node fetched)."""
+               progress: NodeProgress | None = None) -> tuple[dict, dict[str, int], dict[str, list[str]]]:
+    """Every node fetches the remote source; (the agreed manifest, bytes each node fetched, the files
+    each node removed because the source no longer lists them)."""
     spec_path = write_fetch_spec(project, outputs.name, spec)
     transports = transports_for(outputs, project.state_dir(outputs.name))
     names = [node.name for node in outputs.nodes]
     if all(t.shares_fs for t in transports):  # one copy serves them all
         rel = spec_path.relative_to(project.root).as_posix()
         one = run_fetch(transports[0], names[0], str(project.root), remote_python or sys.executable, rel, progress)
-        manifests = [one] + [{**one, "fetched_bytes": 0}] * (len(names) - 1)
+        manifests = [one] + [{**one, "fetched_bytes": 0, "removed": []}] * (len(names) - 1)
     elif any(t.shares_fs for t in transports):
         raise FatpipeError(f"cluster {outputs.name} mixes ssh nodes with local ones; data staging needs one kind")
     else:
@@ -134,4 +139,5 @@ def fetch_data(project, outputs, spec, remote_python: str | None = None,
     if odd:
         raise FatpipeError(f"the nodes fetched different data: {'; '.join(odd)} (did the source change during "
                            f"the push? `fatpipe data push {outputs.name}` fetches it again)")
-    return reference, {name: m.get("fetched_bytes", 0) for name, m in zip(names, manifests, strict=True)}
+    removed = {name: m["removed"] for name, m in zip(names, manifests, strict=True) if m.get("removed")}
+    return reference, {name: m.get("fetched_bytes", 0) for name, m in zip(names, manifests, strict=True)}, removed

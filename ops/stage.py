@@ -21,10 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.trainer.staging.manifest import (
-    build_manifest,
-    write_manifest,
-)
+from fatpipe.trainer.staging.manifest import build_manifest
+from fatpipe.trainer.staging.names import UnsafeName
 
 from .datacheck import (
     NodeData,
@@ -54,6 +52,7 @@ class PushResult:
     uplink_s: float | None = None  # None: node 0 already held it
     fanout: dict | None = None  # trainer.staging.stage's report; None: no other node lacked anything
     fetched: dict[str, int] | None = None  # a remote source: bytes each node fetched from it
+    removed: dict[str, list[str]] = field(default_factory=dict)  # per node: files the manifest does not list
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
 
@@ -67,7 +66,10 @@ def make_manifest(project, cluster: str) -> tuple[dict, Path]:
     if not (source.is_file() or source.is_dir()):
         raise FatpipeError(f"data source {spec.source}: neither a file nor a folder", exit_code=2)
     cache = local_hash_cache(project, cluster, spec.chunk_size)
-    manifest = build_manifest(source, spec.chunk_size, spec.path, cache=cache)
+    try:
+        manifest = build_manifest(source, spec.chunk_size, spec.path, cache=cache)
+    except UnsafeName as e:  # a link, or a name that is no plain path: nothing leaves this machine
+        raise FatpipeError(str(e), exit_code=2) from None
     cache.save()
     save_local_manifest(project, cluster, manifest)
     return manifest, source
@@ -85,16 +87,16 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
         from .fetch import fetch_data
 
         log(f"every node fetches {spec.source} itself")
-        manifest, fetched = fetch_data(project, outputs, spec, remote_python, node_progress)
-        return PushResult(manifest, [], fetched=fetched, elapsed_s=time.monotonic() - started)
+        manifest, fetched, removed = fetch_data(project, outputs, spec, remote_python, node_progress)
+        return PushResult(manifest, [], fetched=fetched, removed=removed, elapsed_s=time.monotonic() - started)
     manifest, source = make_manifest(project, outputs.name)
     log(f"manifest: {len(manifest['files'])} file(s), {manifest['total_bytes']} bytes, "
         f"fingerprint {manifest['fingerprint'][:12]}")
     transports = transports_for(outputs, project.state_dir(outputs.name))
     if all(t.shares_fs for t in transports):
         return _stage_here(project, manifest, source, outputs, started)
-    before = check_data(project, outputs, manifest, remote_python)
-    result = PushResult(manifest, before)
+    before = check_data(project, outputs, manifest, remote_python, prune=True)
+    result = PushResult(manifest, before, removed={v.node: list(v.removed) for v in before if v.removed})
     if before[0].problem:
         log(f"{outputs.nodes[0].name}: {before[0].problem}: copying over the uplink")
         copy = UplinkCopy(transports[0], node_workdir(outputs, outputs.nodes[0]), source, manifest,
@@ -123,13 +125,13 @@ def _stage_here(project, manifest: dict, source: Path, outputs, started: float) 
     if source != target.resolve():
         target.parent.mkdir(parents=True, exist_ok=True)
         src = f"{source}/" if source.is_dir() else str(source)
-        done = subprocess.run(["rsync", "-a", "--partial", "--checksum", src, str(target)],
+        done = subprocess.run(["rsync", "-a", "--no-links", "--partial", "--checksum", src, str(target)],
                               capture_output=True, text=True)
         if done.returncode:
             raise FatpipeError(f"copying {source} to {target} failed: {done.stderr.strip()[-300:]}")
-    write_manifest(manifest, project.root)
-    verdict = check_data(project, outputs, manifest)
-    return PushResult(manifest, verdict, elapsed_s=time.monotonic() - started)
+    verdict = check_data(project, outputs, manifest, prune=True)  # keeps the manifest beside matching data
+    return PushResult(manifest, verdict, removed={v.node: list(v.removed) for v in verdict if v.removed},
+                      elapsed_s=time.monotonic() - started)
 
 
 def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, log: Log,

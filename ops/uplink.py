@@ -48,8 +48,9 @@ class UplinkCopy:
         folder = self.manifest["kind"] == "folder"
         src = f"{self.source}/" if folder else str(self.source)
         # Random data does not compress: --no-z saves the CPU; the manifest, the hash cache and
-        # the chain's partial copies stay out of it.
-        extra = ["--no-z", "--checksum", f"--exclude={MANIFEST_NAME}", f"--exclude=*{PARTIAL_SUFFIX}",
+        # the chain's partial copies stay out of it; a link is never copied (the manifest refuses
+        # one, --no-links keeps one made since out).
+        extra = ["--no-z", "--checksum", "--no-links", f"--exclude={MANIFEST_NAME}", f"--exclude=*{PARTIAL_SUFFIX}",
                  f"--exclude=*{CACHE_SUFFIX}"]
         argv = self.t.rsync_argv(src, f"{self.t.remote_host()}:{dest}{'/' if folder else ''}", extra)
         # A session of its own, as every transport command: Ctrl-C reaches fatpipe, which stops it.

@@ -33,6 +33,7 @@ from .shards import (
     first_bad_id,
     is_token_file,
     is_val_file,
+    listed_only,
     open_token_files,
 )
 
@@ -70,7 +71,7 @@ def load_corpus(path: str | None) -> torch.Tensor:
             raise DataError(f"--data {path}: the file is empty")
         # A private mapping: pages load as rank's windows touch them, nothing is copied.
         return torch.from_file(str(p), shared=False, size=size, dtype=torch.uint8)
-    files = text_files(p)
+    files = listed_only(p, text_files(p))
     if not files:
         raise DataError(f"--data {path}: no text files in that folder")
     return _as_tensor(b"".join(_read_all(files, limit=None)))
@@ -115,7 +116,7 @@ def open_splits(path: str | None) -> tuple[Corpus, Corpus | None]:
         train = [] if is_val_file(p) else [p]
         return _tokens(train or [p]), _tokens(siblings) if train else None
     if p is not None and p.is_dir():
-        bins = sorted(f for f in p.glob("*.bin") if f.is_file())
+        bins = listed_only(p, sorted(f for f in p.glob("*.bin") if f.is_file()))
         if bins:
             train = [f for f in bins if not is_val_file(f)]
             val = [f for f in bins if is_val_file(f)]

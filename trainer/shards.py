@@ -11,6 +11,7 @@ own windows touch them. Only torch and the standard library: the nodes' venvs ho
 
 from __future__ import annotations
 
+import json
 import pickle
 import re
 import struct
@@ -178,3 +179,21 @@ def first_bad_id(shards: list[Shard], vocab: int, rank: int, world_size: int) ->
                 return (f"{shard.name}: token id {int(chunk[at])} at token {start + at} is past "
                         f"the vocabulary of {vocab} ids")
     return None
+
+
+# A folder staged by `fatpipe data push` lists its files here (trainer.staging.manifest keeps the
+# same name): the trainer reads only those, never a file left beside them.
+MANIFEST_NAME = ".fatpipe-manifest.json"
+
+
+def listed_only(folder: Path, files: list[Path]) -> list[Path]:
+    """`files` that the folder's staging manifest lists, when it has one; else all of them."""
+    try:
+        manifest = json.loads((folder / MANIFEST_NAME).read_text())
+    except FileNotFoundError:
+        return files
+    except (OSError, ValueError) as e:
+        raise DataError(f"--data {folder}: its {MANIFEST_NAME} is unreadable ({e}); `fatpipe data push` "
+                        "writes it again") from None
+    listed = {f["name"] for f in manifest.get("files", [])}
+    return [f for f in files if f.relative_to(folder).as_posix() in listed]

@@ -90,6 +90,7 @@ def test_an_unreadable_cache_is_ignored(tmp_path):
 
 
 def test_the_node_check_reads_only_changed_files_and_rehash_reads_all(tmp_path, monkeypatch, capsys):
+    import fatpipe.trainer.staging.check as c
     import fatpipe.trainer.staging.manifest as m
 
     folder = tmp_path / "data" / "set"
@@ -99,7 +100,7 @@ def test_the_node_check_reads_only_changed_files_and_rehash_reads_all(tmp_path, 
     manifest = build_manifest(folder, CHUNK, "data/set")
     (tmp_path / "m.json").write_text(json.dumps(manifest))
     check = ["check", str(tmp_path / "m.json"), str(tmp_path)]
-    assert m.main(check) == 0
+    assert c.main(check) == 0
     assert node_cache(manifest, tmp_path).path == folder / ".fatpipe-hashes.json"
     kept = json.loads((folder / ".fatpipe-hashes.json").read_text())["files"]
     assert sorted(os.path.basename(k) for k in kept) == ["a.bin", "b.bin"]
@@ -107,11 +108,11 @@ def test_the_node_check_reads_only_changed_files_and_rehash_reads_all(tmp_path, 
     read: list[str] = []
     real = m.hash_file
     monkeypatch.setattr(m, "hash_file", lambda path, *a, **k: read.append(path.name) or real(path, *a, **k))
-    assert m.main(check) == 0 and read == []  # nothing changed: nothing read
+    assert c.main(check) == 0 and read == []  # nothing changed: nothing read
     with open(folder / "b.bin", "r+b") as f:  # corrupted in place, size unchanged
         f.write(b"\xff\xfe")
     capsys.readouterr()
-    assert m.main(check) == 1 and read == ["b.bin"]
+    assert c.main(check) == 1 and read == ["b.bin"]
     assert capsys.readouterr().out == "data/set/b.bin: chunk 0 differs from the manifest (sha256)\n"
     read.clear()
-    assert m.main(["check", "--rehash", *check[1:]]) == 1 and read == ["a.bin", "b.bin"]
+    assert c.main(["check", "--rehash", *check[1:]]) == 1 and read == ["a.bin", "b.bin"]

@@ -102,7 +102,7 @@ def test_the_node_check_is_one_line_and_exit_1(tmp_path):
     folder = make_folder(tmp_path, {"a": 10})
     manifest = build_manifest(folder, CHUNK, "data/set")
     (tmp_path / "m.json").write_text(json.dumps(manifest))
-    check = [sys.executable, "-m", "fatpipe.trainer.staging.manifest", "check", str(tmp_path / "m.json"), str(tmp_path)]
+    check = [sys.executable, "-m", "fatpipe.trainer.staging.check", "check", str(tmp_path / "m.json"), str(tmp_path)]
     assert subprocess.run(check, capture_output=True).returncode == 0
     (folder / "a").write_bytes(b"x")
     done = subprocess.run(check, capture_output=True, text=True)

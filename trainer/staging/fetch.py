@@ -30,6 +30,16 @@ from .manifest import (
     manifest_target,
     write_manifest,
 )
+from .names import (
+    UnsafeName,
+    check_manifest,
+    dataset_base,
+    first_link,
+    name_problem,
+    open_nofollow,
+    writable_target,
+)
+from .tidy import prune
 
 RESULT_PREFIX, PROGRESS_PREFIX, ERROR_PREFIX = "FETCH_JSON ", "FETCH_PROGRESS ", "FETCH_ERROR "
 ATTEMPTS = 5  # reads of one file, each resuming where the last stopped
@@ -59,8 +69,10 @@ def open_source(spec: dict, root: Path):
 
 
 def previous_entries(manifest: dict, root: Path) -> dict[str, dict]:
-    """What this node's last fetch recorded beside the data, by file name (empty if none)."""
+    """What this node's last fetch recorded beside the data, by file name (empty if none, or a link)."""
     try:
+        if manifest_target(manifest, root).is_symlink():
+            return {}
         last = json.loads(manifest_target(manifest, root).read_text())
     except (OSError, ValueError):
         return {}
@@ -68,9 +80,9 @@ def previous_entries(manifest: dict, root: Path) -> dict[str, dict]:
     return {f["name"]: f for f in last.get("files", [])} if same else {}
 
 
-def held_entry(remote: Remote, target: Path, old: dict | None, chunk_size: int) -> dict | None:
-    """The manifest entry of a file this node already holds right, else None."""
-    if old is None or (old.get("size"), old.get("etag")) != (remote.size, remote.etag) or not target.is_file() \
+def held_entry(remote: Remote, target: Path, old: dict | None, chunk_size: int, base: Path) -> dict | None:
+    """The manifest entry of a file this node already holds right, else None (a link is no file)."""
+    if old is None or first_link(base, target) is not None or (old.get("size"), old.get("etag")) != (remote.size, remote.etag) or not target.is_file() \
             or target.stat().st_size != remote.size:
         return None
     sha, chunks = hash_file(target, chunk_size)
@@ -82,21 +94,23 @@ def entry(remote: Remote, sha: str, chunks: list[str]) -> dict:
 
 
 def resume_point(remote: Remote, part: Path, tag: Path) -> int:
-    """Where the partial copy continues: its end, when it holds the same ETag's bytes; else 0."""
+    """Where the partial copy continues: its end, when it holds the same ETag's bytes; else 0.
+    Both lie in the dataset folder with no link on their way (`fetch_file`)."""
     if part.is_file() and tag.is_file() and tag.read_text() == remote.etag:
         size = part.stat().st_size
         if size <= remote.size:
             return size
-    tag.parent.mkdir(parents=True, exist_ok=True)
-    part.write_bytes(b"")
-    tag.write_text(remote.etag)
+    for path, data in ((part, b""), (tag, remote.etag.encode())):
+        with open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) as f:
+            f.write(data)
     return 0
 
 
-def fetch_file(source, remote: Remote, target: Path, progress: Progress) -> None:
+def fetch_file(source, remote: Remote, target: Path, progress: Progress, base: Path) -> None:
     """Stream one file into its partial copy (resuming, retrying), then rename it into place."""
-    part = target.with_name(target.name + PARTIAL_SUFFIX)
-    tag = target.with_name(target.name + TAG_SUFFIX)
+    part = writable_target(base, target.with_name(target.name + PARTIAL_SUFFIX))
+    tag = writable_target(base, target.with_name(target.name + TAG_SUFFIX))
+    writable_target(base, target)  # a link at the file's own name is removed, not followed
     offset = resume_point(remote, part, tag)
     progress.add(offset, fetched=False)
     problem = None
@@ -105,7 +119,7 @@ def fetch_file(source, remote: Remote, target: Path, progress: Progress) -> None
             break
         try:
             start, blocks = source.read(remote, offset)
-            with open(part, "r+b") as f:
+            with open_nofollow(part, os.O_RDWR) as f:
                 f.truncate(start)
                 f.seek(start)
                 progress.add(start - offset, fetched=False)  # negative: the server sent it whole
@@ -114,7 +128,7 @@ def fetch_file(source, remote: Remote, target: Path, progress: Progress) -> None
                     f.write(block)
                     offset += len(block)
                     progress.add(len(block), fetched=True)
-        except (FetchError, BrokenPipeError):  # BrokenPipeError: the operator went away (Ctrl-C)
+        except (FetchError, UnsafeName, BrokenPipeError):  # BrokenPipeError: the operator went away (Ctrl-C)
             raise
         except Exception as e:  # noqa: BLE001 - a dropped or stalled connection: resume from the partial copy
             problem = f"{type(e).__name__}: {e}"
@@ -132,23 +146,29 @@ def fetch(spec: dict, root: Path) -> dict:
     """Fetch what this node lacks; returns the manifest of what it holds."""
     source = open_source(spec, root)
     kind, remotes = source.listing()
-    shell = {"kind": kind, "path": spec["path"], "chunk_size": spec["chunk_size"], "source": spec["source"],
-             "files": []}
+    # Every name checked before anything is written: a hostile key names one line and writes nothing.
+    for remote in remotes:
+        problem = name_problem(remote.name)
+        if problem:
+            raise UnsafeName(f"unsafe key {remote.key!r} in {spec['source']}: {problem}; nothing was written")
+    shell = check_manifest({"kind": kind, "path": spec["path"], "chunk_size": spec["chunk_size"],
+                            "source": spec["source"], "files": [{"name": r.name} for r in remotes]}, spec["source"])
+    base = dataset_base(shell, root)
+    removed = prune(shell, root)  # what the source no longer lists: the folder is exactly the source
     old = previous_entries(shell, root)
     progress = Progress(sum(r.size for r in remotes))
     files = []
     for remote in remotes:
         target = file_target(shell, root, remote.name)
-        kept = held_entry(remote, target, old.get(remote.name), spec["chunk_size"])
+        kept = held_entry(remote, target, old.get(remote.name), spec["chunk_size"], base)
         if kept is None:
-            target.parent.mkdir(parents=True, exist_ok=True)
-            fetch_file(source, remote, target, progress)
+            fetch_file(source, remote, target, progress, base)
             kept = entry(remote, *hash_file(target, spec["chunk_size"]))
         else:
             progress.add(remote.size, fetched=False)
         files.append(kept)
     manifest = {**manifest_of(kind, spec["path"], spec["chunk_size"], files), "source": spec["source"],
-                "fetched_bytes": progress.fetched}
+                "fetched_bytes": progress.fetched, "removed": removed}
     write_manifest(manifest, root)
     return manifest
 
@@ -162,7 +182,7 @@ def main(argv: list[str]) -> int:
         if spec.get("ca_bundle"):  # shipped beside the spec
             spec["ca_bundle"] = str((Path(argv[0]).parent / spec["ca_bundle"]).resolve())
         manifest = fetch(spec, Path(argv[1]))
-    except FetchError as e:
+    except (FetchError, UnsafeName) as e:
         print(ERROR_PREFIX + " ".join(str(e).split()), flush=True)
         return 1
     except Exception as e:  # noqa: BLE001 - unreachable source, full disk: one line for the operator

@@ -65,7 +65,11 @@ class HashCache:
         tmp = self.path.with_name(self.path.name + ".tmp")
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp.write_text(json.dumps({"version": VERSION, "chunk_size": self.chunk_size, "files": live}))
+            tmp.unlink(missing_ok=True)
+            # O_EXCL: a link planted at the temporary name is never followed.
+            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+            with os.fdopen(fd, "w") as f:
+                f.write(json.dumps({"version": VERSION, "chunk_size": self.chunk_size, "files": live}))
             os.replace(tmp, self.path)
             self.dirty = False
         except OSError:

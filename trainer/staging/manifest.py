@@ -3,7 +3,8 @@
 The format is docs/ARCHITECTURE.md, "The data contract". Pure Python (hashlib): the operator's
 machine builds it and every node checks against it, with no torch. Memory stays at one read
 buffer whatever the file size; a `HashCache` skips re-reading files that did not change. `python -m
-fatpipe.trainer.staging.manifest check [--rehash] MANIFEST ROOT` prints the first difference as one line and exits 1.
+fatpipe.trainer.staging.check` is a node's check against it. Every name becomes a path through
+`file_target`, which refuses one that is not a plain relative path (`names`).
 """
 
 from __future__ import annotations
@@ -11,10 +12,19 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import sys
 from pathlib import Path
 
 from fatpipe.trainer.staging.hashcache import CACHE_SUFFIX, HashCache
+from fatpipe.trainer.staging.names import (
+    UnsafeName,
+    check_name,
+    check_names,
+    data_path,
+    dataset_base,
+    first_link,
+    open_nofollow,
+    writable_target,
+)
 
 VERSION = 1
 MANIFEST_NAME = ".fatpipe-manifest.json"  # infra.dataspec keeps the same name
@@ -68,17 +78,26 @@ class ChunkCheck:
 
 
 def data_files(source: Path) -> list[tuple[str, Path]]:
-    """(name in the manifest, path) of every file of a folder, sorted; a file source is itself."""
+    """(name in the manifest, path) of every file of a folder, sorted; a file source is itself.
+
+    A link anywhere in the folder is refused (UnsafeName): copied as a link it would lead a node's
+    reads and writes wherever it points; so is a name that is not a plain path (a newline, ...)."""
     source = Path(source)
     if source.is_file():
-        return [(source.name, source)]
+        return [(check_name(source.name, f"the data source {source}"), source)]
     found = []
-    for folder, _dirs, files in os.walk(source):
+    for folder, dirs, files in os.walk(source):
+        for name in dirs + files:
+            path = Path(folder) / name
+            if path.is_symlink():
+                raise UnsafeName(f"data source {source}: {path.relative_to(source).as_posix()} is a symbolic link "
+                                 f"(to {os.readlink(path)}); fatpipe copies no links: put the file itself there")
         for name in files:
             path = Path(folder) / name
             if name == MANIFEST_NAME or name.endswith((PARTIAL_SUFFIX, CACHE_SUFFIX)) or not path.is_file():
                 continue
             found.append((path.relative_to(source).as_posix(), path))
+    check_names([name for name, _ in found], f"the data source {source}")
     return sorted(found)
 
 
@@ -108,20 +127,21 @@ def _hashes(path: Path, chunk_size: int, cache: HashCache | None) -> tuple[str, 
 
 
 def file_target(manifest: dict, root: Path, name: str) -> Path:
-    """Where a manifest file lives under `root` (the project folder)."""
-    base = Path(root) / manifest["path"]
-    return base if manifest["kind"] == "file" else base / name
+    """Where a manifest file lives under `root` (the project folder); UnsafeName for a name that
+    is not a plain relative path (`names`)."""
+    base = data_path(manifest, root)
+    return base if manifest["kind"] == "file" else base / check_name(name, "the manifest")
 
 
 def manifest_target(manifest: dict, root: Path) -> Path:
     """Where the manifest is kept with the data: inside a folder, beside a single file."""
-    base = Path(root) / manifest["path"]
+    base = data_path(manifest, root)
     return base / MANIFEST_NAME if manifest["kind"] == "folder" else base.with_name(base.name + MANIFEST_NAME)
 
 
 def node_cache(manifest: dict, root: Path) -> HashCache:
     """A node's hash cache, kept beside the data's manifest."""
-    base = Path(root) / manifest["path"]
+    base = data_path(manifest, root)
     path = base / CACHE_SUFFIX if manifest["kind"] == "folder" else base.with_name(base.name + CACHE_SUFFIX)
     return HashCache(path, manifest["chunk_size"])
 
@@ -130,6 +150,9 @@ def held_chunks(manifest: dict, root: Path, entry: dict, cache: HashCache | None
     """Which of a file's chunks this node holds right: from the file, else from its partial copy."""
     target = file_target(manifest, root, entry["name"])
     want = entry["chunks"]
+    base = dataset_base(manifest, root)
+    if first_link(base, target) or first_link(base, target.with_name(target.name + PARTIAL_SUFFIX)):
+        return [False] * len(want)  # a link is no data: the copy written replaces it
     for path in (target, target.with_name(target.name + PARTIAL_SUFFIX)):
         if path == target and path.is_file() and path.stat().st_size == entry["size"]:
             _, have = _hashes(path, manifest["chunk_size"], cache)  # a whole file: the cache may know it
@@ -147,6 +170,9 @@ def first_difference(manifest: dict, root: Path, cache: HashCache | None = None)
     for entry in manifest["files"]:
         target = file_target(manifest, root, entry["name"])
         shown = f"{manifest['path']}/{entry['name']}" if manifest["kind"] == "folder" else manifest["path"]
+        link = first_link(dataset_base(manifest, root), target)
+        if link is not None:
+            return f"{link.relative_to(root).as_posix()}: a symbolic link, which fatpipe never reads data through"
         if not target.is_file():
             return f"{shown}: missing"
         size = target.stat().st_size
@@ -161,32 +187,10 @@ def first_difference(manifest: dict, root: Path, cache: HashCache | None = None)
 
 def write_manifest(manifest: dict, root: Path) -> Path:
     """Keep the manifest with the data (temporary file, then rename)."""
-    target = manifest_target(manifest, root)
-    target.parent.mkdir(parents=True, exist_ok=True)
+    target = writable_target(dataset_base(manifest, root), manifest_target(manifest, root))
     tmp = target.with_name(target.name + ".tmp")
-    tmp.write_text(json.dumps(manifest, indent=1) + "\n")
+    tmp.unlink(missing_ok=True)
+    with open_nofollow(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL) as f:
+        f.write((json.dumps(manifest, indent=1) + "\n").encode())
     os.replace(tmp, target)
     return target
-
-
-def main(argv: list[str]) -> int:
-    rehash = "--rehash" in argv[1:2]  # read every file again, whatever the cache says
-    argv = [a for i, a in enumerate(argv) if not (i == 1 and rehash)]
-    if len(argv) != 3 or argv[0] != "check":
-        print("usage: python -m fatpipe.trainer.staging.manifest check [--rehash] MANIFEST PROJECT_FOLDER", file=sys.stderr)
-        return 2
-    manifest, root = json.loads(Path(argv[1]).read_text()), Path(argv[2])
-    cache = node_cache(manifest, root)
-    if rehash:
-        cache.files.clear()
-    problem = first_difference(manifest, root, cache)
-    cache.save()
-    if problem:
-        print(problem)
-        return 1
-    print(f"ok {manifest['fingerprint']}")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))

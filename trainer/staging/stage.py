@@ -10,7 +10,10 @@ rank r receiving it from r - 1 and forwarding it to r + 1 while it already recei
 before the rest arrives (the chain's time hardly grows with its length) and holds BUFFERS pieces
 at most (memory stays bounded whatever the data and chunk size). Only chunks some rank lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
 every chunk's sha256, checked as its pieces arrive, matches the manifest (no second read), so an
-interrupted push leaves only partial files, whose right chunks the next push keeps. Rank 0 prints the outcome on one `STAGE_JSON ` line; every rank
+interrupted push leaves only partial files, whose right chunks the next push keeps. A file held
+wrong is copied into a new partial file and patched there, never written in place: a trainer that
+maps the old file keeps reading the old inode. Every name is checked (`names`) before anything is
+written, and no write or read goes through a link in the dataset folder. Rank 0 prints the outcome on one `STAGE_JSON ` line; every rank
 prints `STAGE_PROGRESS <rank> <received> <to receive>` as it goes.
 """
 
@@ -20,6 +23,7 @@ import argparse
 import datetime
 import json
 import os
+import shutil
 import sys
 import time
 from dataclasses import dataclass
@@ -32,6 +36,13 @@ from fatpipe.trainer.staging.manifest import (
     held_chunks,
     node_cache,
     write_manifest,
+)
+from fatpipe.trainer.staging.names import (
+    UnsafeName,
+    check_manifest,
+    dataset_base,
+    open_nofollow,
+    writable_target,
 )
 
 RESULT_PREFIX = "STAGE_JSON "
@@ -86,12 +97,13 @@ class Files:
     def partial(self, f: int):
         if f not in self.open:
             entry = self.manifest["files"][f]
-            target = file_target(self.manifest, self.root, entry["name"])
-            part = target.with_name(target.name + PARTIAL_SUFFIX)
-            target.parent.mkdir(parents=True, exist_ok=True)
-            if target.is_file():  # what it holds was hashed from here: patch it aside
-                os.replace(target, part)
-            handle = open(part, "r+b" if part.is_file() else "w+b")
+            base = dataset_base(self.manifest, self.root)
+            target = writable_target(base, file_target(self.manifest, self.root, entry["name"]))
+            part = writable_target(base, target.with_name(target.name + PARTIAL_SUFFIX))
+            if target.is_file():  # what it holds was hashed from here: patch a copy, a new inode
+                part.unlink(missing_ok=True)
+                shutil.copyfile(target, part)
+            handle = open_nofollow(part, os.O_RDWR | os.O_CREAT)
             handle.truncate(entry["size"])
             self.open[f] = handle
         return self.open[f]
@@ -102,7 +114,7 @@ class Files:
         if handle is None:
             target = file_target(self.manifest, self.root, self.manifest["files"][task.file]["name"])
             path = target if target.is_file() else target.with_name(target.name + PARTIAL_SUFFIX)
-            with open(path, "rb") as f:
+            with open_nofollow(path, os.O_RDONLY) as f:
                 f.seek(task.offset)
                 f.readinto(into)
             return
@@ -252,7 +264,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--source-ready", help="rank 0 waits for this file (`ok`, or `failed: why`): the copy to node 0")
     p.add_argument("--wait-s", type=float, default=0.0, help="how long rank 0 may wait for --source-ready")
     args = p.parse_args(argv)
-    manifest = json.loads(Path(args.manifest).read_text())
+    try:
+        manifest = check_manifest(json.loads(Path(args.manifest).read_text()), args.manifest)
+    except UnsafeName as e:
+        raise SystemExit(f"fatpipe: {e}") from None
     wait = args.wait_s if args.source_ready else 0.0
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s + wait))
     try:
