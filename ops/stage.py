@@ -21,8 +21,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.trainer.staging.manifest import build_manifest
+from fatpipe.trainer.staging.manifest import build_manifest, write_manifest
 from fatpipe.trainer.staging.names import UnsafeName
+from fatpipe.trainer.staging.tidy import prune
 
 from .datacheck import (
     NodeData,
@@ -120,17 +121,23 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
 
 
 def _stage_here(project, manifest: dict, source: Path, outputs, started: float) -> PushResult:
-    """Nodes that share this machine's files: one copy into the project folder, when it lies elsewhere."""
+    """Nodes that share this machine's files: one copy into the project folder, when it lies elsewhere
+    (made equal to the manifest); a source that is that folder is the user's own, and never pruned."""
     target = project.root / manifest["path"]
-    if source != target.resolve():
+    copied = source != target.resolve()
+    removed = prune(manifest, project.root) if copied else []  # first: no link left there for rsync to meet
+    if copied:
         target.parent.mkdir(parents=True, exist_ok=True)
         src = f"{source}/" if source.is_dir() else str(source)
         done = subprocess.run(["rsync", "-a", "--no-links", "--partial", "--checksum", src, str(target)],
                               capture_output=True, text=True)
         if done.returncode:
             raise FatpipeError(f"copying {source} to {target} failed: {done.stderr.strip()[-300:]}")
-    verdict = check_data(project, outputs, manifest, prune=True)  # keeps the manifest beside matching data
-    return PushResult(manifest, verdict, removed={v.node: list(v.removed) for v in verdict if v.removed},
+    else:
+        write_manifest(manifest, project.root)
+    verdict = check_data(project, outputs, manifest, prune=copied)  # pruning keeps the manifest beside the data
+    removed += verdict[0].removed
+    return PushResult(manifest, verdict, removed={outputs.nodes[0].name: removed} if removed else {},
                       elapsed_s=time.monotonic() - started)
 
 

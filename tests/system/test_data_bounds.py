@@ -201,16 +201,17 @@ def test_a_push_makes_each_folder_its_manifest_and_verify_and_launch_name_extras
 
     node_path(folder, 1, "data/tok/stale.bin").write_bytes(b"put there by hand")
     node_path(folder, 1, "data/tok/old").mkdir()
+    node_path(folder, 1, "data/tok/old/train_009.bin").write_bytes(b"from some other run")
     verify = fatpipe(folder, "data", "verify", CLUSTER, "--remote-python", sys.executable)
     assert verify.returncode == 1, verify.stdout
-    assert f"{CLUSTER}-1: data/tok holds 2 file(s) the manifest does not list: old/, stale.bin" in verify.stdout
+    assert f"{CLUSTER}-1: data/tok holds 2 file(s) the manifest does not list: old/train_009.bin, stale.bin" in verify.stdout
     launch = fatpipe(folder, "launch", CLUSTER, "--max-restarts", "0", "--remote-python", sys.executable,
                      "--", "job.py", "0")
     assert launch.returncode != 0 and len(errors(launch)) == 1, launch.stdout[-3000:]
-    assert f"node {CLUSTER}-1: data/tok holds 2 file(s) the manifest does not list: old/, stale.bin" in errors(launch)[0]
+    assert f"node {CLUSTER}-1: data/tok holds 2 file(s) the manifest does not list: old/train_009.bin, stale.bin" in errors(launch)[0]
     fixed = push(folder)
     assert fixed.returncode == 0 and f"{CLUSTER}-1: removed 2 file(s)" in fixed.stdout, fixed.stdout[-3000:]
-    assert not node_path(folder, 1, "data/tok/stale.bin").exists()
+    assert not node_path(folder, 1, "data/tok/stale.bin").exists() and not node_path(folder, 1, "data/tok/old").exists()
 
 
 def test_push_deploy_and_netcheck_refuse_while_a_run_is_live(cluster):

@@ -66,7 +66,8 @@ HOSTILE_KEYS = {"climb": f"climb/{CLIMB}tmp/{ESCAPE}-1", "slash": f"slash//tmp/{
                 "bidi": "bidi/evil\u202egnp.bin", "bs": f"bs/..\\..\\{ESCAPE}", "own": "own/.fatpipe-manifest.json",
                 "long": "long/" + "y" * 300, "clash": "clash/good.bin/inner"}
 OBJECTS = {**{f"{p}/good.bin": b"harmless" for p in HOSTILE_KEYS}, **{k: b"hostile" for k in HOSTILE_KEYS.values()},
-           "planted/sub/x.bin": b"real data", "planted/f.bin": b"real file", "planted/g.bin": b"g"}
+           "planted/sub/x.bin": b"real data", "planted/f.bin": b"real file", "planted/g.bin": b"g",
+           "eq": b"the key equal to the prefix", "eq/": b"", "eq/a.bin": b"a", "eq/sub/": b"", "eq/sub/b.bin": b"b"}
 
 
 @pytest.fixture(scope="module")
@@ -126,6 +127,12 @@ def test_links_planted_in_a_node_folder_lead_no_write_or_read_outside(bucket, no
     assert (folder / "sub" / "x.bin").read_bytes() == b"real data" and not (folder / "sub").is_symlink()
     assert (folder / "f.bin").read_bytes() == b"real file" and not (folder / "f.bin").is_symlink()
     assert sorted(f["name"] for f in manifest["files"]) == ["f.bin", "g.bin", "sub/x.bin"]
+
+
+def test_a_key_equal_to_the_prefix_and_folder_markers_are_no_files(bucket, node_env, tmp_path):
+    manifest = fetch(spec(bucket, "eq"), tmp_path)
+    assert sorted(f["name"] for f in manifest["files"]) == ["a.bin", "sub/b.bin"]
+    assert sorted(p.name for p in (tmp_path / "data" / "set").iterdir() if not p.name.startswith(".")) == ["a.bin", "sub"]
 
 
 def test_a_planted_folder_link_is_never_written_through(tmp_path):

@@ -50,18 +50,19 @@ def test_extras_are_named_by_verify_and_removed_by_a_push(tmp_path):
     (folder / "link").symlink_to("/etc/passwd")
     (folder / "a.bin.fatpipe-partial").write_bytes(b"a partial copy of a listed file: kept")
     (folder / "gone.bin.fatpipe-partial").write_bytes(b"of a file no longer listed: extra")
-    extras = ["gone.bin.fatpipe-partial", "link", "old_003.bin", "stale/", "sub/d.bin"]
+    (folder / "empty").mkdir()  # an empty folder holds no data: no extra, left alone
+    extras = ["gone.bin.fatpipe-partial", "link", "old_003.bin", "stale/x", "sub/d.bin"]
     assert extra_files(manifest, tmp_path) == extras
     verify = check(tmp_path, manifest, "--rehash")
     assert verify.returncode == 1 and verify.stdout == (
         "data/set holds 5 file(s) the manifest does not list: gone.bin.fatpipe-partial, link, old_003.bin, "
-        "stale/, sub/d.bin\n")
+        "stale/x, sub/d.bin\n")
 
     pushed = check(tmp_path, manifest, "--prune")
     assert pushed.returncode == 0, pushed.stdout
     assert json.loads(pushed.stdout.splitlines()[0].removeprefix(PRUNED_PREFIX)) == extras
     kept = sorted(p.name for p in folder.iterdir() if p.name != ".fatpipe-hashes.json")  # the cache: if settled
-    assert kept == sorted([MANIFEST_NAME, "a.bin", "a.bin.fatpipe-partial", "b.bin", "sub"])
+    assert kept == sorted([MANIFEST_NAME, "a.bin", "a.bin.fatpipe-partial", "b.bin", "empty", "sub"])
     assert os.path.exists("/etc/passwd") and check(tmp_path, manifest).returncode == 0
 
 

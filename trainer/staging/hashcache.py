@@ -32,6 +32,8 @@ class HashCache:
         self.path, self.chunk_size, self.dirty = Path(path), chunk_size, False
         self.files: dict[str, dict] = {}
         try:
+            if self.path.is_symlink():  # planted: never read through it (save replaces it)
+                return
             saved = json.loads(self.path.read_text())
         except (OSError, ValueError):  # none yet, or unreadable: start afresh
             return

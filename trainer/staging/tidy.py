@@ -28,45 +28,39 @@ def kept_names(manifest: dict) -> set[str]:
 
 
 def extra_files(manifest: dict, root: Path) -> list[str]:
-    """Names (relative to the folder) of what it holds beyond its manifest, sorted; links are not followed."""
+    """Names (relative to the folder) of the files and links it holds beyond its manifest, sorted.
+    Links are not followed; a folder is no extra by itself (an empty one holds no data)."""
     if manifest["kind"] != "folder":
         return []
     base = data_path(manifest, root)
     if not base.is_dir():
         return []
-    keep = kept_names(manifest)
-    needed = {p for f in manifest["files"] for p in _folders_of(f["name"])}
-    extra = []
+    keep, extra = kept_names(manifest), []
     for folder, dirs, files in os.walk(base):  # followlinks=False: a link to a folder is listed, not entered
         rel = Path(folder).relative_to(base)
         for name in list(dirs):
-            path, shown = Path(folder) / name, (rel / name).as_posix()
-            if path.is_symlink() or shown not in needed:
-                extra.append(shown if path.is_symlink() else shown + "/")
+            if (Path(folder) / name).is_symlink():
+                extra.append((rel / name).as_posix())
                 dirs.remove(name)
         extra += [(rel / name).as_posix() for name in files
                   if (rel / name).as_posix() not in keep or (Path(folder) / name).is_symlink()]
     return sorted(extra)
 
 
-def _folders_of(name: str) -> list[str]:
-    """`a/b/c.bin` -> [`a`, `a/b`]: the folders a listed file needs."""
-    parts = name.split("/")[:-1]
-    return ["/".join(parts[:i]) for i in range(1, len(parts) + 1)]
-
-
 def prune(manifest: dict, root: Path) -> list[str]:
-    """Remove every extra (a folder with what is in it; a link, never its target); their names."""
-    import shutil
-
+    """Remove every extra (a link itself, never its target), then the folders that held only
+    extras; the extras' names."""
     base = data_path(manifest, root)
     removed = extra_files(manifest, root)
     for name in removed:
-        path = base / name.rstrip("/")
-        if path.is_symlink() or not path.is_dir():
-            path.unlink(missing_ok=True)
-        else:
-            shutil.rmtree(path)  # does not follow links inside it
+        (base / name).unlink(missing_ok=True)
+    needed = {"/".join(f["name"].split("/")[:i]) for f in manifest["files"] for i in range(1, f["name"].count("/") + 1)}
+    emptied = {"/".join(n.split("/")[:i]) for n in removed for i in range(1, n.count("/") + 1)} - needed
+    for folder in sorted(emptied, key=lambda f: -f.count("/")):  # the deepest first
+        try:
+            (base / folder).rmdir()
+        except OSError:  # not empty: it holds something else too (an empty folder of its own)
+            pass
     return removed
 
 
