@@ -82,8 +82,9 @@ def previous_entries(manifest: dict, root: Path) -> dict[str, dict]:
 
 def held_entry(remote: Remote, target: Path, old: dict | None, chunk_size: int, base: Path) -> dict | None:
     """The manifest entry of a file this node already holds right, else None (a link is no file)."""
-    if old is None or first_link(base, target) is not None or (old.get("size"), old.get("etag")) != (remote.size, remote.etag) or not target.is_file() \
-            or target.stat().st_size != remote.size:
+    if old is None or (old.get("size"), old.get("etag")) != (remote.size, remote.etag):
+        return None
+    if first_link(base, target) is not None or not target.is_file() or target.stat().st_size != remote.size:
         return None
     sha, chunks = hash_file(target, chunk_size)
     return entry(remote, sha, chunks) if sha == old.get("sha256") else None
