@@ -40,10 +40,10 @@ class NodesUnreachable(Exception):
 
 @dataclass(frozen=True)
 class NodeEnd:
-    """What a node says about its run: `ended` with its recorded status (None: lost), else
-    `running`, `unreachable` (with why) or `not-started`."""
+    """What a node says about its run: `ended` with its recorded status (None: lost, or never
+    started), else `running` or `unreachable` (with why)."""
 
-    state: str  # ended | running | unreachable | not-started
+    state: str  # ended | running | unreachable
     code: int | None = None
     why: str = ""
 
@@ -69,8 +69,10 @@ def read_end(node: NodeRun, timeout: float = 30) -> NodeEnd:
 def read_state(text: str) -> NodeEnd:
     if text.lstrip("-").isdigit():
         return NodeEnd("ended", int(text))
-    if text in ("running", "not-started"):
+    if text == "running":
         return NodeEnd(text)
+    if text == "not-started":  # no process ever recorded there (a start refused): it will not end
+        return NodeEnd("ended", None, why="never started")
     return NodeEnd("unreachable", why=text.removeprefix("unreachable: "))
 
 

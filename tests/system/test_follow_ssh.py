@@ -107,6 +107,7 @@ class Background:
             raise
 
     def interrupt(self) -> None:
+        """Ctrl-C if it still runs; then no run of this test is left on the nodes for the next."""
         if self.proc.poll() is None:
             os.killpg(self.proc.pid, signal.SIGINT)
             try:
@@ -114,6 +115,7 @@ class Background:
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+        fatpipe(self.folder, "stop", NAME, timeout=300)
 
 
 def on_node(folder: Path, index: int, run_id: str) -> Path:
@@ -219,8 +221,9 @@ def test_up_gives_up_following_past_the_bound_and_leaves_the_run_and_the_cluster
             code = up.finish(timeout_s=300)
         finally:
             heal(1)
-    finally:
+    except BaseException:
         up.interrupt()
+        raise
     output = up.output()
     assert code == 75, output[-6000:]
     flat = " ".join(output.split())
