@@ -117,7 +117,7 @@ class LogView:
             return
         try:
             self.sink(self.node.name, line.decode(errors="replace").rstrip("\r"))
-        except (BrokenPipeError, OSError):  # whoever read our output went away: follow on, quietly
+        except Exception:  # noqa: BLE001 - whoever read our output went away: follow on, quietly
             self.sink = None
 
     def watch(self) -> None:
@@ -125,15 +125,21 @@ class LogView:
         tries = drains = 0
         while not self.halt.is_set():
             before = self.offset
-            self.stream(follow=True)
-            if self.halt.is_set():
-                return
-            end = read_end(self.node)
-            if end.ended:  # the rest, read after the end is known; a node that answers its
-                drains += 1  # status but not its log (a folder gone) ends without it
-                if self.stream(follow=False) or drains >= DRAIN_TRIES:
+            try:
+                self.stream(follow=True)
+                if self.halt.is_set():
+                    return
+                end = read_end(self.node)
+                # The rest, read once the end is known; a node that answers its status but not
+                # its log (its folder gone) ends without it.
+                drains += end.ended
+                if end.ended and (self.stream(follow=False) or drains >= DRAIN_TRIES):
                     self.unreachable_since, self.end = None, end
                     return
+            except Exception as e:  # noqa: BLE001 - this machine failed (a process limit, a sink):
+                end = NodeEnd("unreachable", why=str(e))  # never a node's end, try again
+            if self.halt.is_set():
+                return
             if end.state == "unreachable" and self.unreachable_since is None:
                 self.unreachable_since = time.monotonic()
             elif end.state != "unreachable":

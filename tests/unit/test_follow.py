@@ -259,3 +259,14 @@ def test_down_after_destroys_only_once_every_node_recorded_its_exit_or_the_user_
     up = StubUp(launched=[nodes[1]])  # never started there
     up.down_after(1)
     assert up.destroyed == 1
+
+
+def test_a_reader_gone_on_this_machine_ends_nothing(tmp_path):
+    # Whoever read the output went away (a closed pipe): the follow goes on quietly to the end.
+    nodes = fake_run(tmp_path, [STEPS.format(n=5, pause=0.05), "echo one; exit 0\n"])
+    start(nodes)
+
+    def gone(node: str, line: str) -> None:
+        raise BrokenPipeError(32, "Broken pipe")
+
+    assert follow_nodes(nodes, gone, timeout_s=60) == {"n0": 0, "n1": 0}
