@@ -2,9 +2,11 @@
 
 Re-running `up` skips what is done: a deployment whose outputs match the cluster file and whose
 nodes all answer ready skips synth, wheels, deploy and wait; a netcheck that passed on this
-deployment is reused. Training always runs anew. `--down-after` destroys the cluster on every way
-out (success, failure, Ctrl-C, SIGTERM) and says what it destroyed, or that the destroy failed; a
-Ctrl-C during that teardown asks before abandoning it, without a terminal it goes on.
+deployment is reused. Training always runs anew. `--down-after` destroys the cluster once every
+node has recorded its exit (success, failure) or the user asks (Ctrl-C, SIGTERM), and says what it
+destroyed, or that the destroy failed; a run still going where fatpipe could not follow it keeps
+the cluster up (`downafter.py`). A Ctrl-C during that teardown asks before abandoning it, without a
+terminal it goes on.
 """
 
 from __future__ import annotations
