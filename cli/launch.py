@@ -15,6 +15,7 @@ from .options import (
     run_options,
     script_args,
     train_overrides,
+    unreachable_option,
 )
 from .steps import changing, new_rendezvous, run_training
 
@@ -28,13 +29,15 @@ from .steps import changing, new_rendezvous, run_training
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=None,
               help="Stop every node after this many seconds (exit 124).")
 @click.option("--detach", is_flag=True, help="Start and return; follow later with `fatpipe logs -f`.")
+@unreachable_option
 @pass_project
-def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach):
+def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach, unreachable_s):
     """Sync, start torchrun on every node, stream the logs; exit with the worst node's status.
 
     Everything after `--` is your torchrun script and its arguments (e.g. `-- train.py --lr 3e-4`);
     without it, the built-in trainer runs with [train] and the overrides given here. Ctrl-C stops
-    the run on every node.
+    the run on every node. A lost connection does not: the follow reconnects, and past
+    --unreachable-timeout exits 75 while the run goes on (`fatpipe logs -f` reattaches).
     """
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.runs import find_run, load_outputs
@@ -52,5 +55,6 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
             rdzv = read_rendezvous(run_dir)
         else:
             rdzv, run_dir = new_rendezvous(project, outputs)
-        result = run_training(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s, detach=detach)
+        result = run_training(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s, detach=detach,
+                              unreachable_s=unreachable_s)
     sys.exit(result.exit_code)

@@ -6,7 +6,7 @@ import sys
 
 import click
 
-from .options import cluster_argument, console, pass_project
+from .options import cluster_argument, console, pass_project, unreachable_option
 from .render import exit_table, log_sink
 from .steps import node_gone, pull_results
 
@@ -16,17 +16,20 @@ from .steps import node_gone, pull_results
 @click.option("--run", "run_id", default=None, help="Which run (default: the latest).")
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until every node's process has exited.")
 @click.option("-n", "--node", "node_names", multiple=True, help="Only this node (repeatable).")
+@unreachable_option
 @pass_project
-def logs(project, cluster: str | None, run_id, follow: bool, node_names):
+def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreachable_s: float):
     """Print every node's log, each line prefixed with the node's name.
 
     The run is the last one launched (else the newest with logs). With -f, reattach to a running
     run (Ctrl-C detaches; the run goes on). Once the cluster is down, the logs kept here. A run
     that has ended closes with how it ended: the failure line `launch` prints, and its exit status.
+    A dropped connection is resumed where it was; a node out of reach past --unreachable-timeout
+    ends the follow with exit 75 (the run goes on).
     """
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.ops.launch import follow_nodes
-    from fatpipe.ops.noderun import run_nodes
+    from fatpipe.ops.follow import NodesUnreachable, follow_nodes, unfollowed_line
+    from fatpipe.ops.noderun import UNFOLLOWED, run_nodes
 
     name = project.cluster(cluster).name
     run_id, run_dir, every_node = run_nodes(project, name, run_id)
@@ -49,7 +52,11 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names):
                 sink(node.name, line)
         sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone))
     try:
-        followed = follow_nodes(nodes, sink, fail_grace_s=None)
+        followed = follow_nodes(nodes, sink, fail_grace_s=None, unreachable_s=unreachable_s)
+    except NodesUnreachable as e:
+        out.print(unfollowed_line(run_id, name, dict.fromkeys(e.nodes, "unreachable")), soft_wrap=True,
+                  highlight=False, markup=False)
+        sys.exit(UNFOLLOWED)
     except KeyboardInterrupt:
         out.print(f"detached; run {run_id} goes on (fatpipe stop {name} ends it)")
         pull_results(out, nodes, run_dir, run_id, name)  # what exists so far

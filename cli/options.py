@@ -10,7 +10,13 @@ from typing import Literal, get_args, get_origin
 import click
 from rich.markup import escape
 
-from fatpipe.infra.defaults import DEFAULT_ENGINE, ENGINES, JOIN_TIMEOUT_S, MAX_RESTARTS
+from fatpipe.infra.defaults import (
+    DEFAULT_ENGINE,
+    ENGINES,
+    JOIN_TIMEOUT_S,
+    MAX_RESTARTS,
+    UNREACHABLE_TIMEOUT_S,
+)
 from fatpipe.infra.errors import ConfigError
 
 REMOTE_PYTHON_HELP = ("On ssh nodes, run this interpreter (an image that ships torch) instead of making "
@@ -30,6 +36,12 @@ engine_option = click.option(
 )
 yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask before creating paid cloud resources.")
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Show the deploy engine's full output.")
+unreachable_option = click.option(
+    "--unreachable-timeout", "unreachable_s", type=click.FloatRange(1), default=UNREACHABLE_TIMEOUT_S,
+    show_default=True,
+    help="Stop following (exit 75) once a node has been out of reach this many seconds; the run goes "
+         "on on its nodes and `fatpipe logs -f` reattaches. A lost connection never stops a run.",
+)
 
 
 def pass_project(func=None, *, clusters_optional: bool = False):

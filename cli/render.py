@@ -129,6 +129,8 @@ def exit_table(result):
     for name, code in result.exit_codes.items():
         shown = "lost" if code is None else str(code)
         table.add_row(name, f"[green]{shown}[/]" if code == 0 else f"[red]{shown}[/]")
+    for name, state in result.unknown.items():  # the follow gave up: not an end
+        table.add_row(name, f"[yellow]{state}[/]")
     return table
 
 

@@ -256,12 +256,13 @@ def _checker_python(rdzv) -> str | None:
     return None if python in (None, f"{REMOTE_VENV}/bin/python") else python
 
 
-def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False):
+def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False, unreachable_s=None):
     """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult."""
     from rich.markup import escape
 
     from fatpipe.infra.runs import latest_run_id, mark_latest
     from fatpipe.ops.datacheck import require_data
+    from fatpipe.ops.follow import unfollowed_line
     from fatpipe.ops.launch import launch as launch_run
     from fatpipe.ops.noderun import node_runs
 
@@ -275,7 +276,7 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
     try:
         result = launch_run(
             project, rdzv, run_dir, sink=log_sink(out, names), log=note(out), timeout_s=timeout_s,
-            detach=detach,
+            detach=detach, unreachable_s=unreachable_s,
         )
     except BaseException:
         mark_latest(project, outputs.name, before)
@@ -290,7 +291,11 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
         out.print("[yellow]interrupted[/]: the run was stopped on every node")
     elif result.timed_out:
         out.print(f"[red]timed out[/] after {timeout_s:g} s: the run was stopped on every node")
+    elif result.unknown and not result.failure:  # its results are still being made on the nodes
+        out.print(unfollowed_line(result.run_id, outputs.name, result.unknown, result.exit_code), soft_wrap=True, highlight=False, markup=False)
+        return result
     if project.spec.run.pull:  # node 0's transport is made only when something is to come back
         pull_declared(project, node_runs(rdzv, project.state_dir(outputs.name))[0], out)
     out.print(f"logs and results in {run_dir}", markup=False)
     return result
+

@@ -2,9 +2,11 @@
 
 Re-running `up` skips what is done: a deployment whose outputs match the cluster file and whose
 nodes all answer ready skips synth, wheels, deploy and wait; a netcheck that passed on this
-deployment is reused. Training always runs anew. `--down-after` destroys the cluster on every way
-out (success, failure, Ctrl-C, SIGTERM) and says what it destroyed, or that the destroy failed; a
-Ctrl-C during that teardown asks before abandoning it, without a terminal it goes on.
+deployment is reused. Training always runs anew. `--down-after` destroys the cluster once every
+node has recorded its exit (success, failure) or the user asks (Ctrl-C, SIGTERM), and says what it
+destroyed, or that the destroy failed; a run still going where fatpipe could not follow it keeps
+the cluster up (`downafter.py`). A Ctrl-C during that teardown asks before abandoning it, without a
+terminal it goes on.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import click
 
 from fatpipe.infra.defaults import NETCHECK_FILE, NETCHECK_PLOT, UP_REPORT_FILE, WAIT_TIMEOUT_S
 
+from .downafter import DownAfter
 from .options import (
     ScriptCommand,
     cluster_argument,
@@ -31,23 +34,21 @@ from .options import (
     script_args,
     silence_output,
     train_overrides,
+    unreachable_option,
     verbose_option,
     yes_option,
 )
 from .render import Phases, escape, note, readiness_table, summary_table
 from .steps import (
     TERMINATED,
-    TeardownAbandoned,
     Terminated,
     changing,
     deploy_outputs,
-    guarded_teardown,
     new_rendezvous,
     require_ready,
     run_netcheck,
     run_training,
     stage_data,
-    terraform_log,
     wait_ready,
 )
 
@@ -63,6 +64,7 @@ class UpFlags:
     no_gate: bool
     wait_timeout: float
     timeout_s: float | None  # of the training run
+    unreachable_s: float  # a node out of reach this long ends the follow, not the run
     outputs_file: str | None
     verbose: bool
 
@@ -72,7 +74,9 @@ class UpFlags:
 @engine_option
 @yes_option
 @click.option("--down-after", is_flag=True,
-              help="Destroy the cluster at the end, however up ends: success, failure, Ctrl-C, SIGTERM.")
+              help="Destroy the cluster at the end: once every node has recorded its exit (success or "
+                   "failure), or on Ctrl-C or SIGTERM. A run still going on nodes fatpipe cannot reach "
+                   "is never destroyed: the cluster stays up.")
 @click.option("--netcheck", "netcheck_mode", type=click.Choice(["full", "quick", "off"]), default="full",
               show_default=True,
               help="The link check before training: the full sweep, a quick one (as `netcheck --quick`), or off.")
@@ -81,6 +85,7 @@ class UpFlags:
               help="Seconds to wait for the nodes to become ready.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=None,
               help="Stop the training run after this many seconds.")
+@unreachable_option
 @train_overrides
 @run_options
 @verbose_option
@@ -99,7 +104,7 @@ def up(project, cluster, **flags):
     sys.exit(code)
 
 
-class Up:
+class Up(DownAfter):
     """One `fatpipe up`: its phases in order, and a report of what each did."""
 
     def __init__(self, project, spec, flags: UpFlags, out):
@@ -127,7 +132,7 @@ class Up:
             if code == 130 and TERMINATED.is_set():  # a SIGTERM the launch took as its own stop
                 code = 143
             if self.flags.down_after:
-                code = self.down(code)
+                code = self.down_after(code)
             self.finish(code)
         return code
 
@@ -222,13 +227,18 @@ class Up:
             self.project, outputs, train, script, run=run))
         phases.get("rendezvous").note = f"{rdzv.nnodes} x {rdzv.nproc_per_node} process(es)"
         what = " ".join(script) if script else f"built-in trainer, preset {train.preset}, {train.steps} steps"
-        result = phases.run("launch", what, lambda: run_training(
-            self.project, outputs, rdzv, run_dir, self.out, timeout_s=self.flags.timeout_s), spinner=False)
+        from fatpipe.ops.noderun import node_runs
+
+        self.launched = node_runs(rdzv, self.project.state_dir(outputs.name))
+        result = self.result = phases.run("launch", what, lambda: run_training(
+            self.project, outputs, rdzv, run_dir, self.out, timeout_s=self.flags.timeout_s,
+            unreachable_s=self.flags.unreachable_s), spinner=False)
         self.report["exit_codes"] = result.exit_codes
         launch = phases.get("launch")
         launch.note = f"all {len(result.exit_codes)} node(s) exit 0" if result.ok else (
             "interrupted" if result.interrupted else "timed out" if result.timed_out else
-            result.failure or f"worst exit {result.exit_code}")
+            result.failure or ("stopped following: " + ", ".join(f"{n} {s}" for n, s in result.unknown.items())
+                               if result.unknown else f"worst exit {result.exit_code}"))
         if not result.ok:
             launch.state = "failed"
 
@@ -236,8 +246,13 @@ class Up:
             doc = run_summary(run_dir, outputs.tier_gbps)
             hint = no_steps_hint(script, result.ok, doc)  # a script that does not use the API
             self.out.print(hint or summary_table(doc), style="dim" if hint else None, markup=False)
+            if doc["recorded_only"] and not hint:
+                note(self.out)(f"the run ended before its summary: over the {doc['steps']} step(s) it recorded")
             return doc
 
+        if result.unknown and not result.failure:  # still going on its nodes: nothing to sum up yet
+            phases.skip("summary", "the run goes on on its nodes")
+            return result.exit_code
         self.report["summary"] = phases.run("summary", "what the run achieved", summary, spinner=False)
         note(self.out)(f"logs: fatpipe logs {outputs.name} --run {rdzv.run_id}")
         self.draw_report(run_dir, quiet=not result.ok)
@@ -256,32 +271,6 @@ class Up:
             return
         self.report["report"] = str(page)
         note(self.out)(f"report: {page}")
-
-    def down(self, code: int) -> int:
-        """Destroy the cluster, Ctrl-C guarded; says what went. A failed or abandoned destroy is
-        reported with the command that finishes it, and makes the exit status nonzero."""
-        name = self.spec.name
-        try:
-            with guarded_teardown(self.out, f"the teardown of {name}"):
-                from fatpipe.stacks.engine import destroy_cluster
-
-                result = self.phases.run("down", f"destroy {name} (--down-after)", lambda: destroy_cluster(
-                    self.project, name, engine=self.flags.engine, log=terraform_log(self.flags.verbose)),
-                    spinner=False)
-        except BrokenPipeError:
-            silence_output()
-            return self.down(code)  # destroying again is safe: what is gone stays gone
-        except TeardownAbandoned:
-            self.say(f"[red]teardown of {name} abandoned[/]: resources may be left; "
-                     f"`fatpipe down {name}` removes them")
-            return code or 130
-        except Exception as e:  # noqa: BLE001 - whatever broke, the user must hear the cluster may be up
-            self.say(f"[red]destroy of {name} failed[/]: {escape(str(e))}\nresources may be left: run `fatpipe down {name}`")
-            return code or 1
-        self.phases.get("down").note = result.summary()
-        self.report["teardown"] = asdict(result)
-        self.say(f"{name}: {result.summary()}")
-        return code
 
     def finish(self, code: int) -> None:
         """The phase table and the verdict; the report as up.json in the run folder."""

@@ -18,6 +18,8 @@ MAX_RESTARTS = 3  # restarts of the whole worker group after a failure
 BENCH_MAX_RESTARTS = 0
 
 WAIT_TIMEOUT_S = 600  # `fatpipe wait`: every node ready within this
+# A followed run's node out of reach this long ends the follow (never the run): `launch`, `up`, `logs -f`.
+UNREACHABLE_TIMEOUT_S = 300
 
 # Files of a run folder (.fatpipe/<cluster>/runs/<run-id>/).
 RENDEZVOUS_FILE = "rendezvous.json"

@@ -16,6 +16,7 @@ import signal
 from pathlib import Path
 
 from fatpipe.infra.defaults import FAULTS_FILE
+from fatpipe.infra.runinfo import last_record
 
 from .nodeenv import ENV_FILE
 from .noderun import LaunchResult
@@ -37,12 +38,26 @@ def describe_failure(result: LaunchResult, rdzv: Rendezvous, since: float,
     With `project_root`, a file missing on an ssh node that exists here is explained."""
     if result.ok or result.interrupted or result.timed_out:
         return None
+    own = [c for n, c in result.exit_codes.items() if c != 0 and n not in result.stopped]
+    if result.unknown and not own:
+        return None  # nothing failed that fatpipe saw: the run goes on where it could not look
+    line = _describe(result, rdzv, since, project_root)
+    away = [n for n, state in result.unknown.items() if state == "unreachable"]
+    if line and away:
+        line += f"; {', '.join(away)} could not be reached: its end is unknown"
+    return line
+
+
+def _describe(result: LaunchResult, rdzv: Rendezvous, since: float, project_root: Path | None) -> str | None:
     cause, errors, attempt = run_cause(Path(result.run_dir), [n.name for n in rdzv.nodes])
     if cause:
         hint = _missing_file_hint(cause, rdzv, project_root) or _no_cuda_hint(cause, Path(result.run_dir))
         when = (f" (attempt {attempt + 1} of {rdzv.max_restarts + 1}; the restarts after it "
                 "ended in connection errors only)" if attempt is not None else "")
         return cause_line(cause, errors, when) + (f"; {hint}" if hint else "")
+    lost = [name for name, code in result.exit_codes.items() if code is None and name not in result.stopped]
+    if lost:
+        return _lost_line(lost, errors, Path(result.run_dir))
     failure = last_failure(Path(result.run_dir), since)
     if failure:
         return _trainer_failure(failure, rdzv)
@@ -52,13 +67,27 @@ def describe_failure(result: LaunchResult, rdzv: Rendezvous, since: float,
     if waited:
         return (f"the run failed at the rendezvous: torchrun on {', '.join(waited)} gave up waiting "
                 f"for all {len(names)} nodes to join (join timeout {rdzv.join_timeout_s} s)")
-    own = {n: c for n, c in result.exit_codes.items() if c and n not in result.stopped}
-    failed = own or {n: c for n, c in result.exit_codes.items() if c}
+    # A node fatpipe stopped (after another failed, or `fatpipe stop`) is never the cause.
+    failed = {n: c for n, c in result.exit_codes.items() if c and n not in result.stopped}
     if not failed:
         return None
     name, code = next(iter(failed.items()))
     cause = _last_error(logs.get(name, ""))
     return f"{name} failed first: {_status(code)}" + (f" ({cause})" if cause else "")
+
+
+def _lost_line(lost: list[str], errors: list[WorkerError], run_dir: Path) -> str:
+    """`n-1 was lost after step 80: ...`: a node whose processes vanished without recording an
+    exit status (killed, out of memory, rebooted), with the last step the run recorded."""
+    step = last_record(run_dir).get("step")
+    when = f" after step {step}" if isinstance(step, int) else " before the run recorded a step"
+    also = f" (and {', '.join(lost[1:])})" if len(lost) > 1 else ""
+    line = (f"{lost[0]}{also} was lost{when}: its processes vanished without recording an exit "
+            "status (killed, out of memory or rebooted)")
+    followed = sorted({e.node for e in errors if e.consequence} - set(lost))
+    if followed:
+        line += f"; the connection errors on {', '.join(followed)} followed from it"
+    return line
 
 
 def last_failure(run_dir: Path, since: float = 0.0) -> dict | None:

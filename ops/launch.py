@@ -6,17 +6,23 @@ Ctrl-C signals every node's process group. `run_on_all_nodes` is the one call ot
 
 from __future__ import annotations
 
-import threading
 import time
 from pathlib import Path
 
+from fatpipe.infra.defaults import UNREACHABLE_TIMEOUT_S
 from fatpipe.infra.errors import FatpipeError
 
 from .failure import describe_failure
+from .follow import (
+    FAIL_GRACE_S,
+    NodesUnreachable,
+    follow_nodes,
+    read_end,
+    stop_nodes,
+)
 from .nodeenv import check_node_envs
 from .nodefiles import write_rendezvous
 from .noderun import (
-    STOP_WAIT_S,
     LaunchResult,
     Log,
     NodeRun,
@@ -30,11 +36,6 @@ from .rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, plan_rendezvous
 from .runsync import pull_runs
 from .transport import fan_out
 
-# Once a node's torchrun has failed, the run cannot finish (the node count is fixed): its peers
-# get this long to print their own errors, then they are stopped.
-FAIL_GRACE_S = 10
-
-
 
 def start_nodes(nodes: list[NodeRun]) -> None:
     results = fan_out(lambda n: n.transport.run(n.start_command(), timeout=60), nodes)
@@ -44,67 +45,16 @@ def start_nodes(nodes: list[NodeRun]) -> None:
         raise FatpipeError("could not start the run on every node:\n  " + "\n  ".join(failed))
 
 
-def stop_nodes(nodes: list[NodeRun]) -> None:
-    """Signal every node's process group, wait for torchrun to wind down, kill what is left."""
-    fan_out(lambda n: n.transport.run(n.stop_command(), timeout=STOP_WAIT_S + 30), nodes)
-
-
-def follow_nodes(nodes: list[NodeRun], sink: Sink | None, follow: bool = True,
-                 timeout_s: float | None = None, fail_grace_s: float | None = FAIL_GRACE_S,
-                 stopped: list[str] | None = None) -> dict:
-    """Stream every node's log to `sink` until all nodes exit; return {node: exit code}.
-
-    When one node fails, the others get `fail_grace_s` to finish before they are stopped (their
-    workers would otherwise wait in a collective, or torchrun in its exit barrier, for minutes);
-    their names are appended to `stopped`. Raises TimeoutError past `timeout_s`; the caller
-    stops the nodes.
-    """
-    codes: dict[str, int | None] = {}
-    lock = threading.Lock()
-
-    def watch(node: NodeRun) -> None:
-        proc = node.transport.popen(node.follow_command(follow))
-        try:
-            for line in proc.stdout:
-                if sink:
-                    sink(node.name, line.rstrip("\n"))
-        finally:
-            proc.wait()
-        code = node.exit_code() if follow else None
-        with lock:
-            codes[node.name] = code
-
-    threads = [threading.Thread(target=watch, args=(n,), daemon=True, name=f"follow-{n.name}") for n in nodes]
-    for thread in threads:
-        thread.start()
-    deadline = time.monotonic() + timeout_s if timeout_s else None
-    failed_at = None
-    stopping = False
-    while any(thread.is_alive() for thread in threads):
-        time.sleep(0.2)
-        now = time.monotonic()
-        if deadline and now > deadline:
-            raise TimeoutError(f"the run did not finish within {timeout_s:g} s")
-        with lock:
-            bad = any(c != 0 for c in codes.values())
-        if bad and failed_at is None:
-            failed_at = now
-        if follow and failed_at and fail_grace_s is not None and not stopping and now - failed_at > fail_grace_s:
-            stopping = True
-            left = [n for n in nodes if n.name not in codes]
-            if stopped is not None:
-                stopped.extend(n.name for n in left)
-            threading.Thread(target=stop_nodes, args=(left,), daemon=True).start()
-    return {n.name: codes.get(n.name) for n in nodes}
-
-
 def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None,
            log: Log = lambda _: None, timeout_s: float | None = None, detach: bool = False,
-           fail_grace_s: float | None = FAIL_GRACE_S) -> LaunchResult:
+           unreachable_s: float | None = None) -> LaunchResult:
     """Prepare every node, start the run, stream its logs, and return how it ended.
 
-    Ctrl-C (KeyboardInterrupt) or the timeout stops the run on every node before returning.
+    Ctrl-C (KeyboardInterrupt) or the timeout stops the run on every node before returning. A
+    node out of reach for longer than `unreachable_s` (default UNREACHABLE_TIMEOUT_S) ends the
+    follow, not the run: the result names it in `unknown` and nothing is stopped.
     """
+    unreachable_s = unreachable_s or UNREACHABLE_TIMEOUT_S
     state_dir = project.state_dir(rdzv.cluster)
     nodes = node_runs(rdzv, state_dir)
     result = LaunchResult(rdzv.run_id, Path(run_dir))
@@ -122,24 +72,57 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
         if detach:
             return result
         try:
-            result.exit_codes = follow_nodes(nodes, sink, timeout_s=timeout_s, fail_grace_s=fail_grace_s,
-                                             stopped=result.stopped)
+            result.exit_codes = follow_nodes(nodes, sink, timeout_s=timeout_s, fail_grace_s=FAIL_GRACE_S,
+                                             stopped=result.stopped, unreachable_s=unreachable_s)
+        except NodesUnreachable as e:
+            log(f"{e}: stopped following; the run goes on on its nodes")
+            result.exit_codes = e.codes
+            result.unknown = {n.name: "unreachable" if n.name in e.nodes else "running"
+                              for n in nodes if n.name not in e.codes}
         except TimeoutError as e:
             log(f"{e}: stopping every node")
             result.timed_out = True
             stop_nodes(nodes)
-            result.exit_codes = {n.name: n.exit_code() for n in nodes}
+            read_ends(nodes, result)
         except KeyboardInterrupt:
             log("interrupted: stopping every node")
             result.interrupted = True
             stop_nodes(nodes)
-            result.exit_codes = {n.name: n.exit_code() for n in nodes}
-        for failure in pull_runs(nodes, Path(run_dir)).failed:
+            read_ends(nodes, result)
+        ended = [n for n in nodes if n.name not in result.unknown]
+        for failure in pull_ended(ended, Path(run_dir), unreachable_s, log):
             log(failure)
+        result.stopped += [n.name for n in ended if n.name not in result.stopped
+                           and (Path(run_dir) / f"node-{n.plan.rank}.stop").exists()]
         result.failure = describe_failure(result, rdzv, since, project.root)
     finally:
         result.elapsed_s = time.monotonic() - started
     return result
+
+
+def read_ends(nodes: list[NodeRun], result: LaunchResult) -> None:
+    """Each node's end after a stop, as the node records it; one out of reach is `unknown`."""
+    for node, end in zip(nodes, fan_out(read_end, nodes), strict=True):
+        if end.ended:
+            result.exit_codes[node.name] = end.code
+        else:
+            result.unknown[node.name] = end.state
+
+
+def pull_ended(nodes: list[NodeRun], run_dir: Path, within_s: float, log: Log) -> list[str]:
+    """Pull what ended nodes wrote; a node whose pull failed is tried again, with pauses, while
+    it answers within `within_s` (a connection that dropped just then). The failures left."""
+    pulled = pull_runs(nodes, run_dir)
+    placed = set(pulled.placed)
+    deadline, pause = time.monotonic() + within_s, 5.0
+    while pulled.failed and time.monotonic() + pause < deadline:
+        left = [n for n in nodes if not n.transport.shares_fs and n.name not in placed]
+        log(f"pulling again from {', '.join(n.name for n in left)} in {pause:g} s")
+        time.sleep(pause)
+        pulled = pull_runs(left, run_dir)
+        placed |= set(pulled.placed)
+        pause = min(pause * 2, 60.0)
+    return pulled.failed
 
 
 def running_nodes(project, cluster: str) -> tuple[str, list[str]] | None:

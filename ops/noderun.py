@@ -17,6 +17,9 @@ from .rendezvous import NodePlan, Rendezvous, read_rendezvous
 from .transport import Transport, fan_out, transport_for
 
 LOST = 255  # the status of a node whose process vanished without writing its exit status
+# fatpipe stopped following a run whose node stayed out of reach: the run goes on on its nodes
+# (sysexits' EX_TEMPFAIL: try again later, with `fatpipe logs -f`).
+UNFOLLOWED = 75
 STOP_WAIT_S = 10  # from SIGTERM to SIGKILL: torchrun stops its workers in this time
 # Every process of one torchrun attempt carries AGENT_TAG_ENV=<prefix><wrapper pid>-<attempt>.
 AGENT_TAG_ENV = "FATPIPE_AGENT"
@@ -53,6 +56,8 @@ class LaunchResult:
     run_dir: Path
     exit_codes: dict[str, int | None] = field(default_factory=dict)
     stopped: list[str] = field(default_factory=list)  # nodes fatpipe stopped after another failed
+    # Nodes whose end is not known because the follow gave up: {node: "unreachable" | "running"}.
+    unknown: dict[str, str] = field(default_factory=dict)
     interrupted: bool = False
     timed_out: bool = False
     elapsed_s: float = 0.0
@@ -66,6 +71,8 @@ class LaunchResult:
             return 124
         # A node stopped because a peer failed reports the stop, not the cause: prefer the cause.
         own = [c for name, c in self.exit_codes.items() if name not in self.stopped]
+        if self.unknown:  # a failure already recorded says more than "still going"
+            return worst_status(own) or UNFOLLOWED
         return worst_status(own) or worst_status(self.exit_codes.values())
 
     @property
@@ -140,11 +147,14 @@ while :; do
 done
 echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
 
-    def follow_command(self, follow: bool = True) -> str:
-        if not follow:
-            return self.sh(f"cat {self.log}")
-        # tail ends by itself once the node's process has exited (--pid), after printing the rest.
-        return self.sh(f'exec tail -n +1 -s 0.5 -F --pid="$(cat {self.pid})" {self.log} 2>/dev/null')
+    def follow_command(self, follow: bool = True, offset: int = 0) -> str:
+        """The node's log from byte `offset` on: to its end, or (`follow`) until its process has
+        exited (tail --pid), after printing the rest; a follower that lost its connection
+        resumes where it was."""
+        start = f"-c +{int(offset) + 1}"
+        if not follow:  # a log not (or no longer) there has nothing to add
+            return self.sh(f"if [ -e {self.log} ]; then exec tail {start} {self.log}; fi")
+        return self.sh(f'exec tail {start} -s 0.5 -F --pid="$(cat {self.pid})" {self.log} 2>/dev/null')
 
     def status_command(self) -> str:
         return self.sh(

@@ -20,6 +20,8 @@ def read_json(path: Path) -> dict:
 def run_summary(run_dir: Path, tier_gbps: float) -> dict:
     """What the run achieved, from its summary.json (the trainer's) and netcheck.json."""
     train, net = read_json(run_dir / SUMMARY_FILE), read_json(run_dir / NETCHECK_FILE)
+    if train.get("steps") is None:  # a run that ended before its summary: what it recorded
+        train = {**recorded_summary(run_dir), **{k: v for k, v in train.items() if v is not None}}
     return {
         "tier_gbps": tier_gbps,
         "final_loss": train.get("final_loss"),
@@ -39,12 +41,45 @@ def run_summary(run_dir: Path, tier_gbps: float) -> dict:
         "failed_collectives": train.get("failed_collectives"),
         "collectives_attempted": train.get("collectives_attempted"),
         "sync_failure_rate": train.get("sync_failure_rate"),
+        "recorded_only": bool(train.get("recorded_only")),
     }
+
+
+def recorded_summary(run_dir: Path) -> dict:
+    """The summary's figures over the steps metrics.jsonl recorded ({} for none): a run that
+    failed, or was stopped, before the trainer wrote summary.json still ran those steps."""
+    from fatpipe.trainer.metrics import percentile
+
+    records = []
+    try:
+        lines = (Path(run_dir) / "metrics.jsonl").read_text(errors="replace").splitlines()
+    except OSError:
+        lines = []
+    for line in lines:
+        try:
+            rec = json.loads(line)
+        except ValueError:
+            continue  # a line torn by the kill
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            records.append(rec)
+    if not records:
+        return {}
+
+    def pct(key: str, q: float, rows: list[dict] = records) -> float | None:
+        values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+        return percentile(values, q) if values else None
+
+    synced = [r for r in records if (r.get("wire_bytes") or 0) > 0] or records
+    return {"steps": len(records), "last_step": records[-1]["step"], "final_loss": records[-1].get("loss"),
+            "tokens_per_s": pct("tokens_per_s", 50), "step_s_p50": pct("step_s", 50),
+            "step_s_p95": pct("step_s", 95), "sync_s_p50": pct("sync_s", 50, synced),
+            "sync_s_p95": pct("sync_s", 95, synced), "busbw_gbps": pct("busbw_gbps", 50, synced),
+            "comm": records[-1].get("comm"), "recorded_only": True}
 
 
 def no_steps_hint(script: list[str], ok: bool, doc: dict) -> str | None:
     """What to say instead of an empty summary when a run recorded no steps."""
-    if doc.get("steps") is not None:
+    if doc.get("steps"):
         return None
     if not ok:
         return "no steps recorded before the run failed (the launch line says why)"
