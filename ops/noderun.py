@@ -1,7 +1,8 @@
 """One node's side of a run: the shell commands that start, watch and stop it there, and how it ended.
 
 Each node runs `bash <run>/node-<rank>.sh` detached (`setsid`), its output in
-`<run>/node-<rank>.log`, the session id in `node-<rank>.pid` and torchrun's exit status in
+`<run>/node-<rank>.log`, the session id in `node-<rank>.pid` (who that process is, its boot
+and start time, in `node-<rank>.ident`: `runproc`) and torchrun's exit status in
 `node-<rank>.exit`, all in the run folder on that node. So `fatpipe launch` may die and
 `fatpipe logs` reattach.
 """
@@ -14,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .rendezvous import NodePlan, Rendezvous, read_rendezvous
+from .runproc import AGENT_TAG_ENV, AGENT_TAG_PREFIX
 from .transport import Transport, fan_out, transport_for
 
 LOST = 255  # the status of a node whose process vanished without writing its exit status
@@ -21,9 +23,8 @@ LOST = 255  # the status of a node whose process vanished without writing its ex
 # (sysexits' EX_TEMPFAIL: try again later, with `fatpipe logs -f`).
 UNFOLLOWED = 75
 STOP_WAIT_S = 10  # from SIGTERM to SIGKILL: torchrun stops its workers in this time
-# Every process of one torchrun attempt carries AGENT_TAG_ENV=<prefix><wrapper pid>-<attempt>.
-AGENT_TAG_ENV = "FATPIPE_AGENT"
-AGENT_TAG_PREFIX = "fatpipe-"
+# Checks a run's process and stops it on the node (`python3 -c`): runproc.py, standard library only.
+RUNPROC = Path(__file__).with_name("runproc.py").read_text()
 # torch 2.13: a torchrun that joins a running job (a new agent, in a later rendezvous round) waits
 # for the address of the store the workers share, which node 0's agent writes under the round's
 # key prefix only in its own first round; the new agent blocked until its read timeout. This copies
@@ -93,8 +94,9 @@ class NodeRun:
     def __init__(self, rdzv: Rendezvous, plan: NodePlan, transport: Transport):
         self.rdzv, self.plan, self.transport = rdzv, plan, transport
         stem = f"{rdzv.run_rel}/node-{plan.rank}"
-        self.script, self.log, self.pid, self.exit, self.stop, self.earlier = (
-            shlex.quote(f"{stem}.{ext}") for ext in ("sh", "log", "pid", "exit", "stop", "earlier.log")
+        self.script, self.log, self.pid, self.exit, self.stop, self.earlier, self.ident = (
+            shlex.quote(f"{stem}.{ext}")
+            for ext in ("sh", "log", "pid", "exit", "stop", "earlier.log", "ident")
         )
         self.name = plan.name
 
@@ -106,7 +108,7 @@ class NodeRun:
         inner = self._wrapper()
         return self.sh(
             # A run started again (`launch --run ID`) keeps the earlier attempts' log beside it.
-            f"rm -f {self.exit} {self.pid} {self.stop} && "
+            f"rm -f {self.exit} {self.pid} {self.stop} {self.ident} && "
             f"{{ [ ! -s {self.log} ] || cat {self.log} >> {self.earlier}; }} && : > {self.log} && "
             f"setsid -f bash -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 && "
             f"for i in $(seq 100); do [ -s {self.pid} ] && exit 0; sleep 0.1; done; "
@@ -125,16 +127,18 @@ class NodeRun:
         hosts the rendezvous store, which died with it. torchrun exits 1 after a TERM it
         handled, so its own "got signal" line in this attempt's log tells that case apart.
         Each attempt's workers carry a tag, since they outlive a killed torchrun (each runs in
-        a session of its own) and must go before the next attempt starts.
+        a session of its own) and must go before the next attempt starts. Before its pid, the
+        wrapper records who it is (boot id, start time: `runproc`), which the tag holds too.
         """
         restarts = self.rdzv.max_restarts if self.plan.rank != 0 else 0
         log = self.log
         host, _, port = self.rdzv.rdzv_endpoint.rpartition(":")
         rejoin = shlex.join([REJOIN_PY, host, port, self.rdzv.run_id])
         python = f'"${{FATPIPE_PYTHON:-{self.plan.python}}}"'
-        return f"""echo $$ > {self.pid}; trap true TERM INT HUP; n=0
+        return f"""read -r boot < /proc/sys/kernel/random/boot_id; st=$(< /proc/$$/stat); st=(${{st##*") "}})
+start=${{st[19]}}; echo "$boot $start" > {self.ident}; echo $$ > {self.pid}; trap true TERM INT HUP; n=0
 while :; do
-  from=$(stat -c %s {log} 2>/dev/null || echo 0); tag={AGENT_TAG_PREFIX}$$-$n
+  from=$(stat -c %s {log} 2>/dev/null || echo 0); tag={AGENT_TAG_PREFIX}$$-$start-$n
   {AGENT_TAG_ENV}=$tag bash {self.script} >> {log} 2>&1 < /dev/null; rc=$?
   [ -e {self.stop} ] || [ $n -ge {restarts} ] && break
   if [ $rc -gt 128 ] && [ $rc -lt 192 ]; then sig=$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))
@@ -157,36 +161,18 @@ echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
         return self.sh(f'exec tail {start} -s 0.5 -F --pid="$(cat {self.pid})" {self.log} 2>/dev/null')
 
     def status_command(self) -> str:
-        return self.sh(
-            f"if [ -e {self.exit} ]; then cat {self.exit}; "
-            f'elif [ -s {self.pid} ] && kill -0 "$(cat {self.pid})" 2>/dev/null; then echo running; '
-            f"elif [ -e {self.pid} ]; then echo lost; else echo not-started; fi"
-        )
+        """Prints the node's exit status, running, lost (its process is gone, or its pid is
+        another process's now) or not-started."""
+        return self.sh(self._runproc("status", self.pid, self.ident, self.exit))
 
     def stop_command(self) -> str:
-        descendants = (
-            "ps -e -o pid=,ppid= | awk -v r=\"$pg\" '{par[$1]=$2} END {keep[r]=1; do {ch=0; "
-            "for (p in par) if (!(p in keep) && (par[p] in keep)) {keep[p]=1; ch=1}} while (ch); "
-            "for (p in keep) print p}'"
-        )
-        # The marker first: the wrapper must not start torchrun again after this TERM. TERM the
-        # group (the wrapper outlives it and records torchrun's status), give torchrun
-        # STOP_WAIT_S to stop its workers, then KILL whatever of the tree is left: workers run in
-        # sessions of their own, those of a killed torchrun are nobody's children (found by
-        # their tag), and torchrun stuck in its exit barrier ignores TERM.
-        return self.sh(
-            f'pg=$(cat {self.pid} 2>/dev/null) || exit 0; [ -e {self.exit} ] && exit 0; '
-            f": > {self.stop}; "
-            f"pids=\"$({descendants}) $({_tagged_pids(AGENT_TAG_PREFIX + '$pg-[0-9]*')})\"; "
-            "kill -TERM -- -$pg 2>/dev/null; "
-            f"for i in $(seq {STOP_WAIT_S * 10}); do [ -e {self.exit} ] && break; sleep 0.1; done; "
-            # Zombies count as gone: nothing reaps an orphan's child quickly in some containers.
-            "live() { for p in \"$@\"; do s=$(ps -o stat= -p $p 2>/dev/null); "
-            "[ -n \"$s\" ] && [ \"${s#Z}\" = \"$s\" ] && echo $p; done; }; "
-            "left=$(live $pids); if [ -n \"$left\" ]; then kill -KILL $left 2>/dev/null; "
-            "for i in $(seq 20); do [ -z \"$(live $left)\" ] && break; sleep 0.1; done; fi; "
-            f"[ -e {self.exit} ] || echo 137 > {self.exit}; exit 0"
-        )
+        """Stops the run's processes on the node, and nothing else (`runproc.stop`)."""
+        return self.sh(self._runproc("stop", self.pid, self.ident, self.exit, self.stop,
+                                     str(STOP_WAIT_S)))
+
+    def _runproc(self, action: str, *quoted: str) -> str:
+        """`runproc` on the node with `action` and its arguments (already quoted)."""
+        return f"python3 -c {shlex.quote(RUNPROC)} {action} {' '.join(quoted)}"
 
     def status(self, timeout: float = 30) -> str:
         result = self.transport.run(self.status_command(), timeout=timeout)

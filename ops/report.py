@@ -18,6 +18,7 @@ from pathlib import Path
 from fatpipe.infra.defaults import NETCHECK_FILE, SUMMARY_FILE, UP_REPORT_FILE
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic
+from fatpipe.trainer import metrics as trainer_metrics
 
 from .summary import read_json
 
@@ -26,15 +27,9 @@ TCP_CEILING = 0.956  # payload share of a 1500-byte frame's wire time: TCP's bes
 
 
 def read_metrics(run_dir: Path) -> list[dict]:
-    """The per-step records of metrics.jsonl, skipping a line torn by a kill."""
-    path = run_dir / "metrics.jsonl"
-    records = []
-    for line in path.read_text().splitlines() if path.exists() else []:
-        try:
-            records.append(json.loads(line))
-        except ValueError:
-            continue
-    return records
+    """The run's steps in metrics.jsonl, each as recorded last (`trainer.metrics`: a resumed or
+    rewound run wrote some again), skipping a line torn by a kill."""
+    return trainer_metrics.read_metrics(run_dir / trainer_metrics.METRICS_FILE)
 
 
 def figure_png(draw) -> bytes:

@@ -32,7 +32,7 @@ from .transport import Result, fan_out
 RUN_INPUTS = (RENDEZVOUS_FILE, "node-*.env", "node-*.sh", NETCHECK_FILE, "manifest.json")
 CHECKPOINTS = "checkpoints"
 PULL_PREFIX = ".pull-"
-# node-<rank>.log, .pid, .exit, .stop, .earlier.log: written by that node's wrapper alone.
+# node-<rank>.log, .pid, .ident, .exit, .stop, .earlier.log: written by that node's wrapper alone.
 _PER_NODE = re.compile(r"^node-(\d+)\.")
 
 

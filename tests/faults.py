@@ -20,6 +20,8 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fatpipe.trainer.metrics import read_metrics
+
 NODE_IFACE = "eth0"  # the node's end of its veth (fatpipe.stacks.simlinks.NODE_IFACE)
 AGENT_MODULE = "torch.distributed.run"
 CMD_TIMEOUT_S = 10
@@ -214,12 +216,11 @@ class Launch:
         return self.log.read_text(errors="replace")[-tail:]
 
     def metrics(self) -> list[dict]:
-        path = self.run_dir / "metrics.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+        """The run's steps, each as recorded last (a resumed attempt writes some again)."""
+        return read_metrics(self.run_dir / "metrics.jsonl")
 
     def steps_logged(self) -> int:
-        path = self.run_dir / "metrics.jsonl"
-        return len(path.read_text().splitlines()) if path.exists() else 0
+        return len(self.metrics())
 
     def summary(self) -> dict:
         return json.loads((self.run_dir / "summary.json").read_text())

@@ -1,8 +1,15 @@
 """Rank 0's metrics: one JSON line per step, TensorBoard, a console line, and summary.json.
 
-After a restart the run resumes at its checkpoint, so metrics.jsonl is first cut back to that
-step: lines a killed attempt wrote past the checkpoint are dropped and then written again, so
-every step appears exactly once.
+metrics.jsonl only grows: nothing a run recorded is cut, whoever trained (the built-in trainer
+or a user's script, through `api.record`). A run that started again continues its record: a
+script's step count goes on from the last recorded step (`api.scriptrun`), the built-in trainer
+goes on from its checkpoint. A run that goes back (the trainer resuming at a checkpoint older
+than its last line, a script passing `step=N` at or below a step recorded) writes those steps
+again after the old lines, and its first line back carries `rewound_from`: the last step
+recorded before it. So the file holds every attempt, and the run's steps are what its lines say
+last (`read_metrics`, `latest_steps`): a line for step N replaces the line for N and every step
+after it that came before. TensorBoard hides those steps' earlier events the same way
+(`purge_step`, which deletes nothing either).
 """
 
 from __future__ import annotations
@@ -10,49 +17,91 @@ from __future__ import annotations
 import json
 import logging
 import math
+import os
 import sys
+from collections.abc import Iterable
 from pathlib import Path
-
-from .files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
+METRICS_FILE = "metrics.jsonl"
+TAIL_BYTES = 64 * 1024  # enough of the file's end for its last record
 
-def truncate_metrics(path: Path, last_step: int) -> int:
-    """Keep only complete lines with step <= last_step; return how many were kept."""
-    if not path.exists():
-        return 0
-    kept = []
-    for line in path.read_text().splitlines():
+
+def parse_lines(text: str) -> list[dict]:
+    """The step records among `text`'s lines; a line torn by a kill, or not a record, is skipped."""
+    records = []
+    for line in text.splitlines():
         try:
             rec = json.loads(line)
         except ValueError:
-            continue  # a line torn by the kill
-        if isinstance(rec, dict) and rec.get("step", math.inf) <= last_step:
-            kept.append(line)
-    write_text_atomic(path, "".join(f"{line}\n" for line in kept))
-    return len(kept)
+            continue
+        if isinstance(rec, dict) and isinstance(rec.get("step"), int):
+            records.append(rec)
+    return records
+
+
+def latest_steps(records: Iterable[dict]) -> list[dict]:
+    """The run's steps from its records in the order written: a record for step N replaces the
+    earlier records of N and of every step after N (a resume or a rewind wrote them again)."""
+    steps: list[dict] = []
+    for rec in records:
+        while steps and steps[-1]["step"] >= rec["step"]:
+            steps.pop()
+        steps.append(rec)
+    return steps
 
 
 def read_metrics(path: Path) -> list[dict]:
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The run's steps in metrics.jsonl, each once, as its lines say last (nothing if absent)."""
+    path = Path(path)
+    return latest_steps(parse_lines(path.read_text())) if path.exists() else []
+
+
+def last_step(path: Path) -> int:
+    """The step of the last record in metrics.jsonl (read from its end); 0 when there is none."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - TAIL_BYTES))
+            records = parse_lines(f.read().decode(errors="replace"))
+    except OSError:
+        return 0
+    return records[-1]["step"] if records else 0
 
 
 class MetricsLog:
-    """Writes each step's record to metrics.jsonl, TensorBoard and the console."""
+    """Appends each step's record to metrics.jsonl, TensorBoard and the console."""
 
-    def __init__(self, run_dir: Path, total_steps: int | None, start_step: int):
-        self.path = run_dir / "metrics.jsonl"
-        truncate_metrics(self.path, start_step)
+    def __init__(self, run_dir: Path, total_steps: int | None):
+        self.path, self.tb_dir = run_dir / METRICS_FILE, run_dir / "tb"
+        self.last_step = last_step(self.path)  # what the record holds: a restart goes on from it
+        torn = _torn(self.path)
         self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses one line
-        self._tb = _tensorboard(run_dir / "tb", purge_step=start_step + 1)
-        self._console = _console(total_steps, start_step)
+        if torn:  # a line a kill cut short stays, on a line of its own (readers skip it)
+            self._file.write("\n")
+        self._tb = _tensorboard(self.tb_dir, purge_step=None)
+        self._console = _console(total_steps, self.last_step)
 
     def log(self, rec: dict) -> None:
+        step = rec["step"]
+        if step <= self.last_step:
+            self._rewind(rec)
+        self.last_step = step
         self._file.write(json.dumps(rec) + "\n")
         if self._tb is not None:
             self._tb_scalars(rec)
         self._console.update(rec)
+
+    def _rewind(self, rec: dict) -> None:
+        """The run went back to `rec`'s step: say so in the record and the log; TensorBoard
+        hides its own later events from here (a new writer with purge_step)."""
+        rec["rewound_from"] = self.last_step
+        log.warning("metrics: step %d after step %d: steps %d-%d recorded before stay in %s, "
+                    "replaced by the ones written from here", rec["step"], self.last_step,
+                    rec["step"], self.last_step, self.path.name)
+        if self._tb is not None:
+            self._tb.close()
+            self._tb = _tensorboard(self.tb_dir, purge_step=rec["step"])
 
     def _tb_scalars(self, rec: dict) -> None:
         """The record's numbers as one TensorBoard event: an event per number (add_scalar) costs
@@ -61,7 +110,7 @@ class MetricsLog:
 
         values = [Summary.Value(tag=f"train/{key}", simple_value=float(value))
                   for key, value in rec.items()
-                  if key != "step" and isinstance(value, (int, float))]
+                  if key not in ("step", "rewound_from") and isinstance(value, (int, float))]
         self._tb.file_writer.add_summary(Summary(value=values), rec["step"])
 
     def close(self) -> None:
@@ -71,12 +120,24 @@ class MetricsLog:
             self._tb.close()
 
 
-def _tensorboard(folder: Path, purge_step: int):
+def _torn(path: Path) -> bool:
+    """Whether the file's last line has no end."""
+    try:
+        with open(path, "rb") as f:
+            if not f.seek(0, os.SEEK_END):
+                return False
+            f.seek(-1, os.SEEK_END)
+            return f.read(1) != b"\n"
+    except OSError:
+        return False
+
+
+def _tensorboard(folder: Path, purge_step: int | None):
     try:
         from torch.utils.tensorboard import SummaryWriter
     except ImportError:  # tensorboard is optional
         return None
-    # purge_step drops events a killed attempt logged past the checkpoint.
+    # purge_step: TensorBoard hides the events this folder already has from that step on.
     return SummaryWriter(str(folder), purge_step=purge_step)
 
 

@@ -86,7 +86,7 @@ class Trainer:
             if mine:
                 set_rng_state(mine["rng"], self.device)
         self.periodic = make_periodic(self, ckpt, mine)  # localsgd, diloco
-        self.record.open(self.start_step)  # the NIC's rates from here, metrics.jsonl cut back
+        self.record.open()  # the NIC's rates from here; steps past the checkpoint are written again
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks (%s), comm %s, NIC %s, attempt %d, "
                      "start at step %d", cfg.preset, self.model.num_params() / 1e6,

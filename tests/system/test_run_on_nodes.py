@@ -25,6 +25,8 @@ from pathlib import Path
 import faults
 import pytest
 
+from fatpipe.trainer.metrics import read_metrics
+
 from .conftest import free_port
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1200)]
@@ -129,9 +131,14 @@ def test_a_stopped_run_goes_on_from_its_checkpoint_on_the_nodes(nodes_over_ssh):
     printed = [int(s) for s in re.findall(rf"\bstep (\d+)/{STEPS} loss ", resumed.stdout)]
     assert starts == [kept[-1]], resumed.stdout[-6000:]
     assert printed and printed[0] > kept[-1], printed
-    # The whole run's record: every step once; the first attempt's log kept beside the second's.
-    steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    assert steps == list(range(1, STEPS + 1))
+    # The whole run's record: the stopped attempt's lines kept (past the checkpoint too), the
+    # resumed steps after them, the first one back marked, and every step once as read; the first
+    # attempt's log kept beside the second's.
+    written = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    first = len(written) - (STEPS - kept[-1])  # the stopped attempt's last step
+    assert [r["step"] for r in written] == [*range(1, first + 1), *range(kept[-1] + 1, STEPS + 1)]
+    assert first == kept[-1] or written[first]["rewound_from"] == first
+    assert [r["step"] for r in read_metrics(run_dir / "metrics.jsonl")] == list(range(1, STEPS + 1))
     assert "start at step 0" in (run_dir / "node-0.earlier.log").read_text()
     summary = json.loads((run_dir / "summary.json").read_text())
     assert summary["steps"] == STEPS and summary["param_digests"] == expected["param_digests"], \

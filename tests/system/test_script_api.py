@@ -124,10 +124,12 @@ for step in range(1, 6):
 """
 
 
-def test_fault_counts_outlive_a_restart_of_the_script(tmp_path):
+def run_restartable(tmp_path, source: str) -> tuple[Path, str]:
+    """`source` as a script on 2 local torchrun processes with one restart: its run folder and
+    output, once it succeeded."""
     run = tmp_path / "run"
-    script = tmp_path / "restarted.py"
-    script.write_text(RESTARTED)
+    script = tmp_path / "script.py"
+    script.write_text(source)
     env = faults.cli_env(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **{
         api.RUN_DIR_ENV: str(run), api.TRAIN_ARGS_ENV: "--comm none"})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
@@ -136,11 +138,49 @@ def test_fault_counts_outlive_a_restart_of_the_script(tmp_path):
     done = subprocess.run(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-4000:]
+    return run, done.stdout
+
+
+def test_fault_counts_outlive_a_restart_of_the_script(tmp_path):
+    run, _ = run_restartable(tmp_path, RESTARTED)
     summary = json.loads((run / "summary.json").read_text())
     assert summary["restarts"] == 1 and summary["failed_collectives"] == 1, summary
     assert summary["collectives_attempted"] >= 7  # 2 or 3 syncs in the first attempt, 5 after
-    steps = [json.loads(line)["step"] for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5]  # the second attempt's: the script starts again
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    # The first attempt's two steps are kept; the script, started again, counts on from them.
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6, 7]
+    assert summary["steps"] == 7 and summary["final_loss"] == records[-1]["loss"]
+
+
+# The script keeps its own checkpoint every 2 steps; a restart resumes from it and says so.
+RESUMED = """
+import os, time, torch, torch.distributed as dist
+import fatpipe.trainer.api as fatpipe
+fatpipe.init_process_group(timeout_s=60)
+torch.manual_seed(0)
+model = fatpipe.wrap(torch.nn.Linear(16, 16), steps=6)
+first = os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+start = 1 if first else 3  # its checkpoint of step 2
+for step in range(start, 7):
+    loss = model(torch.randn(4, 16)).square().mean()
+    loss.backward()
+    fatpipe.step(loss, tokens=4, step=step)
+    if first and step == 4:
+        dist.barrier()  # rank 0 recorded step 4
+        if dist.get_rank() == 1:
+            os._exit(3)  # torchrun stops rank 0 and starts both again
+        time.sleep(300)
+"""
+
+
+def test_a_script_that_resumes_its_own_checkpoint_keeps_the_record_it_rewinds(tmp_path):
+    run, output = run_restartable(tmp_path, RESUMED)
+    written = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in written] == [1, 2, 3, 4, 3, 4, 5, 6], output[-4000:]
+    assert written[4]["rewound_from"] == 4 and "steps 3-4 recorded before stay" in output
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["restarts"] == 1 and summary["steps"] == 6
+    assert summary["final_loss"] == written[-1]["loss"]
 
 
 # -- the whole path on a netns sim cluster --------------------------------------------------

@@ -31,7 +31,7 @@ def test_a_scripts_console_total_is_its_own(tmp_path, capsys):
     from fatpipe.trainer.metrics import MetricsLog
 
     for total, first, printed in ((None, "step 1 loss", 2), (400, "step 1/400 loss", 2), (30, "step 1/30 loss", 11)):
-        log = MetricsLog(tmp_path, total, 0)
+        log = MetricsLog(tmp_path, total)
         for step in range(1, 12):
             log.log({**REC, "step": step})
         log.close()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import subprocess
 import sys
 
@@ -18,7 +17,7 @@ from fatpipe.trainer.comm.autocomm import (
 )
 from fatpipe.trainer.config import ConfigError, TrainConfig, build_parser, parse_config
 from fatpipe.trainer.data import DataCursor, ShardedBatches, load_corpus, stdlib_corpus
-from fatpipe.trainer.metrics import summarize, truncate_metrics
+from fatpipe.trainer.metrics import summarize
 from fatpipe.trainer.model import GPT, preset_config
 from fatpipe.trainer.nic import traffic_interface
 from fatpipe.trainer.optim import lr_factor
@@ -155,13 +154,6 @@ def test_powersgd_state_survives_a_checkpoint(tmp_path):
     assert restored.iter == 9 and torch.equal(restored.error_dict[0], state.error_dict[0])
     assert torch.equal(restored.q_memory_dict[0], state.q_memory_dict[0])
     assert restored.rng.randint(1 << 30) == state.rng.randint(1 << 30)
-
-
-def test_metrics_are_cut_back_to_the_checkpoint(tmp_path):
-    path = tmp_path / "metrics.jsonl"
-    path.write_text("".join(json.dumps({"step": s}) + "\n" for s in range(1, 8)) + '{"step": 8')
-    assert truncate_metrics(path, 5) == 5
-    assert [json.loads(line)["step"] for line in path.read_text().splitlines()] == [1, 2, 3, 4, 5]
 
 
 def test_summary_percentiles_and_totals():

@@ -24,6 +24,7 @@ import atexit
 import dataclasses
 import datetime
 import logging
+import operator
 import os
 import shlex
 import sys
@@ -153,11 +154,30 @@ def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool, steps_given: bool) 
     return ddp
 
 
-def step(loss, tokens: int = 0, lr: float | None = None) -> dict | None:
+def step(loss, tokens: int = 0, lr: float | None = None, step: int | None = None) -> dict | None:
     """Call once per optimizer step, after optimizer.step() (and before zero_grad): records the
     step (`tokens`: this rank's tokens in it) and runs a periodic method's sync when one is due.
-    Returns the step's record; None outside a fatpipe run."""
-    return _run.step(loss, tokens, lr) if _run is not None else None
+    Returns the step's record; None outside a fatpipe run.
+
+    `step`: this step's number (from 1), the same on every rank, for a script that resumed from
+    its own checkpoint; later calls without it count on from there. Without it, the count goes on
+    from the last step the run folder recorded, also after a restart. A step at or below one
+    already recorded rewinds the record: the earlier lines stay in metrics.jsonl, and the run's
+    steps are the ones written last (`trainer.metrics`)."""
+    if step is not None:
+        step = _step_number(step)
+    return _run.step(loss, tokens, lr, step) if _run is not None else None
+
+
+def _step_number(step) -> int:
+    try:
+        number = operator.index(step)  # an int, numpy's, a 0-d integer tensor; not a float
+    except TypeError:
+        number = None
+    if number is None or isinstance(step, bool) or number < 1:
+        raise ValueError(f"fatpipe.step(step=...) takes the step's number, an integer from 1: "
+                         f"got {step!r}")
+    return number
 
 
 def finish() -> None:

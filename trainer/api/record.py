@@ -39,12 +39,16 @@ class RunRecord:
         self.metrics: MetricsLog | None = None
         self.failed = False
 
-    def open(self, start_step: int = 0, known_total: bool = True) -> None:
+    def open(self, known_total: bool = True) -> None:
         """Just before the first step: the NIC's rates count from here (not the setup's traffic);
-        rank 0's metrics.jsonl, cut back to `start_step` (a resumed run writes its steps again)."""
+        rank 0's metrics.jsonl, appended to (`metrics`: a run never cuts its record)."""
         self.nic = NicMeter(traffic_interface())
         if self.env.is_main:
-            self.metrics = MetricsLog(self.cfg.out_dir, self.cfg.steps if known_total else None, start_step)
+            self.metrics = MetricsLog(self.cfg.out_dir, self.cfg.steps if known_total else None)
+
+    def last_step(self) -> int:
+        """Rank 0: the last step the run folder recorded (0: none); other ranks: 0."""
+        return self.metrics.last_step if self.metrics else 0
 
     def measure(self, step: int, loss: float, lr: float | None, step_s: float, tokens_per_step: int,
                 comm: StepComm, comm_name: str) -> dict:
@@ -75,7 +79,7 @@ class RunRecord:
             self.faults.record_failure(error, point)
 
     def records(self) -> list[dict]:
-        """Rank 0: every step in metrics.jsonl, all attempts."""
+        """Rank 0: the run's steps in metrics.jsonl, all attempts, each as recorded last."""
         return read_metrics(self.cfg.out_dir / "metrics.jsonl")
 
     def write_summary(self, records: list[dict], tokens_per_step: int, **fields) -> dict:

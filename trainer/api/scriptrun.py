@@ -8,6 +8,11 @@ summary.json. What differs from `train.py`: the script owns the model's forward,
 measures compute on the script's own first steps (DECIDE_AT, sent with plain all-reduce) instead
 of on a synthetic batch; and the script owns its DDP, so comm=auto's mid-run re-decision
 (`comm.redecide.AutoComm.at_step`) switches the hook in place instead of rebuilding DDP.
+
+The record follows the script's steps: a script started again (a torchrun restart, `fatpipe
+launch --run ID`) goes on counting from the last step the run folder recorded, and a script that
+resumes from a checkpoint of its own passes its step (`step(..., step=N)`); steps recorded past
+N stay in metrics.jsonl, replaced by the new ones (`metrics`).
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from .record import RunRecord
 
 log = logging.getLogger(__name__)
 
-DECIDE_AT = 4  # comm=auto decides after this step; steps 2..DECIDE_AT give the compute time
+DECIDE_AT = 4  # comm=auto decides after this many steps of this process; 2..DECIDE_AT give the compute
 
 
 class ScriptRun:
@@ -46,10 +51,14 @@ class ScriptRun:
         self._check(cfg.comm)
         self.record = RunRecord(cfg, env, store)
         self.record.open(known_total=steps_given)  # the console says step N/M only when the script said M
+        # Rank 0 alone reads the record; every rank counts the same steps (the periodic methods
+        # and comm=auto's checks go by them): the largest of every rank's is rank 0's.
+        self.step_no = int(slowest(float(self.record.last_step()), self.device))
+        self.taken = 0  # steps of this process
         self.meter = register_timed_hook(ddp, self.device)
         ddp.register_forward_pre_hook(self._step_begins)
         self.periodic = None
-        self.step_no, self.started, self.tokens_per_step = 0, None, 0
+        self.started, self.tokens_per_step = None, 0
         self.compute: list[float] = []
         self.auto: AutoComm | None = None  # comm=auto's check and re-decision, once it decided
         self.decision = self._first_decision()
@@ -93,9 +102,11 @@ class ScriptRun:
             self.started = time.perf_counter()
             self.meter.begin_step()
 
-    def step(self, loss, tokens: int, lr: float | None) -> dict:
-        """Every rank, once per optimizer step, after optimizer.step(): the step's record."""
-        self.step_no += 1
+    def step(self, loss, tokens: int, lr: float | None, step: int | None = None) -> dict:
+        """Every rank, once per optimizer step, after optimizer.step(): the step's record, as
+        step `step` (by default the one after the last)."""
+        self.step_no = self.step_no + 1 if step is None else step
+        self.taken += 1
         step = self.step_no
         if self.periodic:
             self.periodic.after_step(step)
@@ -128,10 +139,11 @@ class ScriptRun:
         return None
 
     def _measure_then_decide(self, step: int, compute_s: float) -> None:
-        """comm=auto: the compute of steps 2..DECIDE_AT (the first allocates), then the decision."""
-        if step > 1:
+        """comm=auto: the compute of this process's steps 2..DECIDE_AT (the first allocates),
+        then the decision, at the run's step `step`."""
+        if self.taken > 1:
             self.compute.append(compute_s)
-        if step < DECIDE_AT:
+        if self.taken < DECIDE_AT:
             return
         compute = slowest(min(self.compute), self.device)
         self.decision = decide_measured(self.cfg, self.env, self.module, compute, step=step,

@@ -124,10 +124,12 @@ class LocalSGD(Periodic):
         self.averager.step = start_step  # its only state: the steps taken
 
     def _advance(self, step: int) -> None:
+        self.averager.step = step - 1  # its count follows the run's (a script may pass its step)
         self.averager.average_parameters(self.model.parameters())  # counts; averages nothing
 
     def _sync(self, step: int) -> None:
         if step % self.sync_every == 0:
+            self.averager.step = step - 1
             self.averager.average_parameters(self.model.parameters())
         else:  # the run's last step, off the period: average all the same, and count it
             average_parameters_or_parameter_groups(self.model.parameters(), dist.group.WORLD)
