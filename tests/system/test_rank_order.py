@@ -25,6 +25,7 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.defaults import GROUP_RANK_FILE
+from fatpipe.trainer.staging.manifest import build_manifest, first_difference
 
 from .conftest import fatpipe_cli, free_port, require_ssh_sim
 
@@ -183,3 +184,45 @@ def test_rank_0s_duties_follow_the_node_torch_made_rank_0(cluster):
         assert (run_dir / GROUP_RANK_FILE.format(index=i)).read_text().strip() == str(rank)
     steps = [json.loads(line)["step"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, STEPS + 1))
+
+
+def test_the_data_chain_starts_at_node_0_whatever_rank_it_got(tmp_path):
+    """trainer.staging.stage alone, three processes on gloo over loopback with torch's ranks of
+    the cluster above: node 0 (rank 2) waits for the uplink's copy and is the chain's source."""
+    data = os.urandom(3 * CHUNK + 11)
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "c.bin").write_bytes(data)
+    manifest = build_manifest(tmp_path / "src" / "c.bin", CHUNK, "data/c.bin")
+    (tmp_path / "manifest.json").write_text(json.dumps(manifest))
+    ready, port = ".fatpipe/data/source-ready-rk", free_port()
+    for i in range(NODES):
+        (tmp_path / f"node{i}" / ".fatpipe" / "data").mkdir(parents=True)
+    (tmp_path / "node2" / "data").mkdir()
+    (tmp_path / "node2" / "data" / "c.bin.fatpipe-partial").write_bytes(data[:CHUNK + 3])  # an earlier push
+    procs = []
+    for i, rank in enumerate(TORCH_RANKS):
+        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(NODES), "MASTER_ADDR": "127.0.0.1",
+               "MASTER_PORT": str(port), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo",
+               "FATPIPE_NODE_RANK": str(i), "FATPIPE_NODE_NAME": f"n{i}"}
+        procs.append(subprocess.Popen(
+            [sys.executable, "-m", "fatpipe.trainer.staging.stage", "--manifest", str(tmp_path / "manifest.json"),
+             "--timeout-s", "120", "--source-ready", ready, "--wait-s", "120"],
+            cwd=tmp_path / f"node{i}", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    try:
+        time.sleep(3)  # every node is up and waiting; node 0's copy lands, then its word
+        assert all(p.poll() is None for p in procs)
+        (tmp_path / "node0" / "data").mkdir()
+        (tmp_path / "node0" / "data" / "c.bin").write_bytes(data)
+        (tmp_path / "node0" / ready).write_text("ok\n")
+        outs = [p.communicate(timeout=300)[0] for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait(timeout=30)
+    assert [p.returncode for p in procs] == [0] * NODES, "\n".join(outs)
+    report = json.loads(next(line for out in outs for line in out.splitlines() if "STAGE_JSON " in line)
+                        .split("STAGE_JSON ", 1)[1])
+    received = {n["node"]: n["received"] for n in report["nodes"]}
+    assert received == {"n0": 0, "n1": len(data), "n2": len(data) - CHUNK}, received  # n1 relays for n2
+    for i in range(NODES):
+        assert first_difference(manifest, tmp_path / f"node{i}") is None, i
