@@ -13,7 +13,7 @@ from .options import console, outputs_option, pass_project
 @click.command()
 @click.argument("names", nargs=-1, required=True, metavar="[CLUSTER] PATH...")
 @click.option("--node", "node_names", multiple=True, metavar="NAME",
-              help="Pull from this node (repeatable; default: node 0).")
+              help="Pull from this node (repeatable; default: the node that ran rank 0 in the latest run).")
 @click.option("--all", "all_nodes", is_flag=True, help="Pull from every node, into DIR/<node>/PATH.")
 @click.option("--to", "to", type=click.Path(file_okay=False), default=None,
               help="Land in DIR/PATH (default: PATH in the local project).")
@@ -21,8 +21,9 @@ from .options import console, outputs_option, pass_project
 @outputs_option
 @pass_project
 def pull(project, names, node_names, all_nodes, to, force, outputs_file):
-    """Copy PATH (relative to the node's project folder: a file or a folder) from node 0, or the
-    named nodes, into the local project over the cluster's own transport.
+    """Copy PATH (relative to the node's project folder: a file or a folder) from the node that
+    ran rank 0 in the latest run (node 0 before any run), or the named nodes, into the local
+    project over the cluster's own transport.
 
     The copy lands in a partial folder and is renamed into place only when complete, so a failed
     pull (one line, exit 1) leaves the local side as it was; the nodes keep their files.
@@ -30,6 +31,7 @@ def pull(project, names, node_names, all_nodes, to, force, outputs_file):
     from fatpipe.infra.errors import ConfigError
     from fatpipe.infra.runs import load_outputs
     from fatpipe.infra.runspec import pull_path
+    from fatpipe.ops.leader import latest_leader
     from fatpipe.ops.pullpaths import pull_path as fetch
     from fatpipe.ops.pullpaths import sources_of
 
@@ -38,7 +40,8 @@ def pull(project, names, node_names, all_nodes, to, force, outputs_file):
     if all_nodes and node_names:
         raise ConfigError("give --node or --all, not both")
     outputs = load_outputs(project, project.cluster(cluster).name, outputs_file)
-    sources = pick_nodes(sources_of(project, outputs), node_names, all_nodes, outputs.name)
+    sources = pick_nodes(sources_of(project, outputs), node_names, all_nodes, outputs.name,
+                         latest_leader(project, outputs.name))
     base = Path(to).absolute() if to else project.root
     per_node = all_nodes or len(sources) > 1
     out = console()
@@ -62,14 +65,15 @@ def split_cluster(project, names: tuple[str, ...]) -> tuple[str | None, list[str
     return None, list(names)
 
 
-def pick_nodes(sources, node_names, all_nodes: bool, cluster: str):
-    """Node 0, the named nodes (in the order given) or every node; an unknown name is refused."""
+def pick_nodes(sources, node_names, all_nodes: bool, cluster: str, leader: str | None = None):
+    """The `leader` (the node that ran rank 0; node 0 when it is None or not a node now), the named
+    nodes (in the order given) or every node; an unknown name is refused."""
     from fatpipe.infra.errors import ConfigError
 
     if all_nodes:
         return sources
     if not node_names:
-        return sources[:1]
+        return [next((s for s in sources if s.name == leader), sources[0])] if sources else []
     by_name = {s.name: s for s in sources}
     unknown = [n for n in node_names if n not in by_name]
     if unknown:

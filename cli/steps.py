@@ -111,7 +111,8 @@ def pull_results(out, nodes, run_dir, run_id: str, cluster: str, checkpoints: bo
 
 
 def pull_declared(project, node, out) -> None:
-    """`[run] pull`: what the run's script wrote on node 0 (a NodeRun), one line per path."""
+    """`[run] pull`: what the run's script wrote on the node of rank 0 (a NodeRun, ops.leader),
+    one line per path."""
     from rich.markup import escape
 
     from fatpipe.ops.pullpaths import pull_declared as bring
@@ -264,6 +265,7 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
     from fatpipe.ops.datacheck import require_data
     from fatpipe.ops.follow import unfollowed_line
     from fatpipe.ops.launch import launch as launch_run
+    from fatpipe.ops.leader import leader
     from fatpipe.ops.noderun import node_runs
 
     require_firewall(project, outputs, out)
@@ -294,8 +296,8 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
     elif result.unknown and not result.failure:  # its results are still being made on the nodes
         out.print(unfollowed_line(result.run_id, outputs.name, result.unknown, result.exit_code), soft_wrap=True, highlight=False, markup=False)
         return result
-    if project.spec.run.pull:  # node 0's transport is made only when something is to come back
-        pull_declared(project, node_runs(rdzv, project.state_dir(outputs.name))[0], out)
+    if project.spec.run.pull:  # the leader's transport is made only when something is to come back
+        pull_declared(project, leader(node_runs(rdzv, project.state_dir(outputs.name)), run_dir), out)
     out.print(f"logs and results in {run_dir}", markup=False)
     return result
 

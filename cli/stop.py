@@ -15,7 +15,7 @@ from .steps import node_gone, pull_declared, pull_results
 def stop(project, cluster: str | None, run_id):
     """Signal the run's torchrun on every node, wait for it to wind down, kill what is left, and
     bring back what the nodes wrote (checkpoints stay there: `fatpipe runs pull`) and `[run] pull`'s
-    paths from node 0.
+    paths from the node that ran rank 0.
 
     On a cluster that is down nothing can run: it says so, with how the run ended as its folder
     recorded it.
@@ -23,6 +23,7 @@ def stop(project, cluster: str | None, run_id):
     from fatpipe.infra.runinfo import run_info
     from fatpipe.infra.runs import outputs_file
     from fatpipe.ops.launch import stop_nodes
+    from fatpipe.ops.leader import leader
     from fatpipe.ops.noderun import run_nodes
 
     name = project.cluster(cluster).name
@@ -42,5 +43,6 @@ def stop(project, cluster: str | None, run_id):
         out.print(f"  {node.name:<20} {states.get(node.name, 'gone')}")
     out.print(f"run {run_id} stopped")
     pull_results(out, live, run_dir, run_id, name)
-    if nodes and nodes[0] in live:
-        pull_declared(project, nodes[0], out)  # [run] pull
+    head = leader(nodes, run_dir) if nodes else None
+    if head in live:
+        pull_declared(project, head, out)  # [run] pull, from the node that ran rank 0

@@ -25,7 +25,7 @@ def top(project, cluster: str | None, run_id, once: bool, as_json: bool, interva
     window, and a mark on the straggler with the reason; the run's newest events below.
 
     It reads the files the trainer's rank 0 writes every node_metrics_every steps
-    (nodes.jsonl, events.jsonl), on node 0 over the cluster's transport for ssh and cloud
+    (nodes.jsonl, events.jsonl), on the node of rank 0 over the cluster's transport for ssh and cloud
     clusters: it never slows training. Ctrl-C leaves; the run goes on.
     """
     from fatpipe.ops.top import snapshot

@@ -29,3 +29,6 @@ FAULTS_FILE = "faults.json"  # the trainer's fault counts and failures (a copy o
 NETCHECK_PLOT = "netcheck.png"
 UP_REPORT_FILE = "up.json"
 TORCHRUN_DIR = "torchrun"  # torchrun's --log-dir per node: each worker's error file (ops.rootcause)
+# The group rank torch's rendezvous gave node <index> (docs/ARCHITECTURE.md, "Rendezvous"): its
+# worker of local rank 0 writes it as it starts (trainer.noderank), `ops.leader` reads it.
+GROUP_RANK_FILE = "node-{index}.group-rank"

@@ -21,8 +21,9 @@ def pull_path(value: str) -> str:
 
 
 class RunSpec(Strict):
-    # Paths (files or folders) in node 0's project folder that a user's script writes, such as
-    # its checkpoints: pulled after every `up`, `launch` and `stop`, replacing the local copy.
+    # Paths (files or folders) that a user's script writes in the project folder of the node of
+    # rank 0, such as its checkpoints: pulled after every `up`, `launch` and `stop`, replacing the
+    # local copy.
     pull: list[str] = Field(default_factory=list)
 
     @field_validator("pull")

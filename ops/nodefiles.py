@@ -6,9 +6,10 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from fatpipe.infra.defaults import RENDEZVOUS_FILE, TORCHRUN_DIR
+from fatpipe.infra.defaults import GROUP_RANK_FILE, RENDEZVOUS_FILE, TORCHRUN_DIR
 from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG
+from fatpipe.trainer.noderank import GROUP_RANK_FILE_ENV
 
 from .rdzvrecord import NodePlan, Rendezvous
 
@@ -30,6 +31,22 @@ def torchrun_log_dir(rdzv: Rendezvous, rank: int) -> str:
     """torchrun's --log-dir for a node, relative to the project folder: every worker's error
     file lands in the run folder (`<run>/torchrun/node-<rank>/<id>_*/attempt_<n>/<local rank>/error.json`)."""
     return f"{rdzv.run_rel}/{TORCHRUN_DIR}/node-{rank}"
+
+
+def group_rank_file(rdzv: Rendezvous, index: int) -> str:
+    """Where node `index` records the group rank torch gave it, relative to the project folder."""
+    return f"{rdzv.run_rel}/{GROUP_RANK_FILE.format(index=index)}"
+
+
+def planned_group_ranks(addresses: list[str]) -> list[int]:
+    """The group rank torch's c10d rendezvous gives each node: it sorts its participants by
+    their `--local-addr` as a string (torch 2.13 `DynamicRendezvousHandler`), so 10.0.0.10 comes
+    before 10.0.0.9. The nodes' own records (`group_rank_file`) say what it did."""
+    order = sorted(range(len(addresses)), key=lambda i: addresses[i])
+    ranks = [0] * len(addresses)
+    for rank, index in enumerate(order):
+        ranks[index] = rank
+    return ranks
 
 
 def runs_trainer_module(entry: list[str]) -> bool:
@@ -60,8 +77,10 @@ def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
 
 
 def node_env_text(rdzv: Rendezvous, node: NodePlan) -> str:
+    group = planned_group_ranks([n.private_ip for n in rdzv.nodes])[node.rank]
     lines = [
-        f"# fatpipe run {rdzv.run_id}, node {node.name} (rank {node.rank} of {rdzv.nnodes}); sourced by",
+        f"# fatpipe run {rdzv.run_id}, node {node.name} (node {node.rank} of {rdzv.nnodes}; torch's group rank "
+        f"{group}, as planned); sourced by",
         f"# node-{node.rank}.sh, which also sets NCCL_SOCKET_IFNAME and GLOO_SOCKET_IFNAME on the node",
         f"# to the interface that holds {node.private_ip}.",
     ]
@@ -79,8 +98,12 @@ def node_script_text(rdzv: Rendezvous, node: NodePlan) -> str:
         exports = f'export FATPIPE_DATA="$PWD"/{shlex.quote(rdzv.data_path)}\n'
     if node.transport == "ssh":  # the trainer package: a script may import fatpipe.trainer.api
         exports += f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
+    # Where this node's worker of local rank 0 records its group rank (trainer.noderank): torch,
+    # not the node's index, decides which node is rank 0. Cleared first, as the error files are.
+    grank = shlex.quote(group_rank_file(rdzv, node.rank))
+    exports += f'rm -f {grank}; export {GROUP_RANK_FILE_ENV}="$PWD"/{grank}\n'
     return f"""#!/usr/bin/env bash
-# fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, rank {node.rank} of {rdzv.nnodes}.
+# fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, node {node.rank} of {rdzv.nnodes}.
 # Runnable by hand on that node, from the project folder: bash {rdzv.run_rel}/node-{node.rank}.sh
 set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"  # `ip` lives there on some images, outside a user's PATH

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .nodefiles import group_rank_file
 from .rendezvous import NodePlan, Rendezvous, read_rendezvous
 from .runproc import AGENT_TAG_ENV, AGENT_TAG_PREFIX
 from .transport import Transport, fan_out, transport_for
@@ -124,13 +125,17 @@ class NodeRun:
         that `fatpipe stop` did not send (stop leaves a marker first) is started again, up to
         the run's max_restarts times: its peers' agents see the new node in the rendezvous and
         restart the whole worker group, which resumes from the checkpoint. Node 0's is not: it
-        hosts the rendezvous store, which died with it. torchrun exits 1 after a TERM it
-        handled, so its own "got signal" line in this attempt's log tells that case apart.
+        hosts the rendezvous store, which died with it. Nor is the one torch made group rank 0
+        (its record, `nodefiles.group_rank_file`, says 0): its agent hosted the store the workers
+        share, and the other agents would keep sending their workers to its old address.
+        torchrun exits 1 after a TERM it handled, so its own "got signal" line in this attempt's
+        log tells that case apart.
         Each attempt's workers carry a tag, since they outlive a killed torchrun (each runs in
         a session of its own) and must go before the next attempt starts. Before its pid, the
         wrapper records who it is (boot id, start time: `runproc`), which the tag holds too.
         """
         restarts = self.rdzv.max_restarts if self.plan.rank != 0 else 0
+        leads = f'[ "$(cat {shlex.quote(group_rank_file(self.rdzv, self.plan.rank))} 2>/dev/null)" = 0 ]'
         log = self.log
         host, _, port = self.rdzv.rdzv_endpoint.rpartition(":")
         rejoin = shlex.join([REJOIN_PY, host, port, self.rdzv.run_id])
@@ -140,7 +145,7 @@ start=${{st[19]}}; echo "$boot $start" > {self.ident}; echo $$ > {self.pid}; tra
 while :; do
   from=$(stat -c %s {log} 2>/dev/null || echo 0); tag={AGENT_TAG_PREFIX}$$-$start-$n
   {AGENT_TAG_ENV}=$tag bash {self.script} >> {log} 2>&1 < /dev/null; rc=$?
-  [ -e {self.stop} ] || [ $n -ge {restarts} ] && break
+  [ -e {self.stop} ] || [ $n -ge {restarts} ] || {leads} && break
   if [ $rc -gt 128 ] && [ $rc -lt 192 ]; then sig=$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))
   elif [ $rc -ne 0 ] && sig=$(tail -c +$((from + 1)) {log} | grep -o 'SignalException: Process [0-9]* got signal: [0-9A-Za-z.]*' | tail -n 1 | sed 's/.*: //') && [ -n "$sig" ]; then :
   else break; fi

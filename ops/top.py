@@ -16,6 +16,7 @@ from fatpipe.infra.defaults import SUMMARY_FILE
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.trainer.nodestats import EVENTS_FILE, NODES_FILE  # torch-free
 
+from .leader import leader_first
 from .noderun import NodeRun, run_nodes
 from .transport import fan_out
 
@@ -82,7 +83,8 @@ def parse_tail(stdout: str) -> tuple[list[dict], list[dict], bool] | None:
 
 
 def _read_remote(nodes: list[NodeRun]) -> tuple[list[dict], list[dict], bool]:
-    """Rank 0 writes the files on its node: ask node 0 first, then the others at once."""
+    """Rank 0 writes the files on its node: ask that node first (`nodes` has it first, ops.leader),
+    then the others at once."""
     def ask(node: NodeRun):
         result = node.transport.run(tail_command(node), timeout=READ_TIMEOUT_S)
         if not result.ok:
@@ -104,7 +106,7 @@ def snapshot(project, cluster: str, run_id: str | None = None) -> dict:
     if not nodes or nodes[0].transport.shares_fs or (run_dir / NODES_FILE).exists():
         views, events, finished = _read_local(run_dir)
     else:
-        views, events, finished = _read_remote(nodes)
+        views, events, finished = _read_remote(leader_first(nodes, run_dir))
     if not views:
         raise FatpipeError(f"run {run_id} has no node metrics yet (written every node_metrics_every "
                            f"steps by the trainer; 0 turns them off)")

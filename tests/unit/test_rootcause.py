@@ -98,13 +98,14 @@ def test_a_missing_file_on_a_shared_filesystem_gets_no_hint(tmp_path):
         "rank 0 on n-0 failed first: FileNotFoundError: [Errno 2] No such file or directory: 'data.bin'")
 
 
-def test_node_0s_progress_is_read_back():
+def test_the_leaders_progress_is_read_back():
     metrics = "\n".join(json.dumps({"step": s, "loss": 5.0 - s / 10}) for s in range(1, 8)) + '\n{"step": 8, "lo'
-    out = f"{len(metrics)}\n{metrics}{_SEP}{_SEP}running\n"
-    assert parse_progress(out) == {"last_step": 7, "final_loss": 4.3, "summary": None, "state": "running"}
-    done = f"0\n{_SEP}{json.dumps({'steps': 9, 'final_loss': 4.1})}{_SEP}0\n"
+    out = f"{len(metrics)}\n{metrics}{_SEP}{_SEP}running\n{_SEP}0\n"
+    assert parse_progress(out) == {"last_step": 7, "final_loss": 4.3, "summary": None, "state": "running",
+                                   "group_rank": 0}
+    done = f"0\n{_SEP}{json.dumps({'steps': 9, 'final_loss': 4.1})}{_SEP}0\n{_SEP}"  # no record (yet)
     assert parse_progress(done) == {"last_step": 9, "final_loss": 4.1, "summary": {"steps": 9, "final_loss": 4.1},
-                                    "state": "0"}
+                                    "state": "0", "group_rank": None}
     assert parse_progress("ssh: connect to host refused") is None
 
 

@@ -4,9 +4,11 @@
 
 Run from the project folder, one process per node, gloo on the nodes' private interfaces. Every
 rank first hashes what it holds (a file, else its partial copy) and the ranks all-gather which
-chunks each lacks. A chunk travels from the nearest rank before its first taker that holds it,
-rank r receiving it from r - 1 and forwarding it to r + 1 while it already receives the next ones
-(isend/irecv). A chunk travels in pieces of PIECE_SIZE, so a rank forwards the start of a chunk
+chunks each lacks. The chain runs in the cluster's node order (FATPIPE_NODE_RANK, the node index:
+node 0 holds the uplink's copy), not in torch's rank order, which c10d sorts by address. A chunk
+travels from the nearest node before its first taker that holds it, the node at place p of the
+chain receiving it from place p - 1 and forwarding it to p + 1 while it already receives the next
+ones (isend/irecv). A chunk travels in pieces of PIECE_SIZE, so a rank forwards the start of a chunk
 before the rest arrives (the chain's time hardly grows with its length) and holds BUFFERS pieces
 at most (memory stays bounded whatever the data and chunk size). Only chunks some rank lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
 every chunk's sha256, checked as its pieces arrive, matches the manifest (no second read), so an
@@ -65,9 +67,19 @@ class Task:
     send: bool
 
 
-def plan(manifest: dict, held: list[list[list[bool]]], rank: int, piece_size: int = PIECE_SIZE) -> list[Task]:
-    """This rank's tasks, a piece each, in the order every rank walks the chunks. `held[r][f][c]`:
-    rank r holds chunk c of file f."""
+def node_index(rank: int) -> int:
+    """This process's node in the cluster's order (the launch path's FATPIPE_NODE_RANK), else its rank."""
+    return int(os.environ.get("FATPIPE_NODE_RANK", rank))
+
+
+def chain_order(nodes: list[int]) -> list[int]:
+    """The global ranks in the chain's order, by node index (`nodes[r]`: rank r's node)."""
+    return sorted(range(len(nodes)), key=lambda r: (nodes[r], r))
+
+
+def plan(manifest: dict, held: list[list[list[bool]]], place: int, piece_size: int = PIECE_SIZE) -> list[Task]:
+    """The tasks of the chain's place `place`, a piece each, in the order every place walks the
+    chunks. `held[r][f][c]`: place r holds chunk c of file f."""
     tasks, tag, size = [], 0, manifest["chunk_size"]
     per_chunk = -(-size // piece_size)
     for f, entry in enumerate(manifest["files"]):
@@ -78,13 +90,13 @@ def plan(manifest: dict, held: list[list[list[bool]]], rank: int, piece_size: in
                 continue
             first, last = min(takers), max(takers)
             holders = [r for r in range(first) if held[r][f][c]]
-            if not holders or not holders[-1] <= rank <= last:
+            if not holders or not holders[-1] <= place <= last:
                 continue
             source = holders[-1]
             length = min(size, entry["size"] - c * size)
             for p, at in enumerate(range(0, length, piece_size)):
                 tasks.append(Task((tag - 1) * per_chunk + p + 1, f, c * size + at, min(piece_size, length - at),
-                                  receive=rank > source, write=rank in takers, send=rank < last))
+                                  receive=place > source, write=place in takers, send=place < last))
     return tasks
 
 
@@ -126,8 +138,9 @@ class Files:
             handle.close()
 
 
-def run_chain(tasks: list[Task], files: Files, check: ChunkCheck, rank: int, progress) -> int:
-    """Move this rank's pieces, checking each chunk it writes as it comes; returns the bytes it received."""
+def run_chain(tasks: list[Task], files: Files, check: ChunkCheck, peers: tuple[int, int], progress) -> int:
+    """Move this rank's pieces, checking each chunk it writes as it comes; returns the bytes it received.
+    `peers`: the global ranks before and after this one in the chain (-1 where there is none)."""
     import torch
     import torch.distributed as dist
 
@@ -151,7 +164,7 @@ def run_chain(tasks: list[Task], files: Files, check: ChunkCheck, rank: int, pro
     def post_receive(i: int) -> None:
         if i < len(tasks) and tasks[i].receive:
             claim(i)
-            recvs[i] = dist.irecv(view(i), src=rank - 1, tag=tasks[i].tag)
+            recvs[i] = dist.irecv(view(i), src=peers[0], tag=tasks[i].tag)
 
     for i in range(ahead):
         post_receive(i)
@@ -170,7 +183,7 @@ def run_chain(tasks: list[Task], files: Files, check: ChunkCheck, rank: int, pro
             handle.write(memoryview(data.numpy()))
             check.feed(task.file, task.offset, memoryview(data.numpy()))
         if task.send:
-            sends[i] = dist.isend(data, dst=rank + 1, tag=task.tag)
+            sends[i] = dist.isend(data, dst=peers[1], tag=task.tag)
         progress(received)
     for work in sends.values():
         work.wait()
@@ -210,10 +223,14 @@ def stage(manifest: dict, root: Path) -> dict:
     cache = node_cache(manifest, root)
     held = [held_chunks(manifest, root, entry, cache) for entry in manifest["files"]]
     everyone: list = [None] * world
-    dist.all_gather_object(everyone, held)
-    if not all(all(chunks) for chunks in everyone[0]):
+    dist.all_gather_object(everyone, (node_index(rank), held))
+    ranks = chain_order([node for node, _ in everyone])
+    place = ranks.index(rank)
+    in_chain = [everyone[r][1] for r in ranks]
+    if not all(all(chunks) for chunks in in_chain[0]):
         raise SystemExit("fatpipe: node 0 does not hold every chunk of the data it should send")
-    tasks = plan(manifest, everyone, rank)
+    tasks = plan(manifest, in_chain, place)
+    peers = (ranks[place - 1] if place > 0 else -1, ranks[place + 1] if place + 1 < world else -1)
     to_receive = sum(t.length for t in tasks if t.receive)
     files, check, last = Files(manifest, root), ChunkCheck(manifest), [0.0]
 
@@ -227,7 +244,7 @@ def stage(manifest: dict, root: Path) -> dict:
     try:
         for f in needs_opening(manifest, root, held):
             files.partial(f)
-        received = run_chain(tasks, files, check, rank, progress)
+        received = run_chain(tasks, files, check, peers, progress)
         touched = set(files.open)
     finally:
         files.close()
@@ -261,8 +278,8 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.staging.stage", description=__doc__.split("\n")[0])
     p.add_argument("--manifest", required=True, help="the manifest of the data to stage")
     p.add_argument("--timeout-s", type=float, default=600.0, help="the longest wait for one chunk")
-    p.add_argument("--source-ready", help="rank 0 waits for this file (`ok`, or `failed: why`): the copy to node 0")
-    p.add_argument("--wait-s", type=float, default=0.0, help="how long rank 0 may wait for --source-ready")
+    p.add_argument("--source-ready", help="node 0 waits for this file (`ok`, or `failed: why`): the copy to node 0")
+    p.add_argument("--wait-s", type=float, default=0.0, help="how long node 0 may wait for --source-ready")
     args = p.parse_args(argv)
     try:
         manifest = check_manifest(json.loads(Path(args.manifest).read_text()), args.manifest)
@@ -271,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     wait = args.wait_s if args.source_ready else 0.0
     dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s + wait))
     try:
-        if args.source_ready and dist.get_rank() == 0:
+        if args.source_ready and node_index(dist.get_rank()) == 0:  # the node the copy reaches
             wait_for_source(Path(args.source_ready), wait)
         result = stage(manifest, Path.cwd())
         if dist.get_rank() == 0:
