@@ -43,6 +43,9 @@ class NodeOutput(BaseModel):
     ssh_key_file: str | None = None  # transport ssh: the private key to log in with (a path here)
     remote_dir: str | None = None  # transport ssh: the project folder there (default ~/fatpipe/<cluster>)
     ready_file: str | None = None  # sim nodes: the ready marker on this machine (else the node's own)
+    # Clouds: the machine's id; another id under the same name is a recreated node (its old host
+    # key is forgotten), and AWS reads its host keys from the console by it (ops/hostkeys.py).
+    instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$")
 
     @field_validator("private_ip")
     @classmethod
