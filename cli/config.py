@@ -46,9 +46,14 @@ def config(project, cluster: str | None, as_json: bool):
 
 def _resolved(project, cluster) -> dict:
     """The cluster's settings, with `node` the environment its nodes get: [node] and its own keys."""
+    from fatpipe.infra.firewall import trust_summary, trusted_sources
     from fatpipe.infra.nodespec import cluster_node
 
-    return cluster.model_dump(mode="json") | {"node": cluster_node(project.spec, cluster.name).model_dump(mode="json")}
+    resolved = cluster.model_dump(mode="json")
+    summary = trust_summary(cluster)
+    if summary:  # what the host firewall lets reach every port (docs/ARCHITECTURE.md, "The node firewall")
+        resolved["firewall_trusts"] = {"sources": trusted_sources(cluster), "summary": summary}
+    return resolved | {"node": cluster_node(project.spec, cluster.name).model_dump(mode="json")}
 
 
 def _table(title: str, values: dict):
@@ -58,5 +63,7 @@ def _table(title: str, values: dict):
     table.add_column("key", style="bold")
     table.add_column("value")
     for key, value in values.items():
+        if key == "firewall_trusts":
+            value = value["summary"]
         table.add_row(key, json.dumps(value) if isinstance(value, dict) else str(value))
     return table

@@ -54,9 +54,11 @@ def host_options(func):
 
     @functools.wraps(func)
     def wrapper(name, address, port, user, key_file, known_hosts, **rest):
+        from fatpipe.ops.hostkeys import policy_for
         from fatpipe.ops.profile import SshHost
 
-        return func(SshHost(name, address, port, user, key_file or None), known_hosts, **rest)
+        # Machines fatpipe did not make: a key in the user's own known_hosts is the one enforced.
+        return func(SshHost(name, address, port, user, key_file or None, host_keys=policy_for("ssh")), known_hosts, **rest)
 
     return wrapper
 

@@ -137,11 +137,12 @@ def terraform_log(verbose: bool):
 
 def deploy_outputs(project, name: str | None, engine: str, yes: bool, verbose: bool):
     """Apply the cluster's stack, asking on the terminal before paid resources; its outputs."""
+    from fatpipe.ops.hostkeys import deploy_forgetting_recreated
     from fatpipe.stacks.engine import deploy_cluster
 
-    return deploy_cluster(project, name, engine=engine, yes=yes,
-                          confirm=lambda question: click.confirm(question, default=False, err=True),
-                          log=terraform_log(verbose))
+    return deploy_forgetting_recreated(project, project.cluster(name).name, lambda: deploy_cluster(
+        project, name, engine=engine, yes=yes, confirm=lambda question: click.confirm(question, default=False, err=True),
+        log=terraform_log(verbose)))
 
 
 def wait_ready(project, outputs, timeout_s: float, out):
@@ -151,7 +152,9 @@ def wait_ready(project, outputs, timeout_s: float, out):
     with the fix, instead of being waited for.
     """
     from fatpipe.infra.errors import FatpipeError
+    from fatpipe.ops.hostkeys import pin_cluster_keys
     from fatpipe.ops.wait import wait_for_nodes
+    from fatpipe.stacks.providers import provider_for
     from fatpipe.stacks.providers.sim import vanished_nodes
 
     gone = vanished_nodes(outputs)
@@ -161,6 +164,7 @@ def wait_ready(project, outputs, timeout_s: float, out):
                            "makes them again")
 
     with out.status(f"waiting for {len(outputs.nodes)} node(s)") as status:
+        pin_cluster_keys(project, outputs, provider_for(outputs.provider).console_output, timeout_s)
         def update(states):
             ready = sum(s.ready for s in states)
             pending = next((f"{s.name}: {s.reason}" for s in states if not s.ready), "")

@@ -142,7 +142,9 @@ class SshCluster(ClusterBase):
     ssh_key_file: str | None = None  # a private key; default: what ssh itself would use
     install_packages: bool = True  # apt-get the node tools (iperf3, rsync, ...) where apt exists
     mtu: int | None = Field(None, ge=576, le=9216)  # the private NIC's MTU; default: left as it is
-    private_cidr: str | None = None  # default: the smallest network holding every private_ip
+    # The private network, where the user declares one: then the firewall trusts all of it. Left
+    # out, the firewall trusts each node's own address and no more (infra/firewall.py).
+    private_cidr: str | None = None
     # The host firewall: the private network reaches every port, the world only SSH
     # (docs/ARCHITECTURE.md, "The node firewall"); false opts out, with a warning at every launch.
     firewall: bool = True
@@ -160,15 +162,11 @@ class SshCluster(ClusterBase):
 
     @model_validator(mode="before")
     @classmethod
-    def _derive_nodes_and_network(cls, data):
+    def _nodes_from_hosts(cls, data):
         if isinstance(data, dict) and isinstance(data.get("hosts"), list):
-            hosts = [h for h in data["hosts"] if isinstance(h, dict)]
             if "nodes" in data and data["nodes"] != len(data["hosts"]):
                 raise ValueError(f"nodes is {data['nodes']} but {len(data['hosts'])} hosts are listed; leave nodes out")
             data = {**data, "nodes": len(data["hosts"])}
-            ips = [h.get("private_ip") for h in hosts]
-            if data.get("private_cidr") is None and ips:
-                data["private_cidr"] = covering_network(ips)
         return data
 
     @model_validator(mode="after")
@@ -198,11 +196,19 @@ class SshCluster(ClusterBase):
                 raise ValueError(public_address_problem(f"hosts[{i}].private_ip", host.private_ip))
         if self.private_cidr and not in_private_range(self.private_cidr):
             raise ValueError(public_address_problem("private_cidr", self.private_cidr))
+        if not in_private_range(self.node_network):  # each node finds its private NIC in it
+            raise ValueError(public_address_problem("the network holding every private_ip,", self.node_network))
         return self
 
     @property
     def region(self) -> str:
         return "ssh"
+
+    @property
+    def node_network(self) -> str:
+        """`private_cidr`, else the smallest network holding every node: where a node's private
+        NIC is found. Never what the firewall trusts (infra/firewall.py)."""
+        return self.private_cidr or covering_network([h.private_ip for h in self.hosts]) or "0.0.0.0/0"
 
     def node_name(self, index: int) -> str:
         return self.hosts[index].name or f"{self.name}-{index}"

@@ -29,8 +29,22 @@ def public_address_problem(what: str, value: str) -> str:
 
 
 def trusted_sources(cluster) -> list[str]:
-    """The sources a node lets reach every port: `private_cidr`, or, where the cluster declares
-    public addresses as its private network, only its own nodes' addresses."""
-    if getattr(cluster, "public_private_ips", False):
-        return [f"{cluster.private_ip(i)}/32" for i in range(cluster.nodes)]
+    """The sources a node lets reach every port: the `private_cidr` the cluster file declares (or
+    the network fatpipe makes), else each node's own address (/32, IPv6 /128) and no more. A network
+    computed to hold the nodes would also hold whoever shares the provider's private network or
+    the tailnet with them; so would `private_cidr` where public addresses are the private network."""
+    if getattr(cluster, "public_private_ips", False) or not cluster.private_cidr:
+        return [ipaddress.ip_network(cluster.private_ip(i)).with_prefixlen for i in range(cluster.nodes)]
     return [cluster.private_cidr]
+
+
+def trust_summary(cluster) -> str | None:
+    """One line for `fatpipe config`: what the host firewall lets reach every port; None where
+    fatpipe installs no host firewall (clouds: their own security group or firewall)."""
+    installs = getattr(cluster, "firewall", False) and getattr(cluster, "transport", "ssh") == "ssh"
+    if not installs:
+        return None
+    sources = trusted_sources(cluster)
+    if sources == [cluster.private_cidr]:
+        return f"the private network {cluster.private_cidr}, and SSH from anywhere"
+    return f"each node's own address ({', '.join(sources)}), and SSH from anywhere; set private_cidr to trust a network"

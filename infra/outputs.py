@@ -4,14 +4,19 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import re
 from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import FatpipeError
-from .hostvalues import check_address, check_login
-from .spec import DEFAULT_MAX_RTT_MS
+from .hostvalues import CONTROL, check_address, check_login, check_node_name, check_path
+from .spec import DEFAULT_MAX_RTT_MS, NAME_PATTERN
+
+# The nccl map becomes environment variables in a file bash sources with `set -a`
+# (ops/nodefiles.py) and lines of /etc/nccl.conf: only NCCL's and gloo's own names.
+NCCL_NAME = re.compile(r"(NCCL|GLOO)_[A-Z0-9_]+")
 
 
 def _ipv4(value: str, what: str) -> str:
@@ -38,6 +43,9 @@ class NodeOutput(BaseModel):
     ssh_key_file: str | None = None  # transport ssh: the private key to log in with (a path here)
     remote_dir: str | None = None  # transport ssh: the project folder there (default ~/fatpipe/<cluster>)
     ready_file: str | None = None  # sim nodes: the ready marker on this machine (else the node's own)
+    # Clouds: the machine's id; another id under the same name is a recreated node (its old host
+    # key is forgotten), and AWS reads its host keys from the console by it (ops/hostkeys.py).
+    instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$")
 
     @field_validator("private_ip")
     @classmethod
@@ -52,6 +60,11 @@ class NodeOutput(BaseModel):
     # What ssh dials and logs in as, from a file a user may edit: the model's rules (infra/hostvalues.py).
     _ssh_host = field_validator("ssh_host")(lambda value: value and check_address(value))
     _ssh_user = field_validator("ssh_user")(lambda value: value and check_login(value))
+    # A node's name is echoed, names folders here (pulls, logs) and on the node; netns reaches
+    # `ip netns exec`: the cluster file's rule for node names holds both.
+    _name = field_validator("name")(check_node_name)
+    _netns = field_validator("netns")(lambda value: value and check_node_name(value))
+    _paths = field_validator("ssh_key_file", "ready_file", "remote_dir")(lambda value: value and check_path(value))
 
     @model_validator(mode="after")
     def _transport_has_its_address(self) -> NodeOutput:
@@ -84,6 +97,24 @@ class ClusterOutputs(BaseModel):
     nodes: list[NodeOutput]
 
     _ssh_user = field_validator("ssh_user")(lambda value: value and check_login(value))
+
+    @field_validator("name")
+    @classmethod
+    def _cluster_name(cls, value: str) -> str:
+        # It names .fatpipe/<cluster>, runs/<cluster> and the node folder's marker.
+        if not NAME_PATTERN.fullmatch(value):
+            raise ValueError(f"{value!r} is not a cluster name (lowercase letters, digits and '-')")
+        return value
+
+    @field_validator("nccl")
+    @classmethod
+    def _nccl_names(cls, nccl: dict[str, str]) -> dict[str, str]:
+        for key, value in nccl.items():
+            if not NCCL_NAME.fullmatch(key):
+                raise ValueError(f"{key!r} is not an NCCL_* or GLOO_* variable name (capitals, digits, '_')")
+            if CONTROL.search(value):
+                raise ValueError(f"{key}: the value {value!r} holds a control character")
+        return nccl
 
     @field_validator("provider")
     @classmethod

@@ -139,6 +139,11 @@ class ClusterBase(Strict):
     def node_name(self, index: int) -> str:
         return f"{self.name}-{index}"
 
+    @property
+    def node_network(self) -> str:
+        """The network holding every node's private address (an `ssh` cluster may declare none)."""
+        return self.private_cidr
+
     @model_validator(mode="after")
     def _s3_region_given(self):
         # An AWS cluster's state bucket defaults to the cluster's region; nothing else has one.
@@ -151,7 +156,7 @@ class ClusterBase(Strict):
         """The stack's `cluster` output (docs/ARCHITECTURE.md, "The outputs contract") for these nodes."""
         return {
             "name": self.name, "provider": self.provider, "region": self.region,
-            "tier_gbps": self.tier_gbps, "private_cidr": self.private_cidr,
+            "tier_gbps": self.tier_gbps, "private_cidr": self.node_network,
             "ssh_user": self.ssh_user, "gpus_per_node": self.gpus_per_node,
             "rdzv_port": self.rdzv_port, "max_rtt_ms": self.rtt_budget_ms, **extra, "nodes": nodes,
         }

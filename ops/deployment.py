@@ -24,7 +24,7 @@ def deployment_mismatch(outputs: ClusterOutputs, spec) -> str | None:
         ("nodes", len(outputs.nodes), spec.nodes),
         ("tier_gbps", outputs.tier_gbps, spec.tier_gbps),
         ("rdzv_port", outputs.rdzv_port, spec.rdzv_port),
-        ("private_cidr", outputs.private_cidr, spec.private_cidr),
+        ("private_cidr", outputs.private_cidr, spec.node_network),
     ]
     if spec.provider == "sim" and spec.isolation != "auto":
         checks.append(("isolation", outputs.isolation, spec.isolation))

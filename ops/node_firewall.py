@@ -42,15 +42,17 @@ def checked(argv: list[str], text: str | None = None) -> str:
 
 def nft_ruleset(trusted: list[str], ssh_ports: list[int]) -> str:
     """fatpipe's table: policy drop; loopback, established, `trusted` sources, the SSH ports, ICMP."""
-    sources = ", ".join(trusted)
     ports = ", ".join(str(p) for p in sorted(set(ssh_ports)))
+    v4 = ", ".join(source for source in trusted if not is_v6(source))
+    v6 = ", ".join(source for source in trusted if is_v6(source))
     return (
         f"table inet {TABLE} {{\n"
         "\tchain input {\n"
         "\t\ttype filter hook input priority 0; policy drop;\n"
         '\t\tiif "lo" accept\n'
         "\t\tct state established,related accept\n"
-        f"\t\tip saddr {{ {sources} }} accept\n"
+        + (f"\t\tip saddr {{ {v4} }} accept\n" if v4 else "")
+        + (f"\t\tip6 saddr {{ {v6} }} accept\n" if v6 else "") +
         f"\t\ttcp dport {{ {ports} }} accept\n"
         "\t\tmeta l4proto { icmp, ipv6-icmp } accept\n"
         "\t}\n"
@@ -58,12 +60,15 @@ def nft_ruleset(trusted: list[str], ssh_ports: list[int]) -> str:
     )
 
 
+def is_v6(source: str) -> bool:
+    return ":" in source
+
+
 def iptables_rules(trusted: list[str], ssh_ports: list[int], v6: bool) -> list[list[str]]:
-    """FATPIPE-INPUT's rules for iptables (v4) or ip6tables (v6: the private network is IPv4)."""
+    """FATPIPE-INPUT's rules for iptables (v4) or ip6tables (v6), each with its family's sources."""
     rules = [["-i", "lo", "-j", "ACCEPT"],
              ["-m", "conntrack", "--ctstate", "ESTABLISHED,RELATED", "-j", "ACCEPT"]]
-    if not v6:
-        rules += [["-s", source, "-j", "ACCEPT"] for source in trusted]
+    rules += [["-s", source, "-j", "ACCEPT"] for source in trusted if is_v6(source) == v6]
     rules += [["-p", "tcp", "--dport", str(port), "-j", "ACCEPT"] for port in sorted(set(ssh_ports))]
     rules += [["-p", "ipv6-icmp" if v6 else "icmp", "-j", "ACCEPT"], ["-j", "DROP"]]
     return rules

@@ -196,7 +196,7 @@ def _tagged_pids(tag_pattern: str) -> str:
 
 
 def node_runs(rdzv: Rendezvous, state_dir: Path) -> list[NodeRun]:
-    return [NodeRun(rdzv, plan, transport_for(plan, state_dir)) for plan in rdzv.nodes]
+    return [NodeRun(rdzv, plan, transport_for(plan, state_dir, provider=rdzv.provider)) for plan in rdzv.nodes]
 
 
 def run_nodes(project, cluster: str, run_id: str | None = None) -> tuple[str, Path, list[NodeRun]]:

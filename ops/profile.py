@@ -31,10 +31,11 @@ class SshHost:
     port: int = 22
     user: str = "root"
     key_file: str | None = None
+    host_keys: str = "accept-new"  # ops/hostkeys.py: `user` for the machines of an ssh cluster
 
     def transport(self, known_hosts: Path) -> SshTransport:
         return SshTransport(self.name, self.address, known_hosts, user=self.user, port=self.port,
-                            identity=self.key_file)
+                            identity=self.key_file, host_keys=self.host_keys)
 
     def where(self) -> str:
         return f"{self.name} ({self.user}@{self.address}:{self.port})"

@@ -21,7 +21,8 @@ from typing import TypeVar
 
 from fatpipe.infra.errors import FatpipeError
 
-SSH_CONFIG_ENV = "FATPIPE_SSH_CONFIG"  # an ssh_config file used instead of ~/.ssh/config (ssh -F)
+from .hostkeys import known_hosts_options, policy_for, ssh_config
+
 CONTROL_DIR_ENV = "FATPIPE_SSH_CONTROL_DIR"
 CONNECT_TIMEOUT_S = 10
 CONTROL_PERSIST_S = 120
@@ -146,18 +147,19 @@ class SshTransport(Transport):
     """A remote node through the OpenSSH client, so ~/.ssh/config, agents and jump hosts apply.
 
     Connections are multiplexed (one TCP+auth handshake per node, reused for minutes), never
-    prompt (BatchMode), and host keys go to a per-cluster known_hosts file with accept-new:
-    the first key a node shows is trusted, a changed one is refused.
+    prompt (BatchMode), and host keys are checked by `host_keys`, a policy of ops/hostkeys.py:
+    against the cluster's own known_hosts (pinned, or first contact with accept-new) or the
+    user's own files for a host they know.
     """
 
     kind = "ssh"
 
-    def __init__(self, node_name: str, host: str, known_hosts: Path, user: str = "",
-                 port: int | None = None, config: str | None = None, identity: str | None = None):
+    def __init__(self, node_name: str, host: str, known_hosts: Path, user: str = "", port: int | None = None,
+                 config: str | None = None, identity: str | None = None, host_keys: str = "accept-new"):
         super().__init__(node_name)
         self.host, self.user, self.port, self.identity = host, user, port, identity
-        self.known_hosts = Path(known_hosts)
-        self.config = config if config is not None else os.environ.get(SSH_CONFIG_ENV) or None
+        self.known_hosts, self.host_keys = Path(known_hosts), host_keys
+        self.config = config if config is not None else ssh_config()
 
     def ssh_options(self) -> list[str]:
         """ssh's options, without the destination: shared by commands and rsync's -e."""
@@ -166,8 +168,7 @@ class SshTransport(Transport):
             opts += ["-F", str(Path(self.config).expanduser())]
         opts += [
             "-o", "BatchMode=yes",
-            "-o", "StrictHostKeyChecking=accept-new",
-            "-o", f"UserKnownHostsFile={self.known_hosts}",
+            *known_hosts_options(self.host_keys, self.known_hosts, self.config, self.host, self.port),
             "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
             "-o", "ServerAliveInterval=15",
             "-o", "ServerAliveCountMax=4",
@@ -269,11 +270,11 @@ def private_control_dir() -> Path:
     return Path(tempfile.mkdtemp(prefix=f"fatpipe-ssh-{os.getuid()}-"))
 
 
-def transport_for(node, state_dir: Path, ssh_user: str = "") -> Transport:
+def transport_for(node, state_dir: Path, ssh_user: str = "", provider: str = "") -> Transport:
     """The transport a node names (`transport`, `netns`, `public_ip`; optional `ssh_user`, `ssh_port`).
 
-    `node` is an outputs node or a rendezvous node plan; ssh host keys go to
-    `<state_dir>/known_hosts`, the cluster's own file.
+    `node` is an outputs node or a rendezvous node plan; ssh host keys are checked as the
+    `provider`'s policy says (ops/hostkeys.py), with `<state_dir>/known_hosts` the cluster's own file.
     """
     if node.transport == "local":
         return LocalTransport(node.name)
@@ -281,12 +282,12 @@ def transport_for(node, state_dir: Path, ssh_user: str = "") -> Transport:
         return NetnsTransport(node.name, node.netns)
     host = node.ssh_host or node.public_ip
     return SshTransport(node.name, host, Path(state_dir) / "known_hosts", user=node.ssh_user or ssh_user,
-                        port=node.ssh_port, identity=node.ssh_key_file)
+                        port=node.ssh_port, identity=node.ssh_key_file, host_keys=policy_for(provider))
 
 
 def transports_for(outputs, state_dir: Path) -> list[Transport]:
     """One transport per node of a cluster's outputs, in node order."""
-    return [transport_for(node, state_dir, outputs.ssh_user) for node in outputs.nodes]
+    return [transport_for(node, state_dir, outputs.ssh_user, outputs.provider) for node in outputs.nodes]
 
 
 def fan_out(fn: Callable[[T], R], items: Sequence[T], max_workers: int = 32) -> list[R]:

@@ -179,7 +179,7 @@ def profile_files(cluster, mtu: int | None, nccl: dict[str, str],
         SYSCTL_FILE: (sysctl_conf(profile), "0644"),
         MODULES_FILE: ("tcp_bbr\nsch_fq\n", "0644"),
         NCCL_CONF: (nccl_conf(nccl), "0644"),
-        NET_SCRIPT: (net_script(cluster.private_cidr, mtu), "0755"),
+        NET_SCRIPT: (net_script(cluster.node_network, mtu), "0755"),
         UNIT_FILE: (UNIT_TEXT, "0644"),
         READY_SCRIPT: (ready_script(profile, packages), "0755"),
     }

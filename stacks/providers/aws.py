@@ -42,25 +42,22 @@ class Aws(Provider):
         preflight(cluster, root=project.root)
         return cluster
 
+    def console_output(self, outputs, node) -> str | None:
+        from .aws_api import console_output
+
+        if not node.instance_id:
+            raise FatpipeError(f"{node.name}: the outputs name no instance id to read its host keys by; "
+                               f"`fatpipe deploy {outputs.name}` writes them")
+        return console_output(outputs.region, node.instance_id)
+
     def refresh_catalog(self, region: str | None, root: Path, types: tuple[str, ...] = (),
                         families: tuple[str, ...] = ()) -> tuple[Path, list[str]]:
         if not region:
             raise FatpipeError("AWS: name the region to refresh (`fatpipe catalog aws --region R`)")
-        from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+        from .aws_api import api_errors, refresh_aws_catalog
 
-        from .aws_api import refresh_aws_catalog
-
-        try:
+        with api_errors(f"EC2 refused DescribeInstanceTypes in {region}", f"cannot reach EC2 in {region}"):
             return refresh_aws_catalog(region, root, types=types, families=families)
-        except NoCredentialsError:
-            raise FatpipeError("no AWS credentials found: set AWS_PROFILE or run `aws configure` "
-                               "(or use --offline)") from None
-        except ClientError as e:
-            error = e.response.get("Error", {})
-            raise FatpipeError(f"EC2 refused DescribeInstanceTypes in {region}: "
-                               f"{error.get('Code')}: {error.get('Message')}") from None
-        except BotoCoreError as e:
-            raise FatpipeError(f"cannot reach EC2 in {region}: {e}") from None
 
 
 AWS = Aws()

@@ -5,6 +5,7 @@ Preflight: credentials work, the type is offered there, its baseline meets the t
 
 from __future__ import annotations
 
+import contextlib
 import re
 from datetime import date
 from pathlib import Path
@@ -59,6 +60,39 @@ def preflight(cluster, root: Path | None = None, session=None) -> None:
             f"{name} has {have} ({record['network']} is its burst rating), below tier {cluster.tier} "
             f"({cluster.tier_gbps} Gbit/s); {_qualifying(cluster, root, name)}"
         )
+
+
+@contextlib.contextmanager
+def api_errors(refused: str, unreachable: str):
+    """botocore's errors as one line: `refused` (with AWS's code and message) or `unreachable`."""
+    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
+
+    try:
+        yield
+    except NoCredentialsError:
+        raise FatpipeError("no AWS credentials found: set AWS_PROFILE or run `aws configure` "
+                           "(or use --offline)") from None
+    except ClientError as e:
+        error = e.response.get("Error", {})
+        raise FatpipeError(f"{refused}: {error.get('Code')}: {error.get('Message')}") from None
+    except BotoCoreError as e:
+        raise FatpipeError(f"{unreachable}: {e}") from None
+
+
+def console_output(region: str, instance_id: str, session=None) -> str | None:
+    """The instance's console text (GetConsoleOutput: an authenticated API; cloud-init prints
+    the SSH host keys there); None while there is none yet."""
+    import boto3
+    from botocore.exceptions import ClientError
+
+    ec2 = (session or boto3.session.Session(region_name=region)).client("ec2", region_name=region)
+    with api_errors(f"AWS refused the console output of {instance_id}", f"cannot reach EC2 in {region}"):
+        try:  # Latest: what the console shows now (Nitro); older instances only have the buffered copy
+            return ec2.get_console_output(InstanceId=instance_id, Latest=True).get("Output")
+        except ClientError as e:
+            if e.response.get("Error", {}).get("Code") != "UnsupportedOperation":
+                raise
+            return ec2.get_console_output(InstanceId=instance_id).get("Output")
 
 
 def _check_offered(ec2, cluster, name: str) -> None:

@@ -54,6 +54,7 @@ class AwsClusterConstruct(ClusterConstruct):
         self.nodes = self._nodes()
         self.output = cluster.output([
             {"name": name, "public_ip": f'${{aws_instance.nodes["{name}"].public_ip}}',
+             "instance_id": f'${{aws_instance.nodes["{name}"].id}}',
              "private_ip": cluster.private_ip(i), "transport": "ssh"}
             for i, name in enumerate(map(cluster.node_name, range(cluster.nodes)))
         ])

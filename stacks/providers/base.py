@@ -44,6 +44,11 @@ class Provider(ABC):
 
         return render_cloud_init(cluster, self.mtu, self.user_data_limit, self.nccl_env(cluster), project)
 
+    def console_output(self, outputs, node) -> str | None:
+        """The node's console through the provider's authenticated API, where it has one:
+        cloud-init prints the node's SSH host keys there (ops/hostkeys.py pins them)."""
+        return None
+
     def warnings(self, cluster) -> list[str]:
         """What the user should know before deploying this cluster (shown by synth)."""
         return []

@@ -84,6 +84,7 @@ class DigitalOceanClusterConstruct(ClusterConstruct):
         # DigitalOcean assigns VPC addresses itself: the private IPs are known after apply.
         self.output = cluster.output([
             {"name": name, "public_ip": f'${{digitalocean_droplet.nodes["{name}"].ipv4_address}}',
+             "instance_id": f'${{digitalocean_droplet.nodes["{name}"].id}}',
              "private_ip": f'${{digitalocean_droplet.nodes["{name}"].ipv4_address_private}}',
              "transport": "ssh"}
             for name in names

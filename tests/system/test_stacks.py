@@ -18,7 +18,7 @@ from fatpipe.infra.tiers import tier_profile
 REPO = Path(__file__).resolve().parents[2]
 OUTPUT_KEYS = {"name", "provider", "region", "tier_gbps", "private_cidr", "ssh_user",
                "gpus_per_node", "rdzv_port", "max_rtt_ms", "nodes", "nccl"}
-NODE_KEYS = {"name", "public_ip", "private_ip", "transport"}
+NODE_KEYS = {"name", "public_ip", "instance_id", "private_ip", "transport"}
 
 CLUSTERS = """
 [clusters.aws1g]
@@ -236,9 +236,11 @@ def test_output_is_the_cluster_contract(stacks, project, name):
         key = f'nodes["{name}-{i}"]'
         if cluster.provider == "aws":
             assert node["public_ip"] == f"${{aws_instance.{key}.public_ip}}"
+            assert node["instance_id"] == f"${{aws_instance.{key}.id}}"  # the console's host keys are read by it
             assert node["private_ip"] == cluster.private_ip(i)
         else:
             assert node["public_ip"] == f"${{digitalocean_droplet.{key}.ipv4_address}}"
+            assert node["instance_id"] == f"${{digitalocean_droplet.{key}.id}}"  # a recreated node's is new
             assert node["private_ip"] == f"${{digitalocean_droplet.{key}.ipv4_address_private}}"
 
 

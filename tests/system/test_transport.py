@@ -40,7 +40,7 @@ def test_fan_out_is_parallel_and_ordered():
 def test_ssh_command_line(tmp_path, monkeypatch):
     monkeypatch.setenv("FATPIPE_SSH_CONFIG", str(tmp_path / "ssh_config"))
     outputs = parse_outputs({
-        "name": "c", "provider": "aws", "tier_gbps": 10, "private_cidr": "10.42.0.0/24",
+        "name": "c", "provider": "digitalocean", "tier_gbps": 10, "private_cidr": "10.42.0.0/24",
         "ssh_user": "ubuntu",
         "nodes": [{"name": "c-0", "public_ip": "54.1.2.3", "private_ip": "10.42.0.10", "transport": "ssh",
                    "ssh_port": 2222},
@@ -56,6 +56,8 @@ def test_ssh_command_line(tmp_path, monkeypatch):
                    f"UserKnownHostsFile={tmp_path / 'state' / 'known_hosts'}", "ControlPersist="):
         assert option in joined
     assert argv[:3] == ["ssh", "-F", str(tmp_path / "ssh_config")]
+    aws = transports_for(outputs.model_copy(update={"provider": "aws"}), tmp_path / "state")[0]
+    assert "StrictHostKeyChecking=yes" in aws.argv("true")  # keys pinned from the console only
     assert argv[argv.index("-p") + 1] == "2222" and argv[argv.index("-l") + 1] == "ubuntu"
     assert argv[-2] == "54.1.2.3" and argv[-1] == "bash -c 'echo '\"'\"'hi there'\"'\"''"
     assert netns.argv("true") == ["ip", "netns", "exec", "fp-c-1", "bash", "-c", "true"]

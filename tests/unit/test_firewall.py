@@ -2,9 +2,14 @@
 
 from __future__ import annotations
 
-import pytest
+import json
 
+import pytest
+from click.testing import CliRunner
+
+from fatpipe.cli.main import cli as main
 from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.firewall import trust_summary
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import parse_project
 from fatpipe.ops.firewall_check import listing_problem, require_firewall
@@ -18,10 +23,12 @@ def ssh_cluster(ips=("10.0.0.10", "10.0.0.11"), extra: str = ""):
     return parse_project(f'[clusters.r]\nprovider = "ssh"\n{extra}\n{hosts}', "fatpipe.toml").clusters["r"]
 
 
-def test_the_firewall_is_on_by_default_and_trusts_the_private_network():
+def test_the_firewall_is_on_by_default_and_trusts_the_nodes_or_the_declared_network():
     c = ssh_cluster()
     assert c.firewall is True and c.public_private_ips is False
-    assert profile_plan(c, None, {})["firewall"] == {"trusted": ["10.0.0.8/30"]}
+    assert profile_plan(c, None, {})["firewall"] == {"trusted": ["10.0.0.10/32", "10.0.0.11/32"]}
+    declared = ssh_cluster(extra='private_cidr = "10.0.0.0/24"')
+    assert profile_plan(declared, None, {})["firewall"] == {"trusted": ["10.0.0.0/24"]}
     assert profile_plan(ssh_cluster(extra="firewall = false"), None, {})["firewall"] is None
     sim = parse_project('[clusters.s]\nprovider = "sim"\ntransport = "ssh"\n', "f.toml").clusters["s"]
     assert sim.firewall and profile_plan(sim, None, {})["firewall"] == {"trusted": ["10.42.0.0/24"]}
@@ -30,14 +37,15 @@ def test_the_firewall_is_on_by_default_and_trusts_the_private_network():
 @pytest.mark.parametrize("ips", [("100.64.3.1", "100.64.3.2"), ("172.20.0.5", "172.20.0.6"),
                                  ("192.168.7.1", "192.168.7.2")])
 def test_rfc1918_and_shared_space_are_private(ips):
-    assert ssh_cluster(ips).private_cidr
+    assert ssh_cluster(ips).node_network
 
 
 @pytest.mark.parametrize("ips,extra,key", [
     (("203.0.113.10", "203.0.113.11"), "", "hosts[0].private_ip 203.0.113.10"),
     (("10.0.0.10", "8.8.8.8"), "", "hosts[1].private_ip 8.8.8.8"),
     (("169.254.0.10", "169.254.0.11"), "", "hosts[0].private_ip 169.254.0.10"),
-    (("10.0.0.10", "192.168.0.10"), "", "private_cidr 0.0.0.0/0"),  # one network over both: the world
+    # Each node finds its private NIC in the network holding them all: over both, the world.
+    (("10.0.0.10", "192.168.0.10"), "", "the network holding every private_ip, 0.0.0.0/0"),
 ])
 def test_a_public_private_ip_is_refused_in_one_line_with_the_reason(ips, extra, key):
     with pytest.raises(ConfigError) as e:
@@ -45,6 +53,45 @@ def test_a_public_private_ip_is_refused_in_one_line_with_the_reason(ips, extra, 
     text = str(e.value)
     assert "\n" not in text and key in text and "outside the private ranges" in text
     assert "public_private_ips = true" in text and "rendezvous" in text
+
+
+@pytest.mark.parametrize("ips", [
+    ("10.0.0.5", "10.200.1.7"),  # the network holding both is 10.0.0.0/8: a provider's other tenants
+    ("100.64.3.1", "100.127.250.9"),  # a tailnet's other devices
+    ("172.16.0.2", "172.31.255.254", "172.20.9.9"),
+    ("192.168.1.10",),
+])
+def test_without_private_cidr_the_firewall_trusts_each_node_and_no_computed_network(ips):
+    c = ssh_cluster(ips)
+    trusted = profile_plan(c, None, {})["firewall"]["trusted"]
+    assert trusted == [f"{ip}/32" for ip in ips]
+    assert c.private_cidr is None  # nothing derived stands for a declared network
+    text = nft_ruleset(trusted, [22])
+    assert f"ip saddr {{ {', '.join(trusted)} }} accept" in text and "/8" not in text
+    summary = trust_summary(c)
+    assert all(t in summary for t in trusted) and "private_cidr" in summary and "\n" not in summary
+
+
+def test_the_profile_finds_the_nic_in_the_network_holding_the_nodes():
+    # Not a trust decision: where the net script looks for the private NIC (unchanged).
+    files = profile_plan(ssh_cluster(("10.0.0.5", "10.200.1.7")), None, {})["files"]
+    assert "CIDR=10.0.0.0/8" in files["/usr/local/sbin/fatpipe-net"]["content"]
+
+
+def test_config_says_what_the_firewall_trusts(tmp_path):
+    hosts = "".join(f'[[clusters.r.hosts]]\naddress = "h{i}"\nprivate_ip = "{ip}"\n'
+                    for i, ip in enumerate(("10.0.0.5", "10.200.1.7")))
+    (tmp_path / "fatpipe.toml").write_text(f'[clusters.r]\nprovider = "ssh"\n{hosts}'
+                                           '[clusters.s]\nprovider = "sim"\ntransport = "ssh"\nprivate_cidr = "10.217.0.0/24"\n'
+                                           '[clusters.n]\nprovider = "sim"\nprivate_cidr = "10.218.0.0/24"\n')
+    doc = json.loads(CliRunner().invoke(main, ["--config", str(tmp_path / "fatpipe.toml"), "config", "--json"]).output)
+    trusts = {name: c.get("firewall_trusts") for name, c in doc["clusters"].items()}
+    assert trusts["r"]["sources"] == ["10.0.0.5/32", "10.200.1.7/32"] and "own address" in trusts["r"]["summary"]
+    assert trusts["s"]["sources"] == ["10.217.0.0/24"]  # the network fatpipe makes for its sim nodes
+    assert trusts["n"] is None  # netns sim nodes get no host firewall
+    table = CliRunner().invoke(main, ["--config", str(tmp_path / "fatpipe.toml"), "config", "r"],
+                               env={"COLUMNS": "250"}).output
+    assert "10.0.0.5/32, 10.200.1.7/32" in table
 
 
 def test_public_private_ips_trusts_only_the_nodes_themselves():

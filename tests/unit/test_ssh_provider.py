@@ -28,7 +28,7 @@ def cluster(extra: str = "", hosts: str = HOSTS):
 def test_hosts_make_the_nodes_and_the_network():
     c = cluster()
     assert c.nodes == 2 and [c.node_name(i) for i in range(2)] == ["r-0", "r-1"]
-    assert c.private_cidr == "10.0.0.8/30" and c.private_ip(1) == "10.0.0.11"
+    assert c.private_cidr is None and c.node_network == "10.0.0.8/30" and c.private_ip(1) == "10.0.0.11"
     assert c.hosts[1].port == 2222 and c.hosts[1].user == "ubuntu" and c.ssh_user == "root"
     assert cluster('private_cidr = "10.0.0.0/24"').private_cidr == "10.0.0.0/24"
 
