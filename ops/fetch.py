@@ -111,7 +111,7 @@ def agree(names: list[str], manifests: list[dict]) -> tuple[dict, list[str]]:
 
 
 def fetch_data(project, outputs, spec, remote_python: str | None = None,
-               progress: NodeProgress | None = None) -> tuple[dict, dict[str, int]]:
+               progress: NodeProgress | None = None, log=None) -> tuple[dict, dict[str, int]]:
     """Every node fetches the remote source; (the agreed manifest, bytes each node fetched)."""
     spec_path = write_fetch_spec(project, outputs.name, spec)
     transports = transports_for(outputs, project.state_dir(outputs.name))
@@ -126,7 +126,7 @@ def fetch_data(project, outputs, spec, remote_python: str | None = None,
         def on_node(pair) -> dict:
             node, t = pair
             workdir = node_workdir(outputs, node)
-            ship_checker(project, outputs.name, t, workdir)
+            ship_checker(project, outputs.name, t, workdir, log)
             return run_fetch(t, node.name, workdir, remote_python, f"{MANIFEST_DIR}/{FETCH_SPEC}", progress)
         manifests = fan_out(on_node, list(zip(outputs.nodes, transports, strict=True)))
     reference, odd = agree(names, manifests)

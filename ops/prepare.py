@@ -16,7 +16,7 @@ from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from .datacheck import data_excludes
 from .noderun import Log, NodeRun
 from .nodewheels import build_node_envs
-from .projectdir import claim_project_dir
+from .projectdir import claim_and_say
 from .runsync import push_run
 
 # Never shipped to nodes, on top of each folder's .gitignore.
@@ -48,7 +48,7 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     t, plan = node.transport, node.plan
     if t.shares_fs:
         return
-    claim_project_dir(t, plan.workdir, node.rdzv.cluster)  # never push into a folder that is not fatpipe's
+    claim_and_say(t, plan.workdir, node.rdzv.cluster, project.project_id, log)  # never another's folder
     # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
     # never shipped again, never deleted by --delete.
     excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
