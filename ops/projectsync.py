@@ -104,20 +104,25 @@ def plan_push(local: dict[str, list], folders: list[str], record: dict | None, n
         there = node.get(path)
         if there is None or there == sig:
             plan.record[path] = [sig]
-        elif record is None or there in ours.get(path, ()):
+        elif record is None or there in _as_list(ours.get(path)):
             plan.record[path] = [there, sig]  # until the copy is done, either is what a push left
         else:
             plan.kept.append(path)
             continue
         plan.send.append(path)
     for path, pushed in ours.items():
-        if path in local or not isinstance(pushed, list) or not _relative(path):
+        if path in local or not _as_list(pushed) or not _relative(path):
             continue
         if still_here(path):
             plan.record[path] = pushed  # ignored or excluded now: left on the node, still known as ours
         elif node.get(path) is not None:
             plan.delete[path] = pushed
     return plan
+
+
+def _as_list(value) -> list:
+    """A record's entry as the list of signatures it should be (the node's file: trust no shape)."""
+    return value if isinstance(value, list) else []
 
 
 def _relative(path: str) -> bool:

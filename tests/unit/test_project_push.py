@@ -179,6 +179,7 @@ def test_a_record_on_the_node_never_leads_a_delete_out_of_the_project_folder(sid
     ("the run changed it: kept", ["f", 3, 7], {"p": [["f", 9, 1]]}, "kept"),
     ("the run wrote it: kept", ["f", 3, 7], {}, "kept"),
     ("no record at all: sent, as before", ["f", 3, 7], None, "send"),
+    ("a record entry of no shape: the run's", ["f", 3, 7], {"p": "f"}, "kept"),
 ])
 def test_each_path_is_decided_by_whose_it_is(case, node, record, want):
     plan = plan_push({"p": ["f", 1, 5]}, [], record, {"p": node}, lambda p: True)
@@ -217,3 +218,16 @@ def test_the_project_push_through_prepare_keeps_runs_pulled_paths_and_data(tmp_p
     assert (there / "out" / "only-there.pt").read_text() == "the node's"
     assert (there / "data" / "shard-0.bin").read_text() == "staged"
     assert any("copy the project folder" in line for line in said)
+
+
+def test_the_node_program_deletes_nothing_outside_its_folder_whatever_it_is_told(tmp_path, monkeypatch):
+    from fatpipe.ops import node_pushed
+
+    assert node_pushed.RECORD == PUSH_RECORD
+    folder, outside = tmp_path / "proj", write(tmp_path / "x.txt", "outside")
+    folder.mkdir()
+    monkeypatch.chdir(folder)
+    sig = node_pushed.signature(str(outside))
+    done = node_pushed.commit({}, {"../x.txt": [sig], str(outside): [sig]})
+    assert done == {"deleted": [], "kept": ["../x.txt", str(outside)]} and outside.read_text() == "outside"
+    assert json.loads((folder / PUSH_RECORD).read_text()) == {"version": 1, "files": {}}
