@@ -6,7 +6,9 @@ an `out/` of `.safetensors`), beside the code. So the node keeps a record of wha
 sent (`infra.node.PUSH_RECORD`: each path with the signature it had, size and time, or a link's
 target), and each push, per path:
 
-- sends a file the node lacks, holds already, or holds as a push left it (the user's edit goes over);
+- sends a file the node lacks, or holds as a push left it (the user's edit goes over);
+- leaves a file the node holds equal to this machine's but no push sent (a pull brought it
+  here): the node's still, never deleted when the local copy goes;
 - keeps the node's file when the node's differs and no push left it so: the run wrote or changed
   it (said in one line, never replaced);
 - deletes a file an earlier push sent that is gone from this project, only while it is still what
@@ -102,9 +104,12 @@ def plan_push(local: dict[str, list], folders: list[str], record: dict | None, n
     plan, ours = PushPlan(send=list(folders)), record or {}
     for path, sig in local.items():
         there = node.get(path)
-        if there is None or there == sig:
+        pushed = record is None or there in _as_list(ours.get(path))  # no record: as before, all ours
+        if there is None or (there == sig and pushed):
             plan.record[path] = [sig]
-        elif record is None or there in _as_list(ours.get(path)):
+        elif there == sig:
+            continue  # equal, but the node's (pulled here, say): never ours to delete
+        elif pushed:
             plan.record[path] = [there, sig]  # until the copy is done, either is what a push left
         else:
             plan.kept.append(path)

@@ -107,6 +107,16 @@ def test_a_file_the_run_changed_is_never_replaced_nor_deleted(sides):
     assert push().deleted == [] and (there / "out" / "log.txt").is_file()
 
 
+def test_a_run_s_file_pulled_here_is_still_the_node_s(sides):
+    here, there, push = sides
+    push()
+    write(there / "out" / "model.safetensors", "the run's")
+    subprocess.run(["rsync", "-a", f"{there}/out", f"{here}/"], check=True)  # as `fatpipe pull out` does
+    assert push().lines() == []  # equal on both sides: nothing to send, nothing to say
+    shutil.rmtree(here / "out")  # the local copy is not needed any more
+    assert push().deleted == [] and (there / "out" / "model.safetensors").read_text() == "the run's"
+
+
 def test_a_file_now_ignored_is_left_but_removed_once_gone(sides):
     here, there, push = sides
     write(here / "data.csv", "pushed")
@@ -174,7 +184,8 @@ def test_a_record_on_the_node_never_leads_a_delete_out_of_the_project_folder(sid
 
 @pytest.mark.parametrize("case,node,record,want", [
     ("absent there: sent", None, {}, "send"),
-    ("equal there: sent (no-op)", ["f", 1, 5], {}, "send"),
+    ("equal there, ours: recorded", ["f", 1, 5], {"p": [["f", 1, 5]]}, "send"),
+    ("equal there, the node's: left", ["f", 1, 5], {}, "left"),
     ("ours, unchanged: sent", ["f", 9, 1], {"p": [["f", 9, 1]]}, "send"),
     ("the run changed it: kept", ["f", 3, 7], {"p": [["f", 9, 1]]}, "kept"),
     ("the run wrote it: kept", ["f", 3, 7], {}, "kept"),
@@ -183,7 +194,8 @@ def test_a_record_on_the_node_never_leads_a_delete_out_of_the_project_folder(sid
 ])
 def test_each_path_is_decided_by_whose_it_is(case, node, record, want):
     plan = plan_push({"p": ["f", 1, 5]}, [], record, {"p": node}, lambda p: True)
-    assert ("p" in plan.send, "p" in plan.kept) == (want == "send", want == "kept"), case
+    assert ("p" in plan.send, "p" in plan.kept, "p" in plan.record) == (want == "send", want == "kept",
+                                                                        want == "send"), case
 
 
 def test_the_project_push_through_prepare_keeps_runs_pulled_paths_and_data(tmp_path, monkeypatch):
