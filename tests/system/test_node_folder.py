@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.node import PROJECT_MARKER
+from fatpipe.infra.project import project_id_at
 
 from .conftest import fatpipe_cli, free_port, rented_sim_toml, require_ssh_sim
 
@@ -117,13 +118,15 @@ def test_a_second_project_with_a_cluster_of_the_same_name_is_refused_everywhere(
                            rdzv_port=free_port())
     (b / "fatpipe.toml").write_text(toml[toml.index(f"[clusters.{CLUSTER}]"):])
     (b / "job.py").write_text("print('project B')\n")
+    assert fatpipe(a, "launch", CLUSTER, "--remote-python", sys.executable, "--", "job.py").returncode == 0
+    for i in range(NODES):  # what A's runs wrote, whatever ran before
+        (remote / f"node-{i}" / "ckpt" / "from-a.pt").write_bytes(b"A's checkpoint")
     before = {i: contents(remote / f"node-{i}") for i in range(NODES)}
-    assert any("ckpt/" in path for path in before[0])
 
+    b_id = project_id_at(b)  # B's own identity, as its first command makes it
+    assert a_id != b_id
     deployed = fatpipe(b, "deploy", CLUSTER)
     assert deployed.returncode == 0, deployed.stdout
-    b_id = (b / ".fatpipe" / "project-id").read_text().strip()
-    assert a_id != b_id
     refused = launch(b, "job.py")
     assert refused.returncode != 0
     errors = [line for line in refused.stdout.splitlines() if line.lower().startswith("error")]
