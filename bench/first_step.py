@@ -129,7 +129,7 @@ def each_node_from_index(folder: Path, outputs, index_url: str) -> None:
                f"{shlex.quote(venv.torch)} numpy; echo {stamp} > {STAMP_FILE}")
     transports = transports_for(outputs, project.state_dir(NAME))
     for transport, node in zip(transports, outputs.nodes, strict=True):
-        claim_project_dir(transport, node.remote_dir, NAME)  # as fatpipe makes it: marked as the cluster's
+        claim_project_dir(transport, node.remote_dir, NAME, project.project_id)  # as fatpipe marks it
     dirs = [shlex.quote(n.remote_dir) for n in outputs.nodes]
     results = fan_out(lambda pair: pair[0].run(f"cd {pair[1]} && {command}", timeout=3600),
                       list(zip(transports, dirs, strict=True)))

@@ -136,7 +136,8 @@ def verify(project, cluster, outputs_file, remote_python):
     if manifest is None:
         raise FatpipeError(f"nothing staged on cluster {name} yet: run `fatpipe data push {name}`")
     out = console()
-    verdicts = check_data(project, outputs, manifest, remote_python, rehash=True)  # no trust in the caches
+    verdicts = check_data(project, outputs, manifest, remote_python, rehash=True,  # no trust in the caches
+                          log=lambda line: out.print(line, markup=False, highlight=False))
     for v in verdicts:
         if v.problem:
             out.print(f"[red]{v.node}[/]: {escape(v.problem)}", markup=True, highlight=False)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 
 import click
@@ -34,8 +35,15 @@ def env_option(flag: str, check=None, **kwargs):
 PROJECT_FOLDER_NEWS = {  # what `down` did with the project folder, by ops.projectdir's answer
     "removed": "removed the project folder {}",
     "kept": "kept {}: fatpipe did not make it (no " + PROJECT_MARKER + " in it)",
+    "other": "kept {}: it belongs to {}, not to this project ({})",
     "absent": "no project folder {} to remove",
 }
+
+
+def check_project_id(value: str) -> str:
+    if not re.fullmatch(r"[0-9a-f]{8}", value):
+        raise ValueError(f"{value!r} is not a project id (8 hex digits)")
+    return value
 
 
 def host_options(func):
@@ -89,8 +97,11 @@ def apply(host, known_hosts, private_ip):
 @host_options
 @env_option("--remote-dir", default="", help="The project folder; removed when it carries fatpipe's marker.")
 @env_option("--unit", required=True)
-def revert(host, known_hosts, private_ip, remote_dir, unit):
+@env_option("--cluster", check_node_name, default="", help="The cluster (default: the known_hosts file's folder).")
+@env_option("--project-id", check_project_id, default="", help="The project whose folder it is (default: this folder's).")
+def revert(host, known_hosts, private_ip, remote_dir, unit, cluster, project_id):
     """Undo the node profile on the host and remove fatpipe's files there."""
+    from fatpipe.infra.project import project_id_at
     from fatpipe.ops.profile import revert_profile
     from fatpipe.ops.projectdir import remove_project_dir
 
@@ -99,6 +110,9 @@ def revert(host, known_hosts, private_ip, remote_dir, unit):
     if done.get("firewall_restored") is False:  # someone changed the rules while fatpipe's were there
         click.echo(f"{host.where()}: fatpipe's firewall is removed, but the ruleset differs from the one "
                    "recorded before it (changes made since are kept)")
-    if remote_dir:  # as the login user, and only a folder that carries fatpipe's marker
-        removed = remove_project_dir(host.transport(known_hosts), remote_dir)
-        click.echo(f"{host.where()}: {PROJECT_FOLDER_NEWS[removed].format(remote_dir)}")
+    if remote_dir:  # as the login user, and only a folder that carries this project's marker
+        # The provisioner runs in the project folder (an older stack passes neither value).
+        project_id = project_id or project_id_at(Path.cwd(), create=False) or ""
+        cluster = cluster or Path(known_hosts).parent.name
+        removed, owner = remove_project_dir(host.transport(known_hosts), remote_dir, cluster, project_id)
+        click.echo(f"{host.where()}: {PROJECT_FOLDER_NEWS[removed].format(remote_dir, owner, project_id)}")

@@ -274,7 +274,7 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
 
     require_firewall(project, outputs, out)
     names = [n.name for n in rdzv.nodes]
-    require_data(project, outputs, _checker_python(rdzv))  # a node whose data differs: refused, named
+    require_data(project, outputs, _checker_python(rdzv), note(out))  # a node whose data differs: refused, named
     # The launched run becomes the latest (what status, logs and stop mean); one that never
     # started (nodes could not be prepared, a start refused) gives the mark back.
     before = latest_run_id(project, outputs.name)

@@ -21,9 +21,11 @@ UNIT_FILE = f"/etc/systemd/system/{UNIT}"
 DEFAULT_REMOTE_DIR = "fatpipe/{cluster}"
 REMOTE_VENV = ".fatpipe/venv"  # the venv holding torch, unless --remote-python names one
 REMOTE_PKG = ".fatpipe/pkg"  # the built-in trainer, shipped as fatpipe/trainer on PYTHONPATH
-# fatpipe's mark in a project folder it made (it holds the cluster's name): only a folder that
-# carries it is pushed into and removed by `down` (docs/ARCHITECTURE.md, "The project folder").
+# fatpipe's mark in a project folder it made (the cluster's name, then the project's id): only a
+# folder that carries this project's is pushed into and removed by `down` (docs/ARCHITECTURE.md,
+# "The project folder on a node").
 PROJECT_MARKER = ".fatpipe-project"
+PUSH_RECORD = ".fatpipe/pushed.json"  # what the project's pushes sent, so a push deletes only that
 # An absolute project folder must lie below a folder of this name: no system folder has it.
 ABSOLUTE_PARENT = "fatpipe"
 

@@ -20,7 +20,7 @@ from fatpipe.trainer.staging.check import PRUNED_PREFIX, verdict
 from fatpipe.trainer.staging.hashcache import HashCache
 from fatpipe.trainer.staging.names import UnsafeName, check_manifest
 
-from .projectdir import claim_project_dir
+from .projectdir import claim_and_say
 from .rendezvous import remote_dir
 from .transport import Transport, fan_out, transports_for
 
@@ -85,13 +85,13 @@ def node_workdir(outputs, node) -> str:
     return node.remote_dir or remote_dir(outputs.name, node.name)
 
 
-def ship_checker(project, cluster: str, t: Transport, workdir: str) -> None:
+def ship_checker(project, cluster: str, t: Transport, workdir: str, log=None) -> None:
     """The trainer package and the manifest folder onto one ssh node, into a project folder
     that is fatpipe's (claimed first, as every push does: docs/ARCHITECTURE.md, "The project
     folder on a node")."""
     from .prepare import SYNC_EXCLUDES, trainer_package_dir
 
-    claim_project_dir(t, workdir, cluster)
+    claim_and_say(t, workdir, cluster, project.project_id, log)
     steps = (
         ("copy the trainer", trainer_package_dir(), f"{workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES),
         ("copy the manifest", local_manifest_path(project, cluster).parent, f"{workdir}/{MANIFEST_DIR}",
@@ -104,9 +104,9 @@ def ship_checker(project, cluster: str, t: Transport, workdir: str) -> None:
 
 
 def check_node(project, outputs, node, t: Transport, python: str, rehash: bool = False,
-               prune: bool = False) -> NodeData:
+               prune: bool = False, log=None) -> NodeData:
     workdir = node_workdir(outputs, node)
-    ship_checker(project, outputs.name, t, workdir)
+    ship_checker(project, outputs.name, t, workdir, log)
     flags = ("--rehash " if rehash else "") + ("--prune " if prune else "")
     command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {shlex.quote(python)} -m "
                f"fatpipe.trainer.staging.check check {flags}{MANIFEST_DIR}/{LOCAL_MANIFEST} .")
@@ -121,7 +121,7 @@ def check_node(project, outputs, node, t: Transport, python: str, rehash: bool =
 
 
 def check_data(project, outputs, manifest: dict, python: str | None = None, rehash: bool = False,
-               prune: bool = False) -> list[NodeData]:
+               prune: bool = False, log=None) -> list[NodeData]:
     """Every node's verdict, in node order (nodes sharing this machine's files: one check for all).
 
     Each node skips files its hash cache knows unchanged; `rehash` reads every file again. `prune`
@@ -137,10 +137,10 @@ def check_data(project, outputs, manifest: dict, python: str | None = None, reha
     if any(t.shares_fs for t in transports):
         raise FatpipeError(f"cluster {outputs.name} mixes ssh nodes with local ones; data staging needs one kind")
     pairs = list(zip(outputs.nodes, transports, strict=True))
-    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3", rehash, prune), pairs)
+    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3", rehash, prune, log), pairs)
 
 
-def require_data(project, outputs, python: str | None = None) -> dict | None:
+def require_data(project, outputs, python: str | None = None, log=None) -> dict | None:
     """Refuse, in one line naming the node and the file, when a node's data differs from the manifest.
 
     Returns the manifest checked against; None when the cluster declares no [data].
@@ -151,7 +151,7 @@ def require_data(project, outputs, python: str | None = None) -> dict | None:
     if manifest is None:
         raise FatpipeError(f"cluster {outputs.name} declares [data] but none was staged: run "
                            f"`fatpipe data push {outputs.name}`")
-    bad = [v for v in check_data(project, outputs, manifest, python) if v.problem]
+    bad = [v for v in check_data(project, outputs, manifest, python, log=log) if v.problem]
     if bad:
         shown = "; ".join(f"node {v.node}: {v.problem}" for v in bad)
         raise FatpipeError(f"data differs from the manifest on {shown} (`fatpipe data push {outputs.name}` "

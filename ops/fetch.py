@@ -115,7 +115,7 @@ def agree(names: list[str], manifests: list[dict]) -> tuple[dict, list[str]]:
 
 
 def fetch_data(project, outputs, spec, remote_python: str | None = None,
-               progress: NodeProgress | None = None) -> tuple[dict, dict[str, int], dict[str, list[str]]]:
+               progress: NodeProgress | None = None, log=None) -> tuple[dict, dict[str, int], dict[str, list[str]]]:
     """Every node fetches the remote source; (the agreed manifest, bytes each node fetched, the files
     each node removed because the source no longer lists them)."""
     spec_path = write_fetch_spec(project, outputs.name, spec)
@@ -131,7 +131,7 @@ def fetch_data(project, outputs, spec, remote_python: str | None = None,
         def on_node(pair) -> dict:
             node, t = pair
             workdir = node_workdir(outputs, node)
-            ship_checker(project, outputs.name, t, workdir)
+            ship_checker(project, outputs.name, t, workdir, log)
             return run_fetch(t, node.name, workdir, remote_python, f"{MANIFEST_DIR}/{FETCH_SPEC}", progress)
         manifests = fan_out(on_node, list(zip(outputs.nodes, transports, strict=True)))
     reference, odd = agree(names, manifests)

@@ -16,14 +16,15 @@ from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from .datacheck import data_excludes
 from .noderun import Log, NodeRun
 from .nodewheels import build_node_envs
-from .projectdir import claim_project_dir
+from .projectdir import claim_and_say
+from .projectsync import push_project
 from .runsync import push_run
 
 # Never shipped to nodes, on top of each folder's .gitignore.
 SYNC_EXCLUDES = (
     ".git", ".venv", "venv", ".fatpipe", "cdktf.out", "__pycache__", "*.pyc", "node_modules",
     ".tools", ".pytest_cache", ".ruff_cache", "*.egg-info", "build", "dist",
-    PROJECT_MARKER,  # the node's own mark: excluded, so `--delete` keeps it
+    PROJECT_MARKER,  # the node's own mark: never sent, never deleted
 )
 
 
@@ -48,14 +49,16 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     t, plan = node.transport, node.plan
     if t.shares_fs:
         return
-    claim_project_dir(t, plan.workdir, node.rdzv.cluster)  # never push into a folder that is not fatpipe's
+    claim_and_say(t, plan.workdir, node.rdzv.cluster, project.project_id, log)  # never another's folder
     # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
-    # never shipped again, never deleted by --delete.
+    # never shipped again, never deleted. Nor is the run folder, nor anything a run wrote
+    # (ops.projectsync deletes only what an earlier push sent and this project no longer has).
     excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
+    started = time.monotonic()
+    for line in push_project(t, project.root, plan.workdir, (*excludes, f"/{node.rdzv.run_rel}/")).lines():
+        log(f"{node.name}: {line}")
+    log(f"{node.name}: copy the project folder ({time.monotonic() - started:.1f} s)")
     steps: list[tuple[str, Callable[[], object]]] = [
-        # --delete for code, never inside the run folder (excluded files are not deleted).
-        ("copy the project folder",
-         lambda: t.push(project.root, plan.workdir, (*excludes, f"/{node.rdzv.run_rel}/"))),
         # The run's inputs only: what the node made there (checkpoints, logs, metrics) stays.
         ("copy the run's inputs", lambda: push_run(node, run_dir)),
     ]

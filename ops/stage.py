@@ -88,7 +88,7 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
         from .fetch import fetch_data
 
         log(f"every node fetches {spec.source} itself")
-        manifest, fetched, removed = fetch_data(project, outputs, spec, remote_python, node_progress)
+        manifest, fetched, removed = fetch_data(project, outputs, spec, remote_python, node_progress, log)
         return PushResult(manifest, [], fetched=fetched, removed=removed, elapsed_s=time.monotonic() - started)
     manifest, source = make_manifest(project, outputs.name)
     log(f"manifest: {len(manifest['files'])} file(s), {manifest['total_bytes']} bytes, "
@@ -96,7 +96,7 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
     transports = transports_for(outputs, project.state_dir(outputs.name))
     if all(t.shares_fs for t in transports):
         return _stage_here(project, manifest, source, outputs, started)
-    before = check_data(project, outputs, manifest, remote_python, prune=True)
+    before = check_data(project, outputs, manifest, remote_python, prune=True, log=log)
     result = PushResult(manifest, before, removed={v.node: list(v.removed) for v in before if v.removed})
     if before[0].problem:
         log(f"{outputs.nodes[0].name}: {before[0].problem}: copying over the uplink")

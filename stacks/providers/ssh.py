@@ -22,7 +22,8 @@ class Ssh(Provider):
         from .ssh_stack import SshClusterConstruct
 
         plan = profile_plan(cluster, cluster.mtu, self.nccl_env(cluster), packages=cluster.install_packages)
-        return SshClusterConstruct(scope, "cluster_resources", cluster=cluster, profile=plan)
+        return SshClusterConstruct(scope, "cluster_resources", cluster=cluster, profile=plan,
+                                   project_id=project.project_id)
 
     def machine(self, cluster, root: Path | None = None) -> MachineType:
         return MachineType("your machines", None, None, vcpus=0, memory_gib=0.0)

@@ -42,7 +42,7 @@ def host_environment(keys: tuple[str, ...]) -> dict[str, str]:
 class SshClusterConstruct(ClusterConstruct):
     """The hosts (`hosts`, one terraform_data each) and the `cluster` output that reaches them."""
 
-    def __init__(self, scope, id: str, *, cluster, profile: dict):
+    def __init__(self, scope, id: str, *, cluster, profile: dict, project_id: str):
         super().__init__(scope, id)
         digest = hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:16]
         self.hosts, nodes = [], []
@@ -66,7 +66,10 @@ class SshClusterConstruct(ClusterConstruct):
                     LocalExecProvisioner(type="local-exec", when="destroy", command="revert",
                                          interpreter=host_interpreter(), working_dir=ROOT_FROM_STACK_DIR,
                                          environment={**host_environment((*HOST_KEYS, "remote_dir")),
-                                                      f"{HOST_ENV_PREFIX}UNIT": literal(UNIT)}),
+                                                      f"{HOST_ENV_PREFIX}UNIT": literal(UNIT),
+                                                      # whose folder `down` may remove (ops.projectdir)
+                                                      f"{HOST_ENV_PREFIX}CLUSTER": literal(cluster.name),
+                                                      f"{HOST_ENV_PREFIX}PROJECT_ID": literal(project_id)}),
                 ],
             )
             resource.add_override("input", literal_map(values))

@@ -76,7 +76,8 @@ def test_down_removes_only_the_folder_fatpipe_made(rented_machines):
     assert "not made by fatpipe" in errors[0]
     assert contents(theirs) == {USER_FILE: "the user's own\n"}
     # The other host's folder is fatpipe's: made, marked, and the mark survives the push's --delete.
-    assert (ours / PROJECT_MARKER).read_text() == f"{RENTED}\n"
+    project_id = (folder / ".fatpipe" / "project-id").read_text().strip()
+    assert (ours / PROJECT_MARKER).read_text() == f"{RENTED}\n{project_id}\n"
     assert (ours / "hello.py").is_file()
 
     down = fatpipe(folder, "down", RENTED, timeout=300)

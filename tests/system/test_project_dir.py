@@ -1,6 +1,7 @@
 """The project folder's ownership snippets (`ops.projectdir`) run by real bash, on this machine.
 
-The end-to-end proof over SSH (push refused, `down` keeps or removes) is in test_down_safe.py.
+The end-to-end proofs over SSH (push refused, `down` keeps or removes; two projects on the same
+hosts) are in test_down_safe.py and test_node_folder.py.
 """
 
 from __future__ import annotations
@@ -9,60 +10,91 @@ import pytest
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER
-from fatpipe.ops.projectdir import claim_project_dir, remove_project_dir
+from fatpipe.ops.projectdir import claim_and_say, claim_project_dir, remove_project_dir
 from fatpipe.ops.transport import LocalTransport
 
 NODE = LocalTransport("lab-0")
+OURS, THEIRS = "0a1b2c3d", "9f8e7d6c"
 
 
-def test_a_new_folder_is_made_and_marked_with_the_cluster(tmp_path):
+def test_a_new_folder_is_made_and_marked_with_the_cluster_and_the_project(tmp_path):
     folder = tmp_path / "fatpipe" / "lab"
-    claim_project_dir(NODE, str(folder), "lab")
-    assert (folder / PROJECT_MARKER).read_text() == "lab\n"
-    claim_project_dir(NODE, str(folder), "lab")  # its own folder again: fine
+    assert claim_project_dir(NODE, str(folder), "lab", OURS) == "made"
+    assert (folder / PROJECT_MARKER).read_text() == f"lab\n{OURS}\n"
+    assert claim_project_dir(NODE, str(folder), "lab", OURS) == "ours"  # its own folder again: fine
     (folder / "train.py").write_text("x")
-    claim_project_dir(NODE, str(folder), "lab")
+    assert claim_project_dir(NODE, str(folder), "lab", OURS) == "ours"
 
 
 def test_an_empty_folder_is_adopted(tmp_path):
-    claim_project_dir(NODE, str(tmp_path), "lab")
-    assert (tmp_path / PROJECT_MARKER).read_text() == "lab\n"
+    assert claim_project_dir(NODE, str(tmp_path), "lab", OURS) == "made"
+    assert (tmp_path / PROJECT_MARKER).read_text() == f"lab\n{OURS}\n"
+
+
+def test_an_earlier_fatpipes_marker_of_the_cluster_is_adopted_once_and_said(tmp_path):
+    folder = tmp_path / "lab"
+    folder.mkdir()
+    (folder / PROJECT_MARKER).write_text("lab\n")
+    (folder / "ckpt.pt").write_text("a run's")
+    said: list[str] = []
+    claim_and_say(NODE, str(folder), "lab", OURS, said.append)
+    claim_and_say(NODE, str(folder), "lab", OURS, said.append)
+    assert len(said) == 1 and "lab-0" in said[0] and str(folder) in said[0] and OURS in said[0]
+    assert "without a project id" in said[0]
+    assert (folder / PROJECT_MARKER).read_text() == f"lab\n{OURS}\n" and (folder / "ckpt.pt").is_file()
+    with pytest.raises(FatpipeError, match=f"of project {OURS}"):  # and now it is ours alone
+        claim_project_dir(NODE, str(folder), "lab", THEIRS)
 
 
 @pytest.mark.parametrize("make,words", [
     (lambda f: (f.mkdir(), (f / "notes.txt").write_text("mine")), "is not empty and was not made by fatpipe"),
     (lambda f: (f.mkdir(), (f / ".hidden").mkdir()), "is not empty and was not made by fatpipe"),
-    (lambda f: (f.mkdir(), (f / PROJECT_MARKER).write_text("other\n")), "belongs to cluster 'other'"),
+    (lambda f: (f.mkdir(), (f / PROJECT_MARKER).write_text("other\n")),
+     "belongs to cluster 'other' (marked by an earlier fatpipe)"),
+    (lambda f: (f.mkdir(), (f / PROJECT_MARKER).write_text(f"lab\n{THEIRS}\n")),
+     f"belongs to cluster 'lab' of project {THEIRS} (its {PROJECT_MARKER}), not to this project ({OURS}, "
+     "cluster 'lab')"),
+    (lambda f: (f.mkdir(), (f / PROJECT_MARKER).write_text(f"other\n{OURS}\n")),
+     f"belongs to cluster 'other' of project {OURS}"),
+    (lambda f: (f.mkdir(), (f / PROJECT_MARKER).write_text("lab\nsome thing else\n")),
+     "belongs to cluster 'lab' of project something"),
     (lambda f: f.write_text("a file"), "is not a folder"),
 ])
 def test_a_folder_that_is_not_ours_is_refused_and_kept(tmp_path, make, words):
     folder = tmp_path / "home"
     make(folder)
-    before = sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*"))
+    before = sorted((p.name, p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*"))
     with pytest.raises(FatpipeError) as e:
-        claim_project_dir(NODE, str(folder), "lab")
+        claim_project_dir(NODE, str(folder), "lab", OURS)
     message = str(e.value)
     assert "\n" not in message and "lab-0" in message and str(folder) in message and words in message
-    assert sorted((p.name, p.stat().st_size) for p in tmp_path.rglob("*")) == before
+    assert sorted((p.name, p.read_bytes() if p.is_file() else b"") for p in tmp_path.rglob("*")) == before
 
 
 def test_values_are_arguments_never_script(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     folder = tmp_path / "a $(touch pwned) `touch pwned2`; b"
-    claim_project_dir(NODE, str(folder), "lab; touch pwned3")
-    assert (folder / PROJECT_MARKER).read_text() == "lab; touch pwned3\n"
-    assert remove_project_dir(NODE, str(folder)) == "removed" and not folder.exists()
+    claim_project_dir(NODE, str(folder), "lab; touch pwned3", OURS)
+    assert (folder / PROJECT_MARKER).read_text() == f"lab; touch pwned3\n{OURS}\n"
+    assert remove_project_dir(NODE, str(folder), "lab; touch pwned3", OURS) == ("removed", "")
+    assert not folder.exists()
     assert not list(tmp_path.glob("pwned*"))
 
 
-def test_down_removes_only_a_marked_folder(tmp_path):
-    ours, theirs = tmp_path / "ours", tmp_path / "theirs"
-    claim_project_dir(NODE, str(ours), "lab")
+def test_down_removes_only_this_projects_folder(tmp_path):
+    ours, theirs, other, legacy = (tmp_path / name for name in ("ours", "theirs", "other", "legacy"))
+    claim_project_dir(NODE, str(ours), "lab", OURS)
     (ours / "checkpoints").mkdir()
     (ours / "checkpoints" / "step-1.pt").write_text("x")
     theirs.mkdir()
     (theirs / "authorized_keys").write_text("ssh-ed25519 AAAA")
-    assert remove_project_dir(NODE, str(theirs)) == "kept"
+    claim_project_dir(NODE, str(other), "lab", THEIRS)
+    legacy.mkdir()
+    (legacy / PROJECT_MARKER).write_text("lab\n")
+    assert remove_project_dir(NODE, str(theirs), "lab", OURS) == ("kept", "")
     assert (theirs / "authorized_keys").read_text() == "ssh-ed25519 AAAA"
-    assert remove_project_dir(NODE, str(ours)) == "removed" and not ours.exists()
-    assert remove_project_dir(NODE, str(ours)) == "absent"
+    assert remove_project_dir(NODE, str(other), "lab", OURS) == ("other", f"cluster 'lab' of project {THEIRS}")
+    assert (other / PROJECT_MARKER).is_file()
+    assert remove_project_dir(NODE, str(ours), "lab", OURS) == ("removed", "") and not ours.exists()
+    assert remove_project_dir(NODE, str(ours), "lab", OURS) == ("absent", "")
+    assert remove_project_dir(NODE, str(legacy), "lab", OURS) == ("removed", "")  # an earlier fatpipe's, this cluster

@@ -150,18 +150,23 @@ def test_ssh_node_takes_the_host_from_the_environment(monkeypatch, tmp_path):
     monkeypatch.setattr("fatpipe.ops.profile.revert_profile",
                         lambda host, unit, known: seen.update(host=host, unit=unit) or {})
     monkeypatch.setattr("fatpipe.ops.projectdir.remove_project_dir",
-                        lambda transport, folder: seen.update(remove=folder) or "absent")
+                        lambda transport, folder, cluster, project: seen.update(
+                            remove=folder, owner=(cluster, project)) or ("absent", ""))
     env = {"FATPIPE_HOST_NAME": "r-0", "FATPIPE_HOST_ADDRESS": "203.0.113.10", "FATPIPE_HOST_PORT": "2222",
            "FATPIPE_HOST_USER": "ubuntu", "FATPIPE_HOST_KEY_FILE": str(tmp_path / "$(touch x) key"),
            "FATPIPE_HOST_KNOWN_HOSTS": str(tmp_path / "kh"), "FATPIPE_HOST_PRIVATE_IP": "10.0.0.10",
-           "FATPIPE_HOST_REMOTE_DIR": "fatpipe/$(touch x)", "FATPIPE_HOST_UNIT": "fatpipe-net.service"}
+           "FATPIPE_HOST_REMOTE_DIR": "fatpipe/$(touch x)", "FATPIPE_HOST_UNIT": "fatpipe-net.service",
+           "FATPIPE_HOST_CLUSTER": "r", "FATPIPE_HOST_PROJECT_ID": "0a1b2c3d"}
     done = CliRunner().invoke(cli, ["ssh-node", "revert"], env=env)
     assert done.exit_code == 0, done.output
     host = seen["host"]
     assert (host.name, host.address, host.port, host.user) == ("r-0", "203.0.113.10", 2222, "ubuntu")
     assert host.key_file == str(tmp_path / "$(touch x) key") and seen["remove"] == "fatpipe/$(touch x)"
+    assert seen["owner"] == ("r", "0a1b2c3d")  # down removes the folder only when it is this project's
     bad = CliRunner().invoke(cli, ["ssh-node", "revert"], env={**env, "FATPIPE_HOST_ADDRESS": "-oProxyCommand=x"})
     assert bad.exit_code == 2 and "--address" in bad.output
+    bad = CliRunner().invoke(cli, ["ssh-node", "revert"], env={**env, "FATPIPE_HOST_PROJECT_ID": "$(id)"})
+    assert bad.exit_code == 2 and "--project-id" in bad.output
 
 
 @pytest.mark.parametrize("node,cluster_user", [
