@@ -16,7 +16,7 @@ from rich.markup import escape
 
 from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
 from .render import note
-from .steps import changing
+from .signals import changing
 
 # name -> ("module:attribute", one-line help): add a data subcommand here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {

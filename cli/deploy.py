@@ -12,7 +12,8 @@ from .options import (
     verbose_option,
     yes_option,
 )
-from .steps import changing, deploy_outputs
+from .signals import changing
+from .steps import deploy_outputs
 
 
 @click.command()

@@ -7,7 +7,8 @@ import sys
 import click
 
 from .options import cluster_argument, console, engine_option, pass_project, verbose_option
-from .steps import TeardownAbandoned, changing, guarded_teardown, terraform_log
+from .signals import TeardownAbandoned, changing, guarded_teardown
+from .steps import terraform_log
 
 
 @click.command()

@@ -12,7 +12,8 @@ from dataclasses import asdict
 
 from .options import silence_output
 from .render import escape
-from .steps import TeardownAbandoned, guarded_teardown, terraform_log
+from .signals import TeardownAbandoned, guarded_teardown
+from .steps import terraform_log
 
 USER_ASKED = (130, 143)  # Ctrl-C, SIGTERM
 

@@ -17,7 +17,8 @@ from .options import (
     train_overrides,
     unreachable_option,
 )
-from .steps import changing, new_rendezvous, run_training
+from .signals import changing
+from .steps import new_rendezvous, run_training
 
 
 @click.command(cls=ScriptCommand)

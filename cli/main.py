@@ -65,7 +65,7 @@ class LazyGroup(click.Group):
             error.exit_code = e.exit_code
             raise error from None
         except KeyboardInterrupt:  # Ctrl-C, or SIGTERM where a command takes it so: no traceback
-            from .steps import TERMINATED
+            from .signals import TERMINATED
 
             click.echo("terminated" if TERMINATED.is_set() else "interrupted", err=True)
             ctx.exit(143 if TERMINATED.is_set() else 130)

@@ -7,7 +7,8 @@ import click
 from fatpipe.infra.defaults import P2P_TOOLS
 
 from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
-from .steps import changing, run_netcheck
+from .signals import changing
+from .steps import run_netcheck
 
 
 def _size(ctx, param, value):

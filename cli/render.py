@@ -281,20 +281,3 @@ def pairs_matrix(pairs: dict, tier_gbps: float, console) -> None:
 
 def _gbps_cell(value) -> str:
     return "-" if value is None else f"{value:.3f}"
-
-
-def print_rendezvous(rdzv, run_dir) -> None:
-    from .options import console
-
-    out = console()
-    out.print(f"run [bold]{rdzv.run_id}[/]: {rdzv.nnodes} node(s) x {rdzv.nproc_per_node} process(es), "
-              f"c10d at {rdzv.rdzv_endpoint}, max restarts {rdzv.max_restarts}")
-    from fatpipe.ops.nodefiles import planned_group_ranks
-
-    ranks = planned_group_ranks([n.private_ip for n in rdzv.nodes])  # torch's order, not the nodes'
-    for node in rdzv.nodes:
-        where = node.netns or node.public_ip or node.transport
-        out.print(f"  node {node.rank:<3} group rank {ranks[node.rank]:<3} {node.name:<20} {node.private_ip:<15} "
-                  f"{node.transport:<6} {where}")
-    out.print(f"files in {run_dir}; on a node, from the project folder: "
-              f"bash {rdzv.run_rel}/node-<node>.sh", markup=False)

@@ -4,8 +4,14 @@ from __future__ import annotations
 
 import click
 
-from .options import ScriptCommand, cluster_argument, pass_project, run_options, train_overrides
-from .render import print_rendezvous
+from .options import (
+    ScriptCommand,
+    cluster_argument,
+    console,
+    pass_project,
+    run_options,
+    train_overrides,
+)
 from .steps import new_rendezvous
 
 
@@ -28,3 +34,18 @@ def rendezvous(project, cluster: str | None, outputs_file):
     rdzv, run_dir = new_rendezvous(project, outputs)
     mark_latest(project, outputs.name, rdzv.run_id)
     print_rendezvous(rdzv, run_dir)
+
+
+def print_rendezvous(rdzv, run_dir) -> None:
+    out = console()
+    out.print(f"run [bold]{rdzv.run_id}[/]: {rdzv.nnodes} node(s) x {rdzv.nproc_per_node} process(es), "
+              f"c10d at {rdzv.rdzv_endpoint}, max restarts {rdzv.max_restarts}")
+    from fatpipe.ops.nodefiles import planned_group_ranks
+
+    ranks = planned_group_ranks([n.private_ip for n in rdzv.nodes])  # torch's order, not the nodes'
+    for node in rdzv.nodes:
+        where = node.netns or node.public_ip or node.transport
+        out.print(f"  node {node.rank:<3} group rank {ranks[node.rank]:<3} {node.name:<20} {node.private_ip:<15} "
+                  f"{node.transport:<6} {where}")
+    out.print(f"files in {run_dir}; on a node, from the project folder: "
+              f"bash {rdzv.run_rel}/node-<node>.sh", markup=False)

@@ -8,7 +8,8 @@ import json
 import click
 
 from .options import cluster_argument, console, pass_project
-from .steps import changing, node_gone, pull_results
+from .signals import changing
+from .steps import node_gone, pull_results
 
 
 class DefaultToList(click.Group):

@@ -39,10 +39,8 @@ from .options import (
     yes_option,
 )
 from .render import Phases, escape, note, readiness_table, summary_table
+from .signals import TERMINATED, Terminated, changing
 from .steps import (
-    TERMINATED,
-    Terminated,
-    changing,
     deploy_outputs,
     new_rendezvous,
     require_ready,

@@ -31,7 +31,7 @@ TRAINER_FOLDERS = {
 }
 BUILT_IN = {"__main__", "train"}
 # cli modules every command may use; a command module never imports another command module.
-CLI_SHARED = {"__init__", "__main__", "main", "options", "render", "steps", "downafter"}
+CLI_SHARED = {"__init__", "__main__", "main", "options", "render", "steps", "downafter", "signals"}
 MAX_MODULE_LINES = 300
 MAX_PARAMETERS = 8
 

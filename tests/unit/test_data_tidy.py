@@ -10,6 +10,7 @@ import subprocess
 import sys
 
 from fatpipe.trainer.shards import listed_only
+from fatpipe.trainer.staging.chainfiles import Files
 from fatpipe.trainer.staging.check import PRUNED_PREFIX
 from fatpipe.trainer.staging.manifest import (
     MANIFEST_NAME,
@@ -18,7 +19,7 @@ from fatpipe.trainer.staging.manifest import (
     build_manifest,
     write_manifest,
 )
-from fatpipe.trainer.staging.stage import Files, finish_files
+from fatpipe.trainer.staging.stage import finish_files
 from fatpipe.trainer.staging.tidy import extra_files, prune
 
 CHUNK = 1 << 16

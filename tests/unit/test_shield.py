@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from fatpipe.cli import steps
+from fatpipe.cli import signals as steps
 from fatpipe.stacks.shield import hold_signals, shield_cdk_runtime, stream
 
 # Stands in for terraform: its own session, stops gracefully on the first SIGINT, leaves a child

@@ -25,12 +25,12 @@ import argparse
 import datetime
 import json
 import os
-import shutil
 import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fatpipe.trainer.staging.chainfiles import Files
 from fatpipe.trainer.staging.manifest import (
     PARTIAL_SUFFIX,
     ChunkCheck,
@@ -42,9 +42,6 @@ from fatpipe.trainer.staging.manifest import (
 from fatpipe.trainer.staging.names import (
     UnsafeName,
     check_manifest,
-    dataset_base,
-    open_nofollow,
-    writable_target,
 )
 
 RESULT_PREFIX = "STAGE_JSON "
@@ -98,44 +95,6 @@ def plan(manifest: dict, held: list[list[list[bool]]], place: int, piece_size: i
                 tasks.append(Task((tag - 1) * per_chunk + p + 1, f, c * size + at, min(piece_size, length - at),
                                   receive=place > source, write=place in takers, send=place < last))
     return tasks
-
-
-class Files:
-    """The partial copies this rank writes into, open for the whole chain."""
-
-    def __init__(self, manifest: dict, root: Path):
-        self.manifest, self.root, self.open = manifest, root, {}
-
-    def partial(self, f: int):
-        if f not in self.open:
-            entry = self.manifest["files"][f]
-            base = dataset_base(self.manifest, self.root)
-            target = writable_target(base, file_target(self.manifest, self.root, entry["name"]))
-            part = writable_target(base, target.with_name(target.name + PARTIAL_SUFFIX))
-            if target.is_file():  # what it holds was hashed from here: patch a copy, a new inode
-                part.unlink(missing_ok=True)
-                shutil.copyfile(target, part)
-            handle = open_nofollow(part, os.O_RDWR | os.O_CREAT)
-            handle.truncate(entry["size"])
-            self.open[f] = handle
-        return self.open[f]
-
-    def read(self, task: Task, into: memoryview) -> None:
-        """A chunk this rank holds: from its open partial copy, else from the file (or its partial copy)."""
-        handle = self.open.get(task.file)
-        if handle is None:
-            target = file_target(self.manifest, self.root, self.manifest["files"][task.file]["name"])
-            path = target if target.is_file() else target.with_name(target.name + PARTIAL_SUFFIX)
-            with open_nofollow(path, os.O_RDONLY) as f:
-                f.seek(task.offset)
-                f.readinto(into)
-            return
-        handle.seek(task.offset)
-        handle.readinto(into)
-
-    def close(self) -> None:
-        for handle in self.open.values():
-            handle.close()
 
 
 def run_chain(tasks: list[Task], files: Files, check: ChunkCheck, peers: tuple[int, int], progress) -> int:
