@@ -161,9 +161,13 @@ echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
         exited (tail --pid), after printing the rest; a follower that lost its connection
         resumes where it was."""
         start = f"-c +{int(offset) + 1}"
-        if not follow:  # a log not (or no longer) there has nothing to add
-            return self.sh(f"if [ -e {self.log} ]; then exec tail {start} {self.log}; fi")
-        return self.sh(f'exec tail {start} -s 0.5 -F --pid="$(cat {self.pid})" {self.log} 2>/dev/null')
+        rest = f"if [ -e {self.log} ]; then exec tail {start} {self.log}; fi"  # a log not there adds nothing
+        if not follow:
+            return self.sh(rest)
+        # tail waits on the wrapper's pid only while it is the run's (a reused pid is a stranger's).
+        pid = self._runproc("pid", self.pid, self.ident)
+        return self.sh(f'p=$({pid}); if [ -n "$p" ]; then '
+                       f'exec tail {start} -s 0.5 -F --pid="$p" {self.log} 2>/dev/null; fi; {rest}')
 
     def status_command(self) -> str:
         """Prints the node's exit status, running, lost (its process is gone, or its pid is

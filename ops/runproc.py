@@ -15,6 +15,7 @@ wrapper's pid and start time: no other wrapper's workers carry it.
 Standard library only, Python 3.8: `noderun` sends this file to the node as `python3 -c`, run
 from the project folder, with the action and the run's per-node file names as arguments:
     status PID IDENT EXIT          prints the exit status, running, lost or not-started
+    pid PID IDENT                  prints the wrapper's pid while it is the run's, else nothing
     stop PID IDENT EXIT STOP WAIT_S
 """
 
@@ -213,6 +214,9 @@ def main(argv: list[str]) -> int:
     action, files = argv[0], argv[1:]
     if action == "status":
         print(status(*files[:3]))
+    elif action == "pid":  # what a follower's `tail --pid` may wait on: never a stranger
+        wrapper = Wrapper(*files[:2])
+        print(wrapper.pid if wrapper.alive() else "")
     elif action == "stop":
         stop(*files[:4], float(files[4]))
     else:

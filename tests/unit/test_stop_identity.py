@@ -96,6 +96,9 @@ def test_a_reused_pid_reads_lost_and_stop_leaves_its_process_alone(tmp_path, str
               strangers(**{AGENT_TAG_ENV: f"fatpipe-{stranger.pid}-0"})]
     files(n).with_suffix(".pid").write_text(f"{stranger.pid}\n")
     assert n.status() == "lost"
+    # A follower prints the log and ends: it does not wait on the stranger as if it were the run.
+    follow = n.transport.run(n.follow_command(follow=True), timeout=20)
+    assert follow.ok, follow.reason()
     stop_nodes([n])
     assert untouched(stranger) and all(untouched(t) for t in tagged)
     assert n.status() == "lost" and not files(n).with_suffix(".stop").exists()
