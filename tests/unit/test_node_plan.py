@@ -162,3 +162,21 @@ def test_each_node_line_says_what_this_machine_knows_it_holds_and_only_a_termina
     out = capsys.readouterr().out
     assert out.count("holds: 1 run folder(s) (newest 20261203-090000-abcd, step 41; checkpoints and outputs on the nodes), "
                      "staged data tokens (2.50 GB)") == 2, out
+
+
+@pytest.mark.parametrize("command", ["deploy", "up"])
+def test_replace_reaches_the_deploy_of_both_commands(command, project_dir, run_cli, monkeypatch):
+    from fatpipe.stacks import engine
+
+    (project_dir / "fatpipe.toml").write_text('[clusters.lab]\nprovider = "sim"\nnodes = 2\nisolation = "loopback"\n')
+    answers = []
+
+    def deploy(project, name, **kwargs):
+        answers.append(kwargs["approve"]([NodeChange("lab-0", "a", "replace", ("tier 1g -> 10g",))]))
+        raise FatpipeError("stop here")
+
+    monkeypatch.setattr(engine, "deploy_cluster", deploy)
+    for flags in ([], ["--replace"]):
+        result = run_cli(command, "lab", *flags)
+        assert "lab-0: replace (tier 1g -> 10g); holds: " in result.output and result.exit_code != 0, result.output
+    assert answers == [False, True]
