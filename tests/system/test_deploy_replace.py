@@ -2,10 +2,11 @@
 
 AWS: terraform with the real hashicorp/aws provider against moto's server (the emulator override
 of tests/system/test_aws_emulator.py). A version bump, new requirements and another torch deploy
-with no change to any instance; a machine type change (an in-place stop and start) and new boot
-tuning (`max_rtt_ms`: new user data, a replace) are refused without `--replace`, one line per node, the state
-untouched; `--replace` goes through; an instance terminated behind fatpipe's back is made again
-with no flag. Sim (loopback, both engines): a tier change replaces each node and fewer nodes
+with no change to any instance; a machine type change (an in-place stop and start) is refused
+without `--replace`, one line per node, the state untouched; `--replace` goes through, the same
+instances now of the new type. (Each apply with the real provider costs minutes on a loaded
+machine: a replace and a node made again after it is gone are read from real plans in the sim
+test below and in tests/unit/test_node_plan.py.) Sim (loopback, both engines): a tier change replaces each node and fewer nodes
 destroy one, each refused without `--replace`; cdktf's deploy plans with terraform too.
 """
 
@@ -46,10 +47,9 @@ def digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
-def aws_toml(key: Path, instance_type: str, max_rtt_ms: int = 10) -> str:
+def aws_toml(key: Path, instance_type: str) -> str:
     return (f'[clusters.{CLUSTER}]\nprovider = "aws"\nregion = "us-east-1"\nnodes = {NODES}\ntier = "1g"\n'
-            f'max_rtt_ms = {max_rtt_ms}\ninstance_type = "{instance_type}"\nssh_public_key = "{key}"\n'
-            'ssh_cidr = "203.0.113.7/32"\n')
+            f'instance_type = "{instance_type}"\nssh_public_key = "{key}"\nssh_cidr = "203.0.113.7/32"\n')
 
 
 def instances(ec2) -> dict[str, tuple[str, str]]:
@@ -115,26 +115,9 @@ def test_aws_nodes_change_only_when_asked(aws_mirror, moto_server, tmp_path, mon
         assert "nothing was changed" in refused.stderr and "--replace" in refused.stderr
         assert digest(state) == before and instances(ec2) == made
 
-        # Another round trip to size TCP for, the same type: new boot tuning in the user data,
-        # so new instances.
-        toml.write_text(aws_toml(key, "c5n.xlarge", max_rtt_ms=50))
-        refused = fatpipe(tmp_path, env, "deploy", "--engine", "terraform", "--yes")
-        assert refused.returncode != 0
-        assert refused.stdout.count(": replace (user_data); holds: ") == NODES, refused.stdout
-        assert digest(state) == before and instances(ec2) == made
-
-        toml.write_text(aws_toml(key, "c5n.2xlarge"))
         replaced = fatpipe(tmp_path, env, "deploy", "--engine", "terraform", "--yes", "--replace")
         assert replaced.returncode == 0, replaced.stdout + replaced.stderr
         assert instances(ec2) == {name: (iid, "c5n.2xlarge") for name, (iid, _) in made.items()}
-
-        # An instance terminated behind fatpipe's back is gone: made again, with no question.
-        ec2.terminate_instances(InstanceIds=[made[f"{CLUSTER}-1"][0]])
-        again = fatpipe(tmp_path, env, "deploy", "--engine", "terraform", "--yes")
-        assert again.returncode == 0, again.stdout + again.stderr
-        now = instances(ec2)
-        assert now[f"{CLUSTER}-0"] == (made[f"{CLUSTER}-0"][0], "c5n.2xlarge")
-        assert now[f"{CLUSTER}-1"][0] != made[f"{CLUSTER}-1"][0]
     finally:
         down = fatpipe(tmp_path, env, "down", "--engine", "terraform")
     assert down.returncode == 0, down.stdout + down.stderr
