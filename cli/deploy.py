@@ -9,6 +9,7 @@ from .options import (
     console,
     engine_option,
     pass_project,
+    replace_option,
     verbose_option,
     yes_option,
 )
@@ -20,9 +21,10 @@ from .steps import deploy_outputs
 @cluster_argument
 @engine_option
 @yes_option
+@replace_option
 @verbose_option
 @pass_project
-def deploy(project, cluster: str | None, engine: str, yes: bool, verbose: bool):
+def deploy(project, cluster: str | None, engine: str, yes: bool, replace: bool, verbose: bool):
     """Create the cluster's nodes and write its outputs (the input of every later command)."""
     from fatpipe.infra.runs import outputs_file
     from fatpipe.ops.launch import refuse_if_running
@@ -36,7 +38,7 @@ def deploy(project, cluster: str | None, engine: str, yes: bool, verbose: bool):
         if wheel:
             out.print(wheel)
         try:
-            outputs = deploy_outputs(project, name, engine, yes, verbose)
+            outputs = deploy_outputs(project, name, engine, yes, verbose, replace)
         except KeyboardInterrupt:
             out.print(f"[yellow]interrupted[/]: the engine stopped and saved its state; `fatpipe deploy {name}` "
                       f"finishes the deployment, `fatpipe down {name}` removes what it made", soft_wrap=True)

@@ -35,6 +35,10 @@ engine_option = click.option(
     help="What applies the synthesized stack.",
 )
 yes_option = click.option("-y", "--yes", is_flag=True, help="Do not ask before creating paid cloud resources.")
+replace_option = click.option(
+    "--replace", is_flag=True,
+    help="Go on when the plan replaces, destroys or stops existing nodes (what they hold is lost, their "
+         "run ends); without it, deploy asks on a terminal and otherwise stops before changing anything.")
 verbose_option = click.option("-v", "--verbose", is_flag=True, help="Show the deploy engine's full output.")
 unreachable_option = click.option(
     "--unreachable-timeout", "unreachable_s", type=click.FloatRange(1), default=UNREACHABLE_TIMEOUT_S,
@@ -198,3 +202,20 @@ def resolve_train(project, overrides: dict):
     for warning in train_warnings(spec):
         console(stderr=True).print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
     return spec
+
+
+def approve_node_changes(project, name: str, changes, replace: bool) -> bool:
+    """`replace_option`'s question: one line per node the plan would replace, destroy or stop and
+    start (stacks.nodeplan), then yes with --replace, else the user's answer on a terminal alone."""
+    import sys
+
+    from fatpipe.ops.nodeholdings import change_lines
+
+    out = console()
+    for line in change_lines(project, name, changes):
+        out.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
+    if replace:
+        return True
+    if not sys.stdin.isatty():
+        return False
+    return click.confirm(f"Apply this to {name}? What these nodes hold is lost", default=False, err=True)

@@ -59,14 +59,18 @@ def terraform_log(verbose: bool):
     return log
 
 
-def deploy_outputs(project, name: str | None, engine: str, yes: bool, verbose: bool):
-    """Apply the cluster's stack, asking on the terminal before paid resources; its outputs."""
+def deploy_outputs(project, name: str | None, engine: str, yes: bool, verbose: bool, replace: bool = False):
+    """Apply the cluster's stack, asking on the terminal before paid resources and before existing
+    nodes are replaced, destroyed or stopped (unless `replace`); its outputs. The host keys of the
+    nodes it recreated are forgotten (`ops.hostkeys`)."""
     from fatpipe.ops.hostkeys import deploy_forgetting_recreated
     from fatpipe.stacks.engine import deploy_cluster
 
+    from .options import approve_node_changes
+
     return deploy_forgetting_recreated(project, project.cluster(name).name, lambda: deploy_cluster(
         project, name, engine=engine, yes=yes, confirm=lambda question: click.confirm(question, default=False, err=True),
-        log=terraform_log(verbose)))
+        log=terraform_log(verbose), approve=lambda changes: approve_node_changes(project, name, changes, replace)))
 
 
 def wait_ready(project, outputs, timeout_s: float, out):

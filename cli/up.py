@@ -29,6 +29,7 @@ from .options import (
     given_run_options,
     overrides,
     pass_project,
+    replace_option,
     resolve_train,
     run_options,
     script_args,
@@ -57,6 +58,7 @@ class UpFlags:
 
     engine: str
     yes: bool
+    replace: bool  # go on when the plan replaces, destroys or stops existing nodes
     down_after: bool
     netcheck_mode: str  # full | quick | off
     no_gate: bool
@@ -71,6 +73,7 @@ class UpFlags:
 @cluster_argument
 @engine_option
 @yes_option
+@replace_option
 @click.option("--down-after", is_flag=True,
               help="Destroy the cluster at the end: once every node has recorded its exit (success or "
                    "failure), or on Ctrl-C or SIGTERM. A run still going on nodes fatpipe cannot reach "
@@ -79,8 +82,7 @@ class UpFlags:
               show_default=True,
               help="The link check before training: the full sweep, a quick one (as `netcheck --quick`), or off.")
 @click.option("--no-gate", is_flag=True, help="Train even when netcheck finds the links below the tier.")
-@click.option("--wait-timeout", type=click.FloatRange(1), default=WAIT_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for the nodes to become ready.")
+@click.option("--wait-timeout", type=click.FloatRange(1), default=WAIT_TIMEOUT_S, show_default=True, help="Seconds to wait for the nodes to become ready.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=None,
               help="Stop the training run after this many seconds.")
 @unreachable_option
@@ -178,7 +180,7 @@ class Up(DownAfter):
         phases.get("wheels").note = phases.run("wheels", "a torch wheel for the nodes' Python, before anything "
                                                "is paid for", lambda: wheel_preflight(self.project, spec)) or NOTHING_TO_PAY
         outputs = phases.run("deploy", f"{spec.nodes} node(s) with {flags.engine}", lambda: deploy_outputs(
-            self.project, spec.name, flags.engine, flags.yes, flags.verbose))
+            self.project, spec.name, flags.engine, flags.yes, flags.verbose, flags.replace))
         phases.get("deploy").note = f"{len(outputs.nodes)} node(s)"
 
         def wait():

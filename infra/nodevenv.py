@@ -2,8 +2,8 @@
 
 docs/ARCHITECTURE.md, "The node environment": torch, numpy and the project's requirements; the
 stamp covers the whole declaration, so the venv is rebuilt exactly when it changes. How it is
-built: ops/nodewheels.py (ssh: one download, installed offline everywhere) and
-stacks/bootenv.py (clouds: during boot).
+built: ops/nodewheels.py (every ssh node, clouds' too: one download, installed offline
+everywhere). Nothing here reaches a cloud node's user data: a new stamp never makes a new node.
 """
 
 from __future__ import annotations

@@ -17,6 +17,7 @@ from fatpipe.infra.files import write_json_atomic
 from fatpipe.infra.outputs import ClusterOutputs, parse_outputs
 from fatpipe.infra.runs import outputs_file as outputs_path
 
+from .nodeplan import NodeChange, node_changes, review
 from .providers import provider_for
 from .shield import capture, hold_signals, shield_cdk_runtime, stream
 
@@ -26,6 +27,8 @@ OVERRIDE_GLOB = "*_override.tf.json"  # Terraform merges these over the synthesi
 QUIET_ENV = {"CHECKPOINT_DISABLE": "1", "TF_IN_AUTOMATION": "1", "TF_INPUT": "0", "CI": "1"}
 
 Log = Callable[[str], None]
+Approve = Callable[[list[NodeChange]], bool]
+PLAN_FILE = "fatpipe.tfplan"  # the saved plan, in the stack folder; removed once applied or refused
 DESTROYED = re.compile(r"(\S+): Destruction complete")  # terraform's, tofu's and cdktf's line per resource
 
 
@@ -58,8 +61,11 @@ def synth_stack(project, name: str) -> Path:
 
 def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGINE, yes: bool = False,
                    confirm: Callable[[str], bool] | None = None,
-                   log: Log | None = None) -> ClusterOutputs:
-    """Synthesize and apply `name`'s stack, then write .fatpipe/<name>/outputs.json (bare shape)."""
+                   log: Log | None = None, approve: Approve | None = None) -> ClusterOutputs:
+    """Synthesize and apply `name`'s stack, then write .fatpipe/<name>/outputs.json (bare shape).
+
+    `approve(changes)` is asked when the plan would replace, destroy or stop existing nodes;
+    without it, or on its no, nothing is applied (stacks/nodeplan.py)."""
     cluster = project.cluster(name)
     name = cluster.name
     log = log or _quiet
@@ -72,7 +78,7 @@ def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGIN
         if confirm is None or not confirm(question):
             raise FatpipeError(f"deploy of {name} cancelled; nothing was created (--yes skips the question)")
     runner = Runner(engine, project, name, log)
-    runner.replace = _vanished(project, cluster, engine, log)
+    runner.replace, runner.approve = _vanished(project, cluster, log), approve
     doc = runner.apply()
     outputs = parse_outputs(doc, name, label=f"{engine} outputs of {name}")
     write_json_atomic(outputs_path(project, name), outputs.model_dump(mode="json"))
@@ -108,7 +114,7 @@ def destroy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGI
     return result
 
 
-def _vanished(project, cluster, engine: str, log: Log) -> list[str]:
+def _vanished(project, cluster, log: Log) -> list[str]:
     """Addresses of sim nodes that terraform's state holds but this machine lost (a restart clears
     namespaces): a plain apply would see nothing to do, so they are replaced."""
     if cluster.provider not in ("sim", "vm") or not outputs_path(project, cluster.name).exists():
@@ -126,9 +132,6 @@ def _vanished(project, cluster, engine: str, log: Log) -> list[str]:
         gone = vanished_vms(project.state_dir(cluster.name) / "nodes", outputs)
     else:
         gone = vanished_nodes(outputs)
-    if gone and engine == "cdktf":
-        raise FatpipeError(f"{', '.join(gone)}: gone from this machine though deployed; cdktf cannot "
-                           f"replace single nodes: `fatpipe down {cluster.name}`, then deploy again")
     if gone:
         log(f"fatpipe: {', '.join(gone)}: gone from this machine though deployed; making them again")
     return [f"terraform_data.node-{name.rsplit('-', 1)[1]}" for name in gone]
@@ -141,23 +144,40 @@ class Runner:
         if engine not in ENGINES:
             raise FatpipeError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
         self.engine, self.project, self.name, self.log = engine, project, name, log
-        self.replace: list[str] = []  # resource addresses the next apply replaces
+        self.replace: list[str] = []  # resource addresses the next apply replaces (gone nodes)
+        self.approve: Approve | None = None  # asked before a node is replaced, destroyed or stopped
         self.binary = _find_binary(engine, project.root)
+        # What plans and applies: the engine itself, or for cdktf the terraform it drives.
+        self.tf_binary = self.binary if engine != "cdktf" else _find_binary("terraform", project.root)
 
     # --- the two operations ---
 
     def apply(self) -> dict:
+        """Plan, stop for the user's yes where an existing node would be replaced, destroyed or
+        stopped (stacks/nodeplan.py), then apply exactly that saved plan: nothing else slips in.
+        cdktf's deploy cannot apply a saved plan, so with cdktf the plan and the apply run with
+        terraform in the stack folder cdktf deploys from (the same JSON, state and backend)."""
         stack_dir = self._synth(required=True)
         self._place_overrides(stack_dir)
-        if self.engine == "cdktf":
-            return self._cdktf_deploy(stack_dir)
-        self._init(stack_dir)
+        plan_file = stack_dir / PLAN_FILE
         try:
-            self._tf(stack_dir, "apply", "-auto-approve", "-input=false",
-                     *(f"-replace={address}" for address in self.replace))
-        except FatpipeError as e:
-            raise FatpipeError(self._partial_message("apply", stack_dir, e)) from None
-        return json.loads(capture([self.binary, f"-chdir={stack_dir}", "output", "-json"],
+            try:
+                self._init(stack_dir)
+                self._tf(stack_dir, "plan", "-input=false", f"-out={PLAN_FILE}",
+                         *(f"-replace={address}" for address in self.replace))
+                plan = json.loads(capture([self.tf_binary, f"-chdir={stack_dir}", "show", "-json", PLAN_FILE],
+                                          self.project.root, _env()))
+            except FatpipeError as e:
+                raise FatpipeError(self._partial_message("plan", stack_dir, e)) from None
+            cluster = self.project.cluster(self.name)
+            review(node_changes(plan, cluster.node_name, tuple(self.replace)), self.name, self.approve)
+            try:
+                self._tf(stack_dir, "apply", "-input=false", PLAN_FILE)
+            except FatpipeError as e:
+                raise FatpipeError(self._partial_message("apply", stack_dir, e)) from None
+        finally:
+            plan_file.unlink(missing_ok=True)
+        return json.loads(capture([self.tf_binary, f"-chdir={stack_dir}", "output", "-json"],
                                   self.project.root, _env()))
 
     def destroy(self) -> None:
@@ -209,7 +229,7 @@ class Runner:
         return stack_dir if (stack_dir / "cdk.tf.json").is_file() else None
 
     def _tf(self, stack_dir: Path, *args: str) -> str:
-        return stream([self.binary, f"-chdir={stack_dir}", *args, "-no-color"], self.project.root,
+        return stream([self.tf_binary, f"-chdir={stack_dir}", *args, "-no-color"], self.project.root,
                       self.log, _env())
 
     def _cdktf(self, stack_dir: Path, command: str, *args: str) -> str:
@@ -224,21 +244,11 @@ class Runner:
             Path(tmp, "cdktf.json").write_text(json.dumps({"language": "python", "app": "true"}))
             return stream(argv, Path(tmp), self.log, _env())
 
-    def _cdktf_deploy(self, stack_dir: Path) -> dict:
-        with tempfile.TemporaryDirectory(prefix="fatpipe-cdktf-") as tmp:
-            path = Path(tmp) / "outputs.json"
-            try:
-                self._cdktf(stack_dir, "deploy", self.name, "--auto-approve",
-                            "--outputs-file", str(path))
-            except FatpipeError as e:
-                raise FatpipeError(self._partial_message("deploy", stack_dir, e)) from None
-            return json.loads(path.read_text())  # {"<stack>": {"cluster": {...}}}
-
     def _partial_message(self, what: str, stack_dir: Path, error: FatpipeError) -> str:
         """The failure, and which resources exist now: nothing half-made goes unreported."""
-        binary = self.binary if self.engine != "cdktf" else _find_binary("terraform", self.project.root)
         try:
-            left = capture([binary, f"-chdir={stack_dir}", "state", "list"], self.project.root, _env()).split()
+            left = capture([self.tf_binary, f"-chdir={stack_dir}", "state", "list"], self.project.root,
+                           _env()).split()
         except FatpipeError:
             left = ["(could not read the state)"]
         exists = ", ".join(left) if left else "none"

@@ -200,16 +200,11 @@ def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool 
     }
 
 
-def cloud_config(cluster, mtu: int, nccl: dict[str, str], project=None) -> dict:
+def cloud_config(cluster, mtu: int, nccl: dict[str, str]) -> dict:
     """The cloud-config document (a dict) for every node of `cluster`: its private NIC at `mtu`,
-    NCCL's settings `nccl`; with `project`, its node venv built during boot (stacks/bootenv.py)."""
-    from .bootenv import boot_env_files, boot_env_start, boot_env_wait
-
+    NCCL's settings `nccl`. The node venv is not built here: launch builds it (ops.nodewheels),
+    so nothing that changes with the project reaches the user data."""
     files = profile_files(cluster, mtu, nccl)
-    ready = [READY_SCRIPT]
-    if project is not None:  # in parallel with the rest of boot; the ready marker waits for it
-        files |= boot_env_files(project, cluster)
-        ready = ["sh", "-c", f"{shlex.join(boot_env_wait())}; {READY_SCRIPT}"]
     return {
         "package_update": True,
         "packages": list(PACKAGES),
@@ -217,18 +212,17 @@ def cloud_config(cluster, mtu: int, nccl: dict[str, str], project=None) -> dict:
                         for path, (content, mode) in files.items()],
         # runcmd runs after packages are installed; the ready marker is written last.
         "runcmd": [
-            *([boot_env_start()] if project is not None else []),
             ["modprobe", "tcp_bbr"],
             ["modprobe", "sch_fq"],
             ["sysctl", "--system"],
             ["systemctl", "daemon-reload"],
             ["systemctl", "enable", "--now", UNIT],
-            ready,
+            [READY_SCRIPT],
         ],
     }
 
 
-def render_cloud_init(cluster, mtu: int, limit: int, nccl: dict[str, str] | None = None, project=None) -> str:
+def render_cloud_init(cluster, mtu: int, limit: int, nccl: dict[str, str] | None = None) -> str:
     """User data for `cluster`'s nodes: `#cloud-config` followed by the document as JSON.
 
     JSON is valid YAML, so cloud-init reads it as is, and no YAML library or quoting rules
@@ -236,7 +230,7 @@ def render_cloud_init(cluster, mtu: int, limit: int, nccl: dict[str, str] | None
     finds its own private NIC at boot.
     """
     nccl = cluster_profile(cluster).nccl if nccl is None else nccl
-    text = "#cloud-config\n" + json.dumps(cloud_config(cluster, mtu, nccl, project), indent=1) + "\n"
+    text = "#cloud-config\n" + json.dumps(cloud_config(cluster, mtu, nccl), indent=1) + "\n"
     if len(text.encode()) > limit:
         raise FatpipeError(f"user data for {cluster.name} is {len(text.encode())} bytes; {cluster.provider} allows {limit}")
     return text

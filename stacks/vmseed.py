@@ -22,6 +22,10 @@ import sys
 if sys.prefix != sys.base_prefix and {SITE_PACKAGES!r} not in sys.path:
     sys.path.append({SITE_PACKAGES!r})
 """
+PIP_ENV = ("PIP_NO_INDEX=1", f"PIP_FIND_LINKS={MOUNT_POINT}/wheels", "PIP_NO_COMPILE=0")
+# At every boot, the same lines once: earlier ones of these names go first. The lines are arguments.
+PIP_ENV_SCRIPT = ('touch /etc/environment; sed -i "/^PIP_NO_INDEX=/d; /^PIP_FIND_LINKS=/d; /^PIP_NO_COMPILE=/d" '
+                  '/etc/environment; printf "%s\\n" "$@" >> /etc/environment')
 RTT_IFB = "fprtt0"
 # Delay on the private NIC's ingress (redirected to an ifb, netem there): the root qdisc stays
 # the profile's fq, which paces what the VM sends and which `wait` checks. Half the round trip
@@ -113,7 +117,7 @@ def peer_delay_args(rtt_ms: float, peer_rtt_ms: dict[str, float]) -> list[str]:
 
 def vendor_data(wheels: bool, mac: str, rtt_ms: float, peer_rtt_ms: dict[str, float] | None = None) -> str:
     """The vendor data of one VM: with `wheels`, mount the wheel disk, show its packages to every
-    venv and point every later pip (the boot build's among them) at its wheels alone; with
+    venv and point pip in every SSH session (launch's venv build) at its wheels alone; with
     `rtt_ms`, delay the private NIC's ingress; with `peer_rtt_ms` (peer IP -> round trip), delay
     those peers' packets by their own round trip instead; always, snapshot the kernel's TCP
     settings on first boot."""
@@ -123,11 +127,11 @@ def vendor_data(wheels: bool, mac: str, rtt_ms: float, peer_rtt_ms: dict[str, fl
             ["mkdir", "-p", MOUNT_POINT],
             ["sh", "-c", f"mountpoint -q {MOUNT_POINT} || mount -o ro LABEL={DISK_LABEL} {MOUNT_POINT}"],
             ["sh", "-c", 'printf %s "$1" > "$2"', "fatpipe-site", SITECUSTOMIZE_TEXT, SITECUSTOMIZE],
-            # systemd's environment reaches the boot build's transient unit. pip reads a `no-`
-            # option from the environment as the option without it: PIP_NO_COMPILE=0 skips
-            # byte-compiling, minutes under emulation (the first import compiles what it needs).
-            ["systemctl", "set-environment", "PIP_NO_INDEX=1", f"PIP_FIND_LINKS={MOUNT_POINT}/wheels",
-             "PIP_NO_COMPILE=0"],
+            # The guests reach no index: pip in every SSH session (launch builds the node venv,
+            # ops.nodewheels; pam_env reads /etc/environment) takes the disk's wheels alone. pip
+            # reads a `no-` option from the environment as the option without it:
+            # PIP_NO_COMPILE=0 skips byte-compiling, minutes under emulation.
+            ["sh", "-c", PIP_ENV_SCRIPT, "fatpipe-pip", *PIP_ENV],
         ]
     delays = peer_delay_args(rtt_ms, peer_rtt_ms or {})
     if len(delays) > 1:

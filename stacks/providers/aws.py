@@ -21,7 +21,7 @@ class Aws(Provider):
 
         return AwsClusterConstruct(scope, "cluster_resources", cluster=cluster,
                                    machine=self.machine(cluster, project.root),
-                                   user_data=self.user_data(cluster, project), project_id=project.project_id)
+                                   user_data=self.user_data(cluster), project_id=project.project_id)
 
     def nccl_env(self, cluster) -> dict[str, str]:
         # NCCL recognises AWS's ENA and opens 2 threads x 8 sockets per peer by itself: the

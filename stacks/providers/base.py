@@ -37,12 +37,13 @@ class Provider(ABC):
 
         return dict(tier_profile(cluster.tier).nccl)
 
-    def user_data(self, cluster, project=None) -> str:
-        """The node profile as cloud-init user data, for this provider's MTU and size limit; with
-        `project`, the nodes also build its node venv during boot (stacks/bootenv.py)."""
+    def user_data(self, cluster) -> str:
+        """The node profile as cloud-init user data, for this provider's MTU and size limit. The
+        cluster's boot tuning alone: nothing of the project (its version, requirements, torch), so
+        that changing the project never makes a new node (docs/ARCHITECTURE.md, "The deploy plan")."""
         from fatpipe.stacks.node_profile import render_cloud_init
 
-        return render_cloud_init(cluster, self.mtu, self.user_data_limit, self.nccl_env(cluster), project)
+        return render_cloud_init(cluster, self.mtu, self.user_data_limit, self.nccl_env(cluster))
 
     def console_output(self, outputs, node) -> str | None:
         """The node's console through the provider's authenticated API, where it has one:

@@ -15,7 +15,7 @@ class DigitalOcean(Provider):
 
         return DigitalOceanClusterConstruct(scope, "cluster_resources", cluster=cluster,
                                             size=self.machine(cluster, project.root),
-                                            user_data=self.user_data(cluster, project), project_id=project.project_id)
+                                            user_data=self.user_data(cluster), project_id=project.project_id)
 
     def preflight(self, cluster, project, log=None):
         from .digitalocean_api import preflight  # a test may stand in for this module

@@ -29,8 +29,8 @@ class Vm(Provider):
 
         return {"aws": AWS, "digitalocean": DIGITALOCEAN}[cluster.user_data]
 
-    def user_data(self, cluster, project=None) -> str:
-        return self.cloud(cluster).user_data(cluster, project)
+    def user_data(self, cluster) -> str:
+        return self.cloud(cluster).user_data(cluster)
 
     def nccl_env(self, cluster) -> dict[str, str]:
         return self.cloud(cluster).nccl_env(cluster)

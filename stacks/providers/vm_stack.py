@@ -70,8 +70,8 @@ class VmClusterConstruct(ClusterConstruct):
 
     def __init__(self, scope, id: str, *, cluster, project, cloud):
         super().__init__(scope, id)
-        # The cloud's user data as its nodes get it, the node venv's build at boot included.
-        user_data = cloud.user_data(cluster, project)
+        # The cloud's user data as its nodes get it.
+        user_data = cloud.user_data(cluster)
         self.nodes, outputs = [], []
         for index in range(cluster.nodes):
             node = node_input(cluster, project, index, cloud.mtu, user_data)

@@ -1,5 +1,5 @@
 """Clusters of one project with node environments of their own (`[clusters.<name>.node]`): each
-stack's user data builds its cluster's environment during boot and stays valid cloud-config, and
+cluster resolves its own environment (which launch builds; no user data carries it), and
 the preflight asks the index for each cluster's own torch; a launch over real SSH takes the venv
 its cluster's own declaration stamps."""
 
@@ -19,7 +19,6 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER, REMOTE_VENV
 from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from fatpipe.infra.project import Project, load_project, parse_project
-from fatpipe.stacks.bootenv import BOOT_ENV_SPEC
 
 from .conftest import declared_env_cli, require_ssh_sim, ssh_sim_toml
 from .test_wheel_check import WHEEL, index  # noqa: F401 (the local package index fixture)
@@ -65,7 +64,9 @@ def project_at(root, text: str = PROJECT) -> Project:
     return Project(parse_project(text.replace("{key}", str(key)), "fatpipe.toml"), root, root / "fatpipe.toml")
 
 
-def test_each_stack_boots_its_own_clusters_node_environment(tmp_path, monkeypatch):
+def test_each_cluster_resolves_its_own_node_environment_and_no_user_data_holds_it(tmp_path, monkeypatch):
+    """Each cluster's own declaration is what launch builds (its stamp); the stacks' user data,
+    valid cloud-config, carries none of it: launch builds the venv, not the boot."""
     from fatpipe.stacks.app import build_stack
     from fatpipe.stacks.toolkit import Testing
 
@@ -74,29 +75,26 @@ def test_each_stack_boots_its_own_clusters_node_environment(tmp_path, monkeypatc
     monkeypatch.delenv("FATPIPE_TORCH_INDEX_URL", raising=False)
     project = project_at(tmp_path)
     app = Testing.app()
-    specs = {}
     for name, cluster in project.clusters.items():
         text = json.loads(Testing.synth(build_stack(app, cluster, project)))["locals"]["user_data"]
         (tmp_path / f"user-data-{name}").write_text(text)
         proc = subprocess.run(["cloud-init", "schema", "--config-file", str(tmp_path / f"user-data-{name}")],
                               capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0 and "Valid cloud-config" in proc.stdout, proc.stdout + proc.stderr
-        doc = json.loads(text.split("\n", 1)[1])
-        specs[name] = json.loads(next(f["content"] for f in doc["write_files"] if f["path"] == BOOT_ENV_SPEC))
-        # What launch checks the built venv against: the stamp of the cluster's own declaration.
-        venv = node_venv(project, name, cluster.gpus_per_node)
-        assert specs[name]["stamp"] == venv_stamp(project.root, venv), name
+        assert not any(word in text for word in ("torch==", "tiktoken", "einops", "triton")), name
 
     def declared(name: str) -> tuple:
-        spec = specs[name]
-        return spec["torch"], spec["index"], spec["packages"], spec["requirements"]
+        venv = node_venv(project, name, project.clusters[name].gpus_per_node)
+        requirements = (project.root / venv.requirements).read_text() if venv.requirements else None
+        return venv.torch, venv.index, list(venv.packages), requirements
 
     assert declared("cpu") == ("torch==2.13.0", "https://download.pytorch.org/whl/cpu", ["tiktoken"], "numpy\n")
     # The gpu cluster's keys replace the project's; packages, which it does not set, stay.
     assert declared("gpu") == ("torch==2.12.0", CU128, ["tiktoken"], "triton\n")
     assert declared("ocean") == ("torch==2.13.0", "https://download.pytorch.org/whl/cpu", ["einops>=0.7"],
                                  "numpy\n")
-    assert len({spec["stamp"] for spec in specs.values()}) == 3
+    stamps = {venv_stamp(project.root, node_venv(project, name, c.gpus_per_node)) for name, c in project.clusters.items()}
+    assert len(stamps) == 3
 
 
 def test_the_preflight_asks_for_each_clusters_own_torch(index, tmp_path):  # noqa: F811

@@ -75,7 +75,6 @@ def stack(tmp_path, extra: str = "") -> dict:
 @pytest.mark.parametrize("cloud,mtu", [("aws", 9001), ("digitalocean", 1500)])
 def test_stack_boots_each_vm_with_the_clouds_user_data_and_no_shell(tmp_path, cloud, mtu):
     from fatpipe.infra.nodevenv import node_venv
-    from fatpipe.stacks.bootenv import BOOT_ENV_SCRIPT
     from fatpipe.stacks.literals import literal
     from fatpipe.stacks.providers import provider_for
 
@@ -87,9 +86,9 @@ def test_stack_boots_each_vm_with_the_clouds_user_data_and_no_shell(tmp_path, cl
     taps = set()
     for node in nodes.values():
         assert node["input"] == node["triggers_replace"]
-        # The cloud's user data as its own nodes get it: the node venv's build at boot included.
-        assert node["input"]["user_data"] == literal(provider_for(cloud).user_data(cluster, p))
-        assert BOOT_ENV_SCRIPT in node["input"]["user_data"]
+        # The cloud's user data as its own nodes get it (no node venv: launch builds it).
+        assert node["input"]["user_data"] == literal(provider_for(cloud).user_data(cluster))
+        assert "torch==" not in node["input"]["user_data"]
         wheels = json.loads(node["input"]["wheels"])
         assert wheels["requirements"][:2] == [node_venv(p, "v", 0).torch, "numpy"] and wheels["index"] == []
         assert node["input"]["mtu"] == mtu
@@ -164,10 +163,11 @@ def test_the_seed_mounts_the_wheel_disk_and_points_pip_at_it_alone(tmp_path, clo
     assert text.startswith("#cloud-config\n") and list(config) == ["bootcmd"]
     assert f"mount -o ro LABEL={DISK_LABEL} {MOUNT_POINT}" in config["bootcmd"][1][2]
     assert config["bootcmd"][2][4:] == [SITECUSTOMIZE_TEXT, SITECUSTOMIZE]
-    assert config["bootcmd"][3] == ["systemctl", "set-environment", "PIP_NO_INDEX=1",
-                                    f"PIP_FIND_LINKS={MOUNT_POINT}/wheels", "PIP_NO_COMPILE=0"]
+    # pip in the SSH sessions launch builds the venv in (pam_env) takes the disk's wheels alone.
+    assert config["bootcmd"][3][:2] == ["sh", "-c"] and "/etc/environment" in config["bootcmd"][3][2]
+    assert config["bootcmd"][3][4:] == ["PIP_NO_INDEX=1", f"PIP_FIND_LINKS={MOUNT_POINT}/wheels", "PIP_NO_COMPILE=0"]
     p = project(tmp_path, f'user_data = "{cloud}"')
-    assert "bootcmd" not in yaml.safe_load(provider_for("vm").user_data(p.clusters["v"], p))
+    assert "bootcmd" not in yaml.safe_load(provider_for("vm").user_data(p.clusters["v"]))
 
 
 def test_the_wheel_disk_is_keyed_by_the_wheels_bytes(tmp_path):
