@@ -85,8 +85,21 @@ lint: install
 
 # Everything: lint, the unit tests (seconds, no real processes) and the system tests (real
 # terraform, namespaces, sshd, torchrun; minutes).
+# Two lanes side by side, so the suite fits CI's time on 2 cores: the VMs, the unit tests and the
+# terraform-bound tests (CPU work, no timing) in one; the sim nodes, sshd and torchrun in the other.
+# Every test file uses clusters, namespaces and networks of its own, so the lanes never meet. The
+# first lane's output is printed once the second has ended; either lane failing fails the run.
+LANE_ONE ?= tests/unit tests/system/test_vm.py tests/system/test_aws_emulator.py \
+	tests/system/test_terraform_aws.py tests/system/test_deploy_replace.py tests/system/test_stacks.py \
+	tests/system/test_synth.py tests/system/test_toolkits.py tests/system/test_cloud_init_schema.py \
+	tests/system/test_digitalocean_strings.py tests/system/test_host_keys.py
+LANE_TWO ?= tests/system $(foreach f,$(filter tests/system/%,$(LANE_ONE)),--ignore=$(f))
 test: system-packages install install-cdktn cdktf-cli cdktn-cli checkov lint
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest tests/unit tests/system
+	@one=$$(mktemp); trap 'kill $$pid 2>/dev/null; rm -f $$one' EXIT; trap 'exit 130' INT TERM; \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -p no:cacheprovider $(LANE_ONE) > $$one 2>&1 & pid=$$!; \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest $(LANE_TWO); two=$$?; \
+	wait $$pid; first=$$?; echo "===== lane one: $(LANE_ONE)"; cat $$one; \
+	echo "===== lane one exit $$first, lane two exit $$two"; [ $$first = 0 ] && [ $$two = 0 ]
 
 test-unit: install
 	$(BIN)/pytest -q tests/unit
