@@ -32,6 +32,9 @@ os.replace(f"worker-{rank}.pid.tmp", f"worker-{rank}.pid")
 print(f"rank {rank} of {dist.get_world_size()} sum={t[0].item():g} node={os.environ['FATPIPE_NODE_NAME']}", flush=True)
 if "--sleep" in sys.argv:
     time.sleep(120)
+held = time.monotonic() + 120
+while "--hold" in sys.argv and not os.path.exists("go") and time.monotonic() < held:  # till the test says go
+    time.sleep(0.1)
 dist.destroy_process_group()
 sys.exit(3 if f"--fail-rank={rank}" in sys.argv else 0)
 """
@@ -87,9 +90,11 @@ def test_worst_status_and_prefixed_logs(run_cli, project_dir):
 
 def test_detach_then_follow(run_cli, project_dir):
     write_cluster(project_dir, octet=62)
-    result = run_cli("launch", "--outputs", "outputs.json", "--max-restarts", "0", "--detach", "--", "job.py")
+    # The run holds until the second launch has been refused: however slow the machine, it is live then.
+    result = run_cli("launch", "--outputs", "outputs.json", "--max-restarts", "0", "--detach", "--", "job.py", "--hold")
     assert result.exit_code == 0 and "fatpipe logs demo -f" in result.output
     second = run_cli("launch", "--outputs", "outputs.json", "--", "job.py")
+    (project_dir / "go").touch()
     assert second.exit_code == 1 and "still running on demo-0, demo-1" in second.output
     follow = run_cli("logs", "demo", "-f")
     assert follow.exit_code == 0, follow.output
