@@ -171,11 +171,11 @@ def follow_nodes(nodes: list[NodeRun], sink: Sink | None, timeout_s: float | Non
     halt = threading.Event()
     views = [LogView(n, sink, halt) for n in nodes]
     threads = [threading.Thread(target=v.watch, daemon=True, name=f"follow-{v.node.name}") for v in views]
-    for thread in threads:
-        thread.start()
     deadline = time.monotonic() + timeout_s if timeout_s else None
     failed_at, stopping = None, False
-    try:
+    try:  # an interrupt as soon as one follower runs halts them all: none prints past the stop
+        for thread in threads:
+            thread.start()
         while any(thread.is_alive() for thread in threads):
             time.sleep(0.2)
             now = time.monotonic()
@@ -197,7 +197,8 @@ def follow_nodes(nodes: list[NodeRun], sink: Sink | None, timeout_s: float | Non
         for view in views:
             view.kill()
         for thread in threads:
-            thread.join(timeout=5)
+            if thread.ident is not None:  # started
+                thread.join(timeout=5)
     return {v.node.name: v.end.code if v.end else None for v in views}
 
 

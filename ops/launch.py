@@ -68,10 +68,11 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
         except KeyboardInterrupt:  # some nodes may have started already
             stop_nodes(nodes)
             raise
-        log(f"started run {rdzv.run_id} on {len(nodes)} node(s)")
         if detach:
+            log(f"started run {rdzv.run_id} on {len(nodes)} node(s)")
             return result
-        try:
+        try:  # from here a Ctrl-C or SIGTERM stops every node
+            log(f"started run {rdzv.run_id} on {len(nodes)} node(s)")
             result.exit_codes = follow_nodes(nodes, sink, timeout_s=timeout_s, fail_grace_s=FAIL_GRACE_S,
                                              stopped=result.stopped, unreachable_s=unreachable_s)
         except NodesUnreachable as e:
