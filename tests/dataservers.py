@@ -131,3 +131,15 @@ def s3_server(ip: str, port: int, bucket: str, objects: dict[str, bytes]):
     for key, data in objects.items():
         s3.put_object(Bucket=bucket, Key=key, Body=data, ACL="public-read")  # anonymous reads work too
     return server
+
+
+def write_node_python(folder: Path, python: str) -> Path:
+    """`node-python` in `folder`: `python` with a node's own AWS credentials (as an instance role or
+    its environment would give them) and no metadata service; the nodes' remote_python."""
+    path = folder / "node-python"
+    path.write_text(f"""#!/bin/sh
+export AWS_ACCESS_KEY_ID=node-own AWS_SECRET_ACCESS_KEY=node-own AWS_EC2_METADATA_DISABLED=true
+exec {python} "$@"
+""")
+    path.chmod(0o755)
+    return path

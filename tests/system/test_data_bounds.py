@@ -23,7 +23,7 @@ import uuid
 from pathlib import Path
 
 import pytest
-from dataservers import s3_server
+from dataservers import s3_server, write_node_python
 
 from .conftest import fatpipe_cli, free_port, require_ssh_sim, ssh_sim_toml
 
@@ -71,11 +71,7 @@ def cluster(tmp_path_factory):
     (folder / "fatpipe.toml").write_text(toml)
     (folder / ".gitignore").write_text("data/\nsrc/\n")
     (folder / "job.py").write_text(JOB)
-    (folder / "node-python").write_text(f"""#!/bin/sh
-export AWS_ACCESS_KEY_ID=node-own AWS_SECRET_ACCESS_KEY=node-own AWS_EC2_METADATA_DISABLED=true
-exec {sys.executable} "$@"
-""")
-    (folder / "node-python").chmod(0o755)
+    write_node_python(folder, sys.executable)
     deployed = fatpipe(folder, "deploy", CLUSTER)
     assert deployed.returncode == 0, deployed.stdout
     port = free_port()

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from dataservers import https_server, s3_server
+from dataservers import https_server, s3_server, write_node_python
 
 from .conftest import fatpipe_cli, free_port, require_ssh_sim, ssh_sim_toml
 
@@ -45,12 +45,7 @@ def cluster(tmp_path_factory):
     folder = tmp_path_factory.mktemp("fetch")
     toml = ssh_sim_toml(CLUSTER, NODES, OCTET)
     (folder / "fatpipe.toml").write_text(toml)
-    (folder / "node-python").write_text(f"""#!/bin/sh
-# The node's own credentials (an instance role or its environment would give them).
-export AWS_ACCESS_KEY_ID=node-own AWS_SECRET_ACCESS_KEY=node-own AWS_EC2_METADATA_DISABLED=true
-exec {sys.executable} "$@"
-""")
-    (folder / "node-python").chmod(0o755)
+    write_node_python(folder, sys.executable)
     deployed = fatpipe(folder, "deploy", CLUSTER)
     assert deployed.returncode == 0, deployed.stdout
     s3_port = free_port()
