@@ -95,6 +95,8 @@ class LogView:
         self.proc = proc = subprocess.Popen(
             self.node.transport.argv(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, start_new_session=True)
+        if self.halt.is_set():  # halted while this stream was starting: kill() did not see it
+            proc.kill()
         pending = b""
         try:
             while chunk := proc.stdout.read1(CHUNK):
@@ -113,7 +115,9 @@ class LogView:
         return clean
 
     def show(self, line: bytes) -> None:
-        if self.sink is None:
+        # Once halted nothing more is shown, even lines already read: whatever the caller does
+        # next (stopping the nodes, their tracebacks) is never printed as the run's output.
+        if self.sink is None or self.halt.is_set():
             return
         try:
             self.sink(self.node.name, line.decode(errors="replace").rstrip("\r"))

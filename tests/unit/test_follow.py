@@ -270,3 +270,24 @@ def test_a_reader_gone_on_this_machine_ends_nothing(tmp_path):
         raise BrokenPipeError(32, "Broken pipe")
 
     assert follow_nodes(nodes, gone, timeout_s=60) == {"n0": 0, "n1": 0}
+
+
+def test_once_the_follow_returns_no_line_is_shown_even_one_already_read(tmp_path):
+    # A slow reader holds many lines already read from the stream when the follow ends; none of
+    # them, nor what the node writes later (a stop's traceback), reaches the sink afterwards.
+    nodes = fake_run(tmp_path, ['for i in $(seq 1 400); do echo "line $i"; done; sleep 30'])
+    start(nodes)
+    shown_at: list[float] = []
+
+    def slow_sink(_node: str, _line: str) -> None:
+        shown_at.append(time.monotonic())
+        time.sleep(0.1)
+
+    try:
+        with pytest.raises(TimeoutError):
+            follow_nodes(nodes, slow_sink, timeout_s=1)
+        returned = time.monotonic()
+        time.sleep(2)
+    finally:
+        nodes[0].transport.run(nodes[0].stop_command(), timeout=40)
+    assert shown_at and all(t < returned for t in shown_at)
