@@ -34,8 +34,8 @@ from pathlib import Path
 from fatpipe.infra.node import REMOTE_VENV
 from fatpipe.infra.nodevenv import STAMP_FILE
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.projectdir import claim_project_dir
-from fatpipe.ops.transport import fan_out, transports_for
+from fatpipe.ops.reach.projectdir import claim_project_dir
+from fatpipe.ops.reach.transport import fan_out, transports_for
 
 NAME, OCTET = "bench-wheels", 229  # an octet no system test uses
 BENCH = Path(__file__).resolve().parent

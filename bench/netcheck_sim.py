@@ -42,7 +42,7 @@ def main() -> int:
     from rich.console import Console
 
     from fatpipe.infra.project import load_project
-    from fatpipe.ops.netcheck import NetcheckFailed, NetcheckOptions, run_netcheck
+    from fatpipe.ops.net.netcheck import NetcheckFailed, NetcheckOptions, run_netcheck
     from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
     from fatpipe.stacks.simnet import reshape_node
 

@@ -88,7 +88,7 @@ def write(doc: dict, out: Path) -> int:
 
 def sim_traffic(seq_len: int):
     """The sim model's exact size and PowerSGD wire bytes, as `ops.plan` counts a preset's."""
-    from fatpipe.ops.plan import _DEFAULTS, ModelTraffic
+    from fatpipe.ops.plan.plan import _DEFAULTS, ModelTraffic
     from fatpipe.trainer.comm.autocomm import powersgd_wire_elements
     from fatpipe.trainer.model import GPT, preset_config
 
@@ -100,7 +100,7 @@ def sim_traffic(seq_len: int):
 def scaled_rate(args, nodes: int, tier: str, compute_s: float, sim_params: int) -> float:
     """The tier's rate scaled as bench/seed_table.py scales it, for `nodes` nodes."""
     from fatpipe.infra.spec import TIER_GBPS
-    from fatpipe.ops.plan import model_traffic
+    from fatpipe.ops.plan.plan import model_traffic
 
     target_s = GLOBAL_BATCH_TOKENS / nodes / TARGETS[args.target]["tokens_per_s"]
     return TIER_GBPS[tier] * sim_params / model_traffic("124m").params * target_s / compute_s
@@ -113,7 +113,7 @@ def predict_sim(args, nodes: int, tier: str, rate_gbps: float, compute_s: float,
     declared cluster whose netcheck measured its link."""
     from fatpipe.infra.catalog import MachineType
     from fatpipe.infra.jobmodel import REFERENCE_PARAMS, Accelerator, Job
-    from fatpipe.ops.plan import Candidate, predict
+    from fatpipe.ops.plan.plan import Candidate, predict
     from fatpipe.trainer.comm.autocomm import LinkEstimate
 
     traffic = sim_traffic(args.seq_len)

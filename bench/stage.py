@@ -107,8 +107,8 @@ def star(root: Path, outputs_file: Path, source: Path) -> float:
     """The anchor's way: one rsync over ssh per node from the operator, all at once."""
     from fatpipe.infra.project import load_project
     from fatpipe.infra.runs import load_outputs
-    from fatpipe.ops.datacheck import node_workdir
-    from fatpipe.ops.transport import fan_out, transports_for
+    from fatpipe.ops.data.datacheck import node_workdir
+    from fatpipe.ops.reach.transport import fan_out, transports_for
 
     project = load_project(root / "fatpipe.toml")
     outputs = load_outputs(project, CLUSTER, outputs_file)
@@ -130,7 +130,7 @@ def star(root: Path, outputs_file: Path, source: Path) -> float:
 def warm_operator_hashes(root: Path) -> None:
     """The manifest and the operator's hash cache, as a first push leaves them: pushes time the staging."""
     from fatpipe.infra.project import load_project
-    from fatpipe.ops.stage import make_manifest
+    from fatpipe.ops.data.stage import make_manifest
 
     make_manifest(load_project(root / "fatpipe.toml"), CLUSTER)
 

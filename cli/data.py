@@ -57,7 +57,7 @@ def push(project, cluster, outputs_file, remote_python):
 
     An s3:// or https:// source is fetched by every node itself, in parallel, resumable."""
     from fatpipe.infra.runs import load_outputs
-    from fatpipe.ops.launch import refuse_if_running
+    from fatpipe.ops.run.launch import refuse_if_running
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)
@@ -86,7 +86,7 @@ def stage_with_progress(project, outputs, remote_python, out):
     from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
 
     from fatpipe.infra.dataspec import cluster_data
-    from fatpipe.ops.stage import push_data
+    from fatpipe.ops.data.stage import push_data
 
     columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TextColumn("{task.fields[rate]}"), TimeRemainingColumn()]
@@ -127,7 +127,7 @@ def verify(project, cluster, outputs_file, remote_python):
     """Every node reads and hashes all it holds against the manifest; exit 1 naming each node and file that differ."""
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.runs import load_outputs
-    from fatpipe.ops.datacheck import check_data, declared_data, read_local_manifest
+    from fatpipe.ops.data.datacheck import check_data, declared_data, read_local_manifest
 
     name = project.cluster(cluster).name
     declared_data(project, name)

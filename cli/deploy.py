@@ -27,8 +27,8 @@ from .steps import deploy_outputs
 def deploy(project, cluster: str | None, engine: str, yes: bool, replace: bool, verbose: bool):
     """Create the cluster's nodes and write its outputs (the input of every later command)."""
     from fatpipe.infra.runs import outputs_file
-    from fatpipe.ops.launch import refuse_if_running
-    from fatpipe.ops.preflight import wheel_preflight
+    from fatpipe.ops.env.preflight import wheel_preflight
+    from fatpipe.ops.run.launch import refuse_if_running
 
     out = console()
     name = project.cluster(cluster).name

@@ -42,7 +42,7 @@ class DownAfter:
             return list(self.result.unknown)
         if self.launched is None:
             return []
-        from fatpipe.ops.follow import still_going
+        from fatpipe.ops.run.follow import still_going
 
         return still_going(self.launched)
 

@@ -42,8 +42,8 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
     """
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.runs import find_run, load_outputs
-    from fatpipe.ops.launch import refuse_if_running
-    from fatpipe.ops.rendezvous import read_rendezvous
+    from fatpipe.ops.rdzv.rendezvous import read_rendezvous
+    from fatpipe.ops.run.launch import refuse_if_running
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)

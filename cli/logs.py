@@ -28,8 +28,8 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
     ends the follow with exit 75 (the run goes on).
     """
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.ops.follow import NodesUnreachable, follow_nodes, unfollowed_line
-    from fatpipe.ops.noderun import UNFOLLOWED, run_nodes
+    from fatpipe.ops.rdzv.noderun import UNFOLLOWED, run_nodes
+    from fatpipe.ops.run.follow import NodesUnreachable, follow_nodes, unfollowed_line
 
     name = project.cluster(cluster).name
     run_id, run_dir, every_node = run_nodes(project, name, run_id)
@@ -86,8 +86,8 @@ def _how_it_ended(out, project, cluster: str, run_dir, nodes, gone: set[str],
     `followed`: the exit codes `-f` saw, for when some other node cannot tell yet."""
     from rich.markup import escape
 
-    from fatpipe.ops.failure import describe_failure
-    from fatpipe.ops.runend import ended_result, node_exits, stopped_by_fatpipe
+    from fatpipe.ops.run.failure import describe_failure
+    from fatpipe.ops.run.runend import ended_result, node_exits, stopped_by_fatpipe
 
     run_id = run_dir.name
     codes = node_exits(run_dir, nodes, gone) or followed

@@ -50,7 +50,7 @@ def _size(ctx, param, value):
 def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, verbose, **measure):
     """Measure all-reduce busbw, node-to-node TCP and latency on every node; exit 1 below the bar."""
     from fatpipe.infra.runs import load_outputs
-    from fatpipe.ops.netcheck import NetcheckOptions
+    from fatpipe.ops.net.netcheck import NetcheckOptions
 
     options = NetcheckOptions(enforce=not no_gate, **measure)
     err = console(stderr=True)
@@ -65,7 +65,7 @@ def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, ve
     out = console()
     with changing(project, name, "netcheck"):
         if run_dir:  # without one, the measurement refuses a live run itself
-            from fatpipe.ops.launch import refuse_if_running
+            from fatpipe.ops.run.launch import refuse_if_running
 
             refuse_if_running(project, name)  # it would share the links and the CPUs, and write into that run
         run_netcheck(project, outputs, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)

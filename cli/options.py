@@ -175,7 +175,7 @@ def _store_run_option(ctx, param, value):
 
 def given_run_options():
     """The RunOptions this command was given (`run_options`' flags)."""
-    from fatpipe.ops.rendezvous import RunOptions
+    from fatpipe.ops.rdzv.rendezvous import RunOptions
 
     return RunOptions(**click.get_current_context().meta.get("run_options", {}))
 
@@ -209,7 +209,7 @@ def approve_node_changes(project, name: str, changes, replace: bool) -> bool:
     start (stacks.nodeplan), then yes with --replace, else the user's answer on a terminal alone."""
     import sys
 
-    from fatpipe.ops.nodeholdings import change_lines
+    from fatpipe.ops.data.nodeholdings import change_lines
 
     out = console()
     for line in change_lines(project, name, changes):

@@ -59,8 +59,8 @@ def plan(project, **opts):
     comm=auto's own model. Nothing is deployed.
     """
     from fatpipe.infra.jobmodel import accelerator
-    from fatpipe.ops import plan as planner
-    from fatpipe.ops.planmeasured import measured_candidates
+    from fatpipe.ops.plan import plan as planner
+    from fatpipe.ops.plan.planmeasured import measured_candidates
 
     count = parse_nodes(opts["nodes"])
     if opts["top"] < 1:
@@ -126,7 +126,7 @@ def _write(project, name: str, ranked) -> dict:
 def _job(params: int, opts: dict):
     """The job from --tokens, or --steps x --batch (tokens per step, default llm.c's 524,288)."""
     from fatpipe.infra.jobmodel import DEFAULT_TOKENS_PER_STEP, Job
-    from fatpipe.ops.plan import parse_count
+    from fatpipe.ops.plan.plan import parse_count
 
     tokens, steps, batch = opts["tokens"], opts["steps"], opts["batch"]
     if tokens is not None and steps is not None:

@@ -31,9 +31,9 @@ def pull(project, names, node_names, all_nodes, to, force, outputs_file):
     from fatpipe.infra.errors import ConfigError
     from fatpipe.infra.runs import load_outputs
     from fatpipe.infra.runspec import pull_path
-    from fatpipe.ops.leader import latest_leader
-    from fatpipe.ops.pullpaths import pull_path as fetch
-    from fatpipe.ops.pullpaths import sources_of
+    from fatpipe.ops.run.leader import latest_leader
+    from fatpipe.ops.run.pullpaths import pull_path as fetch
+    from fatpipe.ops.run.pullpaths import sources_of
 
     cluster, paths = split_cluster(project, names)
     rels = [pull_path(p) for p in paths]

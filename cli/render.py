@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from rich.markup import escape
 
-from fatpipe.ops.netgate import fmt_size, link_cell, link_matrix
+from fatpipe.ops.net.netgate import fmt_size, link_cell, link_matrix
 
 PHASES = ("synth", "wheels", "deploy", "wait", "netcheck", "data", "rendezvous", "launch", "summary")
 

@@ -40,7 +40,7 @@ def print_rendezvous(rdzv, run_dir) -> None:
     out = console()
     out.print(f"run [bold]{rdzv.run_id}[/]: {rdzv.nnodes} node(s) x {rdzv.nproc_per_node} process(es), "
               f"c10d at {rdzv.rdzv_endpoint}, max restarts {rdzv.max_restarts}")
-    from fatpipe.ops.nodefiles import planned_group_ranks
+    from fatpipe.ops.rdzv.nodefiles import planned_group_ranks
 
     ranks = planned_group_ranks([n.private_ip for n in rdzv.nodes])  # torch's order, not the nodes'
     for node in rdzv.nodes:

@@ -34,7 +34,7 @@ def runs():
 def list_runs(project, cluster: str | None, as_json: bool):
     """Every run, oldest first: outcome, steps, final loss, size on disk; * marks the latest."""
     from fatpipe.infra.runinfo import human_size, list_runs
-    from fatpipe.ops.progress import with_live_latest
+    from fatpipe.ops.run.progress import with_live_latest
 
     name = project.cluster(cluster).name
     found = list_runs(project, name)
@@ -75,7 +75,7 @@ def list_runs(project, cluster: str | None, as_json: bool):
 def prune(project, cluster: str | None, keep: int, checkpoints_only: bool):
     """Remove all but the newest N runs; never the latest, nor one still running."""
     from fatpipe.infra.runinfo import human_size, prune_runs
-    from fatpipe.ops.launch import running_nodes
+    from fatpipe.ops.run.launch import running_nodes
 
     name = project.cluster(cluster).name
     with changing(project, name, "runs prune"):  # not under an `up` whose run is not the latest yet
@@ -103,8 +103,8 @@ def pull(project, names, checkpoints: bool):
 
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.runinfo import human_size
-    from fatpipe.ops.noderun import run_nodes
-    from fatpipe.ops.runsync import checkpoint_sizes
+    from fatpipe.ops.rdzv.noderun import run_nodes
+    from fatpipe.ops.run.runsync import checkpoint_sizes
 
     if len(names) > 2:
         raise FatpipeError("runs pull takes [CLUSTER] RUN, e.g. `fatpipe runs pull demo latest`", exit_code=2)

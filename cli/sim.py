@@ -72,7 +72,7 @@ def tune_over_ssh(node, firewall: bool = True) -> None:
     import ipaddress
 
     from fatpipe.infra.clusters import SimCluster
-    from fatpipe.ops.profile import SshHost, apply_profile
+    from fatpipe.ops.reach.profile import SshHost, apply_profile
     from fatpipe.stacks.node_profile import profile_plan
     from fatpipe.stacks.providers import provider_for
     from fatpipe.stacks.simsshd import cluster_key, host_address, start_sshd

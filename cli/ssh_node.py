@@ -62,8 +62,8 @@ def host_options(func):
 
     @functools.wraps(func)
     def wrapper(name, address, port, user, key_file, known_hosts, **rest):
-        from fatpipe.ops.hostkeys import policy_for
-        from fatpipe.ops.profile import SshHost
+        from fatpipe.ops.reach.hostkeys import policy_for
+        from fatpipe.ops.reach.profile import SshHost
 
         # Machines fatpipe did not make: a key in the user's own known_hosts is the one enforced.
         return func(SshHost(name, address, port, user, key_file or None, host_keys=policy_for("ssh")), known_hosts, **rest)
@@ -81,7 +81,7 @@ def ssh_node():
 def apply(host, known_hosts, private_ip):
     """Apply the node profile in $FATPIPE_NODE_PROFILE to the host."""
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.ops.profile import apply_profile
+    from fatpipe.ops.reach.profile import apply_profile
 
     text = os.environ.get("FATPIPE_NODE_PROFILE")
     if not text:
@@ -102,8 +102,8 @@ def apply(host, known_hosts, private_ip):
 def revert(host, known_hosts, private_ip, remote_dir, unit, cluster, project_id):
     """Undo the node profile on the host and remove fatpipe's files there."""
     from fatpipe.infra.project import project_id_at
-    from fatpipe.ops.profile import revert_profile
-    from fatpipe.ops.projectdir import remove_project_dir
+    from fatpipe.ops.reach.profile import revert_profile
+    from fatpipe.ops.reach.projectdir import remove_project_dir
 
     done = revert_profile(host, unit, known_hosts)
     click.echo(f"{host.where()}: " + ("handed back as it was" if done.get("reverted") else "nothing to revert"))

@@ -43,8 +43,8 @@ def status(project, cluster: str | None, as_json: bool):
 
 
 def _node_states(project, outputs) -> list[dict]:
-    from fatpipe.ops.transport import fan_out, transports_for
-    from fatpipe.ops.wait import check_node, declared_sysctls
+    from fatpipe.ops.reach.transport import fan_out, transports_for
+    from fatpipe.ops.reach.wait import check_node, declared_sysctls
 
     declared = declared_sysctls(outputs)
     transports = transports_for(outputs, project.state_dir(outputs.name))
@@ -62,8 +62,8 @@ def _run_state(project, cluster: str) -> dict:
     the node says (unless it is gone: a sim node after `down`)."""
     from fatpipe.infra.defaults import SUMMARY_FILE
     from fatpipe.infra.runinfo import read_json_object, run_info
-    from fatpipe.ops.noderun import node_states, run_nodes
-    from fatpipe.ops.progress import with_live_progress
+    from fatpipe.ops.rdzv.noderun import node_states, run_nodes
+    from fatpipe.ops.run.progress import with_live_progress
 
     run_id, run_dir, nodes = run_nodes(project, cluster)
     info = run_info(run_dir, size=False)

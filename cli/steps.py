@@ -23,7 +23,7 @@ def pull_results(out, nodes, run_dir, run_id: str, cluster: str, checkpoints: bo
     pull failed (its files stay on the node). Returns the ops.runsync.Pulled."""
     from rich.markup import escape
 
-    from fatpipe.ops.runsync import pull_runs
+    from fatpipe.ops.run.runsync import pull_runs
 
     pulled = pull_runs(nodes, run_dir, checkpoints=checkpoints)
     for failure in pulled.failed:
@@ -39,8 +39,8 @@ def pull_declared(project, node, out) -> None:
     one line per path."""
     from rich.markup import escape
 
-    from fatpipe.ops.pullpaths import pull_declared as bring
-    from fatpipe.ops.pullpaths import source_of_run
+    from fatpipe.ops.run.pullpaths import pull_declared as bring
+    from fatpipe.ops.run.pullpaths import source_of_run
 
     for pulled, line in bring(project, source_of_run(node)):
         out.print(("" if pulled else "[yellow]warning[/]: ") + escape(line), highlight=False, soft_wrap=True)
@@ -63,7 +63,7 @@ def deploy_outputs(project, name: str | None, engine: str, yes: bool, verbose: b
     """Apply the cluster's stack, asking on the terminal before paid resources and before existing
     nodes are replaced, destroyed or stopped (unless `replace`); its outputs. The host keys of the
     nodes it recreated are forgotten (`ops.hostkeys`)."""
-    from fatpipe.ops.hostkeys import deploy_forgetting_recreated
+    from fatpipe.ops.reach.hostkeys import deploy_forgetting_recreated
     from fatpipe.stacks.engine import deploy_cluster
 
     from .options import approve_node_changes
@@ -80,8 +80,8 @@ def wait_ready(project, outputs, timeout_s: float, out):
     with the fix, instead of being waited for.
     """
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.ops.hostkeys import pin_cluster_keys
-    from fatpipe.ops.wait import wait_for_nodes
+    from fatpipe.ops.reach.hostkeys import pin_cluster_keys
+    from fatpipe.ops.reach.wait import wait_for_nodes
     from fatpipe.stacks.providers import provider_for
     from fatpipe.stacks.providers.sim import vanished_nodes
 
@@ -118,7 +118,7 @@ def new_rendezvous(project, outputs, train=None, script=None, run=None):
     `-- SCRIPT ARGS` and torchrun flags.
     """
     from fatpipe.infra.runs import new_run
-    from fatpipe.ops.rendezvous import make_rendezvous
+    from fatpipe.ops.rdzv.rendezvous import make_rendezvous
 
     train = train if train is not None else resolve_train(project, overrides())
     script = script if script is not None else script_args()
@@ -138,7 +138,7 @@ def require_firewall(project, outputs, out) -> None:
     warn, at every launch, about a cluster that opted out (docs/ARCHITECTURE.md)."""
     from rich.markup import escape
 
-    from fatpipe.ops.firewall_check import require_firewall as check
+    from fatpipe.ops.reach.firewall_check import require_firewall as check
 
     for warning in check(project, outputs):
         out.print(f"[yellow]warning[/]: {escape(warning)}", soft_wrap=True)
@@ -146,8 +146,8 @@ def require_firewall(project, outputs, out) -> None:
 
 def run_netcheck(project, outputs, options, out, run_dir=None, sink=None, remote_python=None):
     """Run the link check, print its tables (also when the gate fails) and where it wrote them."""
-    from fatpipe.ops.netcheck import NetcheckFailed
-    from fatpipe.ops.netcheck import run_netcheck as measure
+    from fatpipe.ops.net.netcheck import NetcheckFailed
+    from fatpipe.ops.net.netcheck import run_netcheck as measure
 
     require_firewall(project, outputs, out)
 
@@ -164,7 +164,7 @@ def run_netcheck(project, outputs, options, out, run_dir=None, sink=None, remote
 def stage_data(project, outputs, phases, out) -> None:
     """`up`'s data phase: stage the cluster's [data] on every node, skipping what is already there."""
     from fatpipe.infra.dataspec import cluster_data
-    from fatpipe.ops.stage import push_data
+    from fatpipe.ops.data.stage import push_data
     from fatpipe.trainer.staging.tidy import describe_removed
 
     data = cluster_data(project.spec, outputs.name)
@@ -194,11 +194,11 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
     from rich.markup import escape
 
     from fatpipe.infra.runs import latest_run_id, mark_latest
-    from fatpipe.ops.datacheck import require_data
-    from fatpipe.ops.follow import unfollowed_line
-    from fatpipe.ops.launch import launch as launch_run
-    from fatpipe.ops.leader import leader
-    from fatpipe.ops.noderun import node_runs
+    from fatpipe.ops.data.datacheck import require_data
+    from fatpipe.ops.rdzv.noderun import node_runs
+    from fatpipe.ops.run.follow import unfollowed_line
+    from fatpipe.ops.run.launch import launch as launch_run
+    from fatpipe.ops.run.leader import leader
 
     require_firewall(project, outputs, out)
     names = [n.name for n in rdzv.nodes]

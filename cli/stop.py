@@ -22,9 +22,9 @@ def stop(project, cluster: str | None, run_id):
     """
     from fatpipe.infra.runinfo import run_info
     from fatpipe.infra.runs import outputs_file
-    from fatpipe.ops.launch import stop_nodes
-    from fatpipe.ops.leader import leader
-    from fatpipe.ops.noderun import run_nodes
+    from fatpipe.ops.rdzv.noderun import run_nodes
+    from fatpipe.ops.run.launch import stop_nodes
+    from fatpipe.ops.run.leader import leader
 
     name = project.cluster(cluster).name
     out = console()

@@ -28,7 +28,7 @@ def top(project, cluster: str | None, run_id, once: bool, as_json: bool, interva
     (nodes.jsonl, events.jsonl), on the node of rank 0 over the cluster's transport for ssh and cloud
     clusters: it never slows training. Ctrl-C leaves; the run goes on.
     """
-    from fatpipe.ops.top import snapshot
+    from fatpipe.ops.run.top import snapshot
 
     name = project.cluster(cluster).name
     if as_json:
@@ -57,7 +57,7 @@ def _fetch(project, name: str, run_id: str | None) -> tuple[dict | None, str | N
     """(the newest view, None), or (None, why not yet): before the first window, or while a
     node does not answer, the screen says so and keeps trying. A bad --run is an error."""
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.ops.top import snapshot
+    from fatpipe.ops.run.top import snapshot
 
     try:
         return snapshot(project, name, run_id), None

@@ -144,7 +144,7 @@ class Up(DownAfter):
 
     def run(self, train, script: list[str]) -> int:
         from fatpipe.infra.runs import new_run
-        from fatpipe.ops.launch import refuse_if_running
+        from fatpipe.ops.run.launch import refuse_if_running
 
         outputs, outputs_path = self.deployment()
         name = self.spec.name
@@ -159,7 +159,7 @@ class Up(DownAfter):
     def deployment(self):
         """The cluster's outputs and their file: reused when deployed as declared and ready, else made."""
         from fatpipe.infra.runs import outputs_file
-        from fatpipe.ops.deployment import ready_deployment
+        from fatpipe.ops.reach.deployment import ready_deployment
 
         spec, flags, phases = self.spec, self.flags, self.phases
         path = Path(flags.outputs_file) if flags.outputs_file else outputs_file(self.project, spec.name)
@@ -171,7 +171,7 @@ class Up(DownAfter):
         if path.exists():
             self.out.print(f"[dim]{why}: deploying[/]")
 
-        from fatpipe.ops.preflight import NOTHING_TO_PAY, wheel_preflight
+        from fatpipe.ops.env.preflight import NOTHING_TO_PAY, wheel_preflight
         from fatpipe.stacks.engine import synth_stack
 
         stack_dir = phases.run("synth", f"the {spec.provider} stack of {spec.name}",
@@ -194,8 +194,8 @@ class Up(DownAfter):
         return outputs, outputs_file(self.project, spec.name)
 
     def netcheck(self, outputs, outputs_path: Path, run_dir: Path) -> None:
-        from fatpipe.ops.deployment import check_netchecks, reusable_netcheck
-        from fatpipe.ops.netcheck import NetcheckOptions
+        from fatpipe.ops.net.netcheck import NetcheckOptions
+        from fatpipe.ops.reach.deployment import check_netchecks, reusable_netcheck
 
         mode, phases = self.flags.netcheck_mode, self.phases
         if mode == "off":
@@ -220,14 +220,14 @@ class Up(DownAfter):
             "passed" if passed else "below the tier (--no-gate)")
 
     def train(self, outputs, run: tuple[str, Path], train, script: list[str]) -> int:
-        from fatpipe.ops.summary import no_steps_hint, run_summary
+        from fatpipe.ops.run.summary import no_steps_hint, run_summary
 
         phases, run_dir = self.phases, run[1]
         rdzv, _ = phases.run("rendezvous", f"c10d at {outputs.rdzv_endpoint}", lambda: new_rendezvous(
             self.project, outputs, train, script, run=run))
         phases.get("rendezvous").note = f"{rdzv.nnodes} x {rdzv.nproc_per_node} process(es)"
         what = " ".join(script) if script else f"built-in trainer, preset {train.preset}, {train.steps} steps"
-        from fatpipe.ops.noderun import node_runs
+        from fatpipe.ops.rdzv.noderun import node_runs
 
         self.launched = node_runs(rdzv, self.project.state_dir(outputs.name))
         result = self.result = phases.run("launch", what, lambda: run_training(
@@ -261,7 +261,7 @@ class Up(DownAfter):
     def draw_report(self, run_dir: Path, quiet: bool = False) -> None:
         """The run's page (`fatpipe report`); a run too short to draw says so unless `quiet` (failed)."""
         from fatpipe.infra.errors import FatpipeError
-        from fatpipe.ops.report import write_report
+        from fatpipe.ops.plan.report import write_report
 
         try:
             page = write_report(run_dir)

@@ -2,7 +2,7 @@
 
 docs/ARCHITECTURE.md, "The node environment": torch, numpy and the project's requirements; the
 stamp covers the whole declaration, so the venv is rebuilt exactly when it changes. How it is
-built: ops/nodewheels.py (every ssh node, clouds' too: one download, installed offline
+built: ops/env/nodewheels.py (every ssh node, clouds' too: one download, installed offline
 everywhere). Nothing here reaches a cloud node's user data: a new stamp never makes a new node.
 """
 

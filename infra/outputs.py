@@ -15,7 +15,7 @@ from .hostvalues import CONTROL, check_address, check_login, check_node_name, ch
 from .spec import DEFAULT_MAX_RTT_MS, NAME_PATTERN
 
 # The nccl map becomes environment variables in a file bash sources with `set -a`
-# (ops/nodefiles.py) and lines of /etc/nccl.conf: only NCCL's and gloo's own names.
+# (ops/rdzv/nodefiles.py) and lines of /etc/nccl.conf: only NCCL's and gloo's own names.
 NCCL_NAME = re.compile(r"(NCCL|GLOO)_[A-Z0-9_]+")
 
 
@@ -44,7 +44,7 @@ class NodeOutput(BaseModel):
     remote_dir: str | None = None  # transport ssh: the project folder there (default ~/fatpipe/<cluster>)
     ready_file: str | None = None  # sim nodes: the ready marker on this machine (else the node's own)
     # Clouds: the machine's id; another id under the same name is a recreated node (its old host
-    # key is forgotten), and AWS reads its host keys from the console by it (ops/hostkeys.py).
+    # key is forgotten), and AWS reads its host keys from the console by it (ops/reach/hostkeys.py).
     instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$")
 
     @field_validator("private_ip")

@@ -195,7 +195,7 @@ def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool 
         "sysctls": cluster_profile(cluster).sysctls,
         "packages": list(installs),
         "unit": UNIT, "net_script": NET_SCRIPT, "ready_script": READY_SCRIPT,
-        # The host firewall (ops/node_firewall.py); None where the cluster opts out.
+        # The host firewall (ops/reach/node_firewall.py); None where the cluster opts out.
         "firewall": {"trusted": trusted_sources(cluster)} if getattr(cluster, "firewall", False) else None,
     }
 

@@ -47,7 +47,7 @@ class Provider(ABC):
 
     def console_output(self, outputs, node) -> str | None:
         """The node's console through the provider's authenticated API, where it has one:
-        cloud-init prints the node's SSH host keys there (ops/hostkeys.py pins them)."""
+        cloud-init prints the node's SSH host keys there (ops/reach/hostkeys.py pins them)."""
         return None
 
     def warnings(self, cluster) -> list[str]:

@@ -123,7 +123,7 @@ Host 127.0.0.1
 
 def ssh_outputs(rdzv_port: int) -> dict:
     # Machines reached over SSH that fatpipe did not make (an AWS node is reached only with the
-    # key its console shows: ops/hostkeys.py).
+    # key its console shows: ops/reach/hostkeys.py).
     return {
         "name": "demo", "provider": "ssh", "region": "ssh", "tier_gbps": 10,
         "private_cidr": "10.42.0.0/24", "rdzv_port": rdzv_port,

@@ -100,7 +100,7 @@ def test_each_cluster_resolves_its_own_node_environment_and_no_user_data_holds_i
 def test_the_preflight_asks_for_each_clusters_own_torch(index, tmp_path):  # noqa: F811
     """Real pip against a local index holding torch 2.13.0 for CPython 3.12 x86_64 only: the
     cluster that keeps the project's torch finds its wheel, the one declaring 2.99.0 is named."""
-    from fatpipe.ops.preflight import wheel_preflight
+    from fatpipe.ops.env.preflight import wheel_preflight
 
     text = PROJECT.replace(f'torch_index = "{CU128}"', f'torch_index = "{index}"')
     text = text.replace('torch = "torch==2.12.0"', 'torch = "torch==2.99.0"')

@@ -204,7 +204,7 @@ sys.exit(int(sys.argv[1]))
 
 
 def test_a_user_script_keeps_its_main_semantics_and_its_error_lands_in_the_error_file(tmp_path):
-    from fatpipe.ops.rootcause import read_error_file
+    from fatpipe.ops.run.rootcause import read_error_file
 
     (tmp_path / "sub").mkdir()
     (tmp_path / "sub" / "job.py").write_text(SCRIPT)

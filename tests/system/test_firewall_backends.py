@@ -20,7 +20,7 @@ NODE_IN, PEER_IN, NODE_OUT, PEER_OUT = "10.152.0.1", "10.152.0.2", "198.51.100.5
 RDZV, SSH = 29400, 22
 NODE_SIDE = """\
 import json, sys
-from fatpipe.ops import node_firewall as fw
+from fatpipe.ops.reach import node_firewall as fw
 if sys.argv[1] == "iptables":  # as on a machine without nft
     real = fw.which
     fw.which = lambda name: None if name == "nft" else real(name)

@@ -20,8 +20,8 @@ import pytest
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.hostkeys import pin_cluster_keys
-from fatpipe.ops.transport import transports_for
+from fatpipe.ops.reach.hostkeys import pin_cluster_keys
+from fatpipe.ops.reach.transport import transports_for
 from fatpipe.stacks.providers import provider_for
 
 CONSOLE = ("[    9.1] cloud-init[812]: Cloud-init v. 24.4 finished\n"

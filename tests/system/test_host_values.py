@@ -162,7 +162,7 @@ def sshd_with_readonly_tmp(sshd, tmp_path):
 
 
 def test_the_applier_reaches_the_node_on_stdin_not_through_tmp(sshd_with_readonly_tmp, tmp_path):
-    from fatpipe.ops.profile import SshHost, run_agent
+    from fatpipe.ops.reach.profile import SshHost, run_agent
 
     host = SshHost("ro-0", "127.0.0.1", sshd_with_readonly_tmp, user="root")  # the key: FATPIPE_SSH_CONFIG
     # Nothing recorded on this machine, so revert changes nothing; it must still run the applier.

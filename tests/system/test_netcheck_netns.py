@@ -113,7 +113,7 @@ def sim_cluster(tmp_path_factory):
 
 @pytest.mark.slow
 def test_sim_cluster_at_1g_passes_with_real_numbers(sim_cluster):
-    from fatpipe.ops.netcheck import NetcheckOptions, run_netcheck
+    from fatpipe.ops.net.netcheck import NetcheckOptions, run_netcheck
 
     project, outputs = sim_cluster
     load_before = os.getloadavg()[0]
@@ -140,7 +140,7 @@ def test_sim_cluster_at_1g_passes_with_real_numbers(sim_cluster):
 
 @pytest.mark.slow
 def test_a_node_at_a_quarter_of_the_tier_is_named(sim_cluster):
-    from fatpipe.ops.netcheck import NetcheckFailed, NetcheckOptions, run_netcheck
+    from fatpipe.ops.net.netcheck import NetcheckFailed, NetcheckOptions, run_netcheck
     from fatpipe.stacks.simnet import reshape_node
 
     project, outputs = sim_cluster

@@ -10,8 +10,8 @@ import pytest
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER
-from fatpipe.ops.projectdir import claim_and_say, claim_project_dir, remove_project_dir
-from fatpipe.ops.transport import LocalTransport
+from fatpipe.ops.reach.projectdir import claim_and_say, claim_project_dir, remove_project_dir
+from fatpipe.ops.reach.transport import LocalTransport
 
 NODE = LocalTransport("lab-0")
 OURS, THEIRS = "0a1b2c3d", "9f8e7d6c"

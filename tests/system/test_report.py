@@ -15,8 +15,8 @@ from conftest import skip_or_fail
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import new_run
-from fatpipe.ops.rendezvous import make_rendezvous
-from fatpipe.ops.report import write_report
+from fatpipe.ops.plan.report import write_report
+from fatpipe.ops.rdzv.rendezvous import make_rendezvous
 
 BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",

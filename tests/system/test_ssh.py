@@ -31,7 +31,7 @@ dist.destroy_process_group()
 
 
 def test_transport_and_known_hosts(sshd, tmp_path):
-    from fatpipe.ops.transport import SshTransport
+    from fatpipe.ops.reach.transport import SshTransport
 
     t = SshTransport("n0", "127.0.0.1", tmp_path / "state" / "known_hosts")
     done = t.run("echo $((6 * 7)); echo to-stderr >&2")

@@ -8,7 +8,7 @@ import time
 import pytest
 
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.transport import (
+from fatpipe.ops.reach.transport import (
     LocalTransport,
     NetnsTransport,
     SshTransport,

@@ -20,7 +20,7 @@ from conftest import skip_or_fail
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import new_run
-from fatpipe.ops.rendezvous import make_rendezvous
+from fatpipe.ops.rdzv.rendezvous import make_rendezvous
 
 pytestmark = pytest.mark.slow
 
@@ -117,7 +117,7 @@ def test_up_on_loopback_reruns_skip_what_is_done(project_dir):
 
 
 def test_deployment_mismatch_and_netcheck_reuse(project_dir):
-    from fatpipe.ops.deployment import deployment_mismatch, reusable_netcheck
+    from fatpipe.ops.reach.deployment import deployment_mismatch, reusable_netcheck
 
     write_project(project_dir, "uplb", 2, "loopback", 83)
     project = load_project()

@@ -21,7 +21,7 @@ import pytest
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.nodevenv import NodeVenv
-from fatpipe.ops.wheelcheck import IndexUnreachable, torch_wheel
+from fatpipe.ops.env.wheelcheck import IndexUnreachable, torch_wheel
 
 pytestmark = pytest.mark.timeout(600)
 WHEEL = "torch-2.13.0-cp312-cp312-manylinux_2_28_x86_64.whl"

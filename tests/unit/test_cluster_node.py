@@ -98,7 +98,7 @@ def test_a_change_to_one_cluster_changes_only_its_stamp(tmp_path):
 
 
 def test_launch_builds_the_venv_its_cluster_declares(tmp_path, monkeypatch):
-    from fatpipe.ops import prepare
+    from fatpipe.ops.run import prepare
 
     built = {}
     monkeypatch.setattr(prepare, "build_node_envs",

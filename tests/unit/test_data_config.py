@@ -101,8 +101,8 @@ def test_a_run_exports_the_data_path_and_the_project_sync_leaves_it_alone(projec
 
     from fatpipe.infra.outputs import parse_outputs
     from fatpipe.infra.runs import new_run
-    from fatpipe.ops.datacheck import data_excludes
-    from fatpipe.ops.rendezvous import make_rendezvous
+    from fatpipe.ops.data.datacheck import data_excludes
+    from fatpipe.ops.rdzv.rendezvous import make_rendezvous
 
     project = load(project_dir, '[clusters.demo]\nprovider = "sim"\nnodes = 2\n'
                    '[data]\nsource = "/srv/my corpus"\npath = "data/my corpus"\n')

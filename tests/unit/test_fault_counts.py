@@ -9,7 +9,7 @@ import pytest
 import torch.distributed as dist
 
 from fatpipe.cli.render import summary_table
-from fatpipe.ops.summary import run_summary
+from fatpipe.ops.run.summary import run_summary
 from fatpipe.trainer import faults
 from fatpipe.trainer.distenv import join_counter
 from fatpipe.trainer.faults import FaultLedger, is_collective_failure

@@ -12,8 +12,8 @@ import pytest
 import torch.distributed as dist
 
 from fatpipe.infra.defaults import FAULTS_FILE
-from fatpipe.ops.failure import describe_failure
-from fatpipe.ops.noderun import LaunchResult
+from fatpipe.ops.rdzv.noderun import LaunchResult
+from fatpipe.ops.run.failure import describe_failure
 from fatpipe.trainer import faults
 from fatpipe.trainer.faults import FaultLedger, failure_point, short_error
 from fatpipe.trainer.train import Trainer

@@ -158,7 +158,7 @@ def node_manifest(files: dict[str, str], fetched: int = 0) -> dict:
 
 
 def test_the_nodes_must_agree_and_the_odd_one_is_named():
-    from fatpipe.ops.fetch import agree
+    from fatpipe.ops.data.fetch import agree
 
     good = node_manifest({"a.bin": "1" * 64, "b.bin": "2" * 64}, fetched=6)
     odd = node_manifest({"a.bin": "1" * 64, "b.bin": "9" * 64})
@@ -183,8 +183,8 @@ def test_nodes_sharing_this_machines_files_fetch_once_and_check_clean(bucket, no
 
     from fatpipe.infra.outputs import parse_outputs
     from fatpipe.infra.project import load_project
-    from fatpipe.ops.datacheck import check_data, read_local_manifest
-    from fatpipe.ops.stage import push_data
+    from fatpipe.ops.data.datacheck import check_data, read_local_manifest
+    from fatpipe.ops.data.stage import push_data
 
     node_env.setenv("AWS_ACCESS_KEY_ID", "node-own")
     node_env.setenv("AWS_SECRET_ACCESS_KEY", "node-own")

@@ -12,9 +12,9 @@ from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.firewall import trust_summary
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import parse_project
-from fatpipe.ops.firewall_check import listing_problem, require_firewall
-from fatpipe.ops.node_firewall import iptables_rules, nft_ruleset, normal_save
-from fatpipe.ops.profile import agent_program
+from fatpipe.ops.reach.firewall_check import listing_problem, require_firewall
+from fatpipe.ops.reach.node_firewall import iptables_rules, nft_ruleset, normal_save
+from fatpipe.ops.reach.profile import agent_program
 from fatpipe.stacks.node_profile import profile_plan
 
 

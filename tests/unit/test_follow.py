@@ -19,11 +19,11 @@ from pathlib import Path
 import psutil
 import pytest
 
-from fatpipe.ops.failure import describe_failure
-from fatpipe.ops.follow import NodesUnreachable, follow_nodes, read_end
-from fatpipe.ops.noderun import UNFOLLOWED, LaunchResult, NodeRun
-from fatpipe.ops.summary import no_steps_hint, run_summary
-from fatpipe.ops.transport import LocalTransport
+from fatpipe.ops.rdzv.noderun import UNFOLLOWED, LaunchResult, NodeRun
+from fatpipe.ops.reach.transport import LocalTransport
+from fatpipe.ops.run.failure import describe_failure
+from fatpipe.ops.run.follow import NodesUnreachable, follow_nodes, read_end
+from fatpipe.ops.run.summary import no_steps_hint, run_summary
 
 from .test_launch import fake_run
 

@@ -10,7 +10,12 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.hostkeys import console_keys, forget_recreated, known_hosts_options, policy_for
+from fatpipe.ops.reach.hostkeys import (
+    console_keys,
+    forget_recreated,
+    known_hosts_options,
+    policy_for,
+)
 
 ED = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOQ3bP3hG0f7Wl3R8oK5k1JtY5t9kqvWq2m6f2QyZ0aB"
 ECDSA = "ecdsa-sha2-nistp256 AAAAE2VjZHNhLXNoYTItbmlzdHAyNTYAAAAIbmlzdHAyNTYAAABBBEz0aQ=="

@@ -15,8 +15,13 @@ from click.testing import CliRunner
 
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.project import parse_project
-from fatpipe.ops import transport as transport_module
-from fatpipe.ops.transport import SshTransport, control_dir, is_private_dir, private_control_dir
+from fatpipe.ops.reach import transport as transport_module
+from fatpipe.ops.reach.transport import (
+    SshTransport,
+    control_dir,
+    is_private_dir,
+    private_control_dir,
+)
 
 HOSTILE = [
     "$(touch /tmp/fp-pwned)", "`touch /tmp/fp-pwned`", "a; touch /tmp/fp-pwned", "a && touch x",
@@ -147,9 +152,9 @@ def test_ssh_node_takes_the_host_from_the_environment(monkeypatch, tmp_path):
     from fatpipe.cli.main import cli
 
     seen = {}
-    monkeypatch.setattr("fatpipe.ops.profile.revert_profile",
+    monkeypatch.setattr("fatpipe.ops.reach.profile.revert_profile",
                         lambda host, unit, known: seen.update(host=host, unit=unit) or {})
-    monkeypatch.setattr("fatpipe.ops.projectdir.remove_project_dir",
+    monkeypatch.setattr("fatpipe.ops.reach.projectdir.remove_project_dir",
                         lambda transport, folder, cluster, project: seen.update(
                             remove=folder, owner=(cluster, project)) or ("absent", ""))
     env = {"FATPIPE_HOST_NAME": "r-0", "FATPIPE_HOST_ADDRESS": "203.0.113.10", "FATPIPE_HOST_PORT": "2222",

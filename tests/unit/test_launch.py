@@ -7,11 +7,11 @@ import time
 from pathlib import Path
 
 from fatpipe.infra.nodevenv import NodeVenv, venv_stamp
-from fatpipe.ops.launch import follow_nodes, stop_nodes
-from fatpipe.ops.noderun import LaunchResult, NodeRun, worst_status
-from fatpipe.ops.nodewheels import fetch_command, peer_command
-from fatpipe.ops.rendezvous import NodePlan, Rendezvous
-from fatpipe.ops.transport import LocalTransport
+from fatpipe.ops.env.nodewheels import fetch_command, peer_command
+from fatpipe.ops.rdzv.noderun import LaunchResult, NodeRun, worst_status
+from fatpipe.ops.rdzv.rendezvous import NodePlan, Rendezvous
+from fatpipe.ops.reach.transport import LocalTransport
+from fatpipe.ops.run.launch import follow_nodes, stop_nodes
 
 
 def fake_run(folder: Path, scripts: list[str]) -> list[NodeRun]:
@@ -102,8 +102,8 @@ def test_stop_and_status_commands(run_cli, project_dir):
     from fatpipe.infra.outputs import parse_outputs
     from fatpipe.infra.project import load_project
     from fatpipe.infra.runs import new_run
-    from fatpipe.ops.noderun import node_runs
-    from fatpipe.ops.rendezvous import make_rendezvous
+    from fatpipe.ops.rdzv.noderun import node_runs
+    from fatpipe.ops.rdzv.rendezvous import make_rendezvous
 
     project = load_project()
     outputs = parse_outputs({

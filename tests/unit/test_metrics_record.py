@@ -11,7 +11,7 @@ import sys
 import pytest
 import torch
 
-from fatpipe.ops.report import read_metrics as report_steps
+from fatpipe.ops.plan.report import read_metrics as report_steps
 from fatpipe.trainer import api
 from fatpipe.trainer.metrics import MetricsLog, last_step, latest_steps, read_metrics
 

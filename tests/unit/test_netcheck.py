@@ -8,8 +8,8 @@ import json
 import pytest
 
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.netcheck import NetcheckOptions, netcheck_doc, pairs_from_bench
-from fatpipe.ops.netgate import PairResult, evaluate_gate
+from fatpipe.ops.net.netcheck import NetcheckOptions, netcheck_doc, pairs_from_bench
+from fatpipe.ops.net.netgate import PairResult, evaluate_gate
 from fatpipe.trainer.net import netbench as nb
 
 MiB = 1 << 20
@@ -225,7 +225,7 @@ def test_table_and_plot(tmp_path):
     from rich.console import Console
 
     from fatpipe.cli.render import netcheck_tables
-    from fatpipe.ops.netplot import plot_busbw
+    from fatpipe.ops.net.netplot import plot_busbw
 
     doc = netcheck_doc(bench(busbw_256=0.23, slow_ip="10.61.0.12"), outputs(), NetcheckOptions())
     buf = io.StringIO()
@@ -253,7 +253,7 @@ def deployed(project_dir, monkeypatch):
         def fake(project, outs, run_dir, options, log, sink=None, remote_python=None):
             seen["options"] = options
             return result
-        monkeypatch.setattr("fatpipe.ops.netcheck.launch_netbench", fake)
+        monkeypatch.setattr("fatpipe.ops.net.netcheck.launch_netbench", fake)
         return seen
 
     return use

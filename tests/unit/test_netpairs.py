@@ -11,8 +11,8 @@ import threading
 import pytest
 
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.netcheck import NetcheckOptions, netcheck_doc
-from fatpipe.ops.netgate import LinkResult, evaluate_gate, link_matrix, shared_node, worst_link
+from fatpipe.ops.net.netcheck import NetcheckOptions, netcheck_doc
+from fatpipe.ops.net.netgate import LinkResult, evaluate_gate, link_matrix, shared_node, worst_link
 from fatpipe.trainer.net import netbench as nb
 from fatpipe.trainer.net.netpairs import round_robin
 from fatpipe.trainer.net.p2plat import MESSAGE_BYTES, EchoServer, rtt_samples, rtt_stats
@@ -202,7 +202,7 @@ def test_cli_flag_reaches_the_options(run_cli, project_dir, monkeypatch):
         seen["options"] = options
         return bench()
 
-    monkeypatch.setattr("fatpipe.ops.netcheck.launch_netbench", fake)
+    monkeypatch.setattr("fatpipe.ops.net.netcheck.launch_netbench", fake)
     result = run_cli("netcheck", "n", "--pairs")
     assert result.exit_code == 1 and seen["options"].pairs
     assert "Error: netcheck failed: link n-0 <-> n-1: 0.24 Gbit/s is below" in result.output
@@ -210,7 +210,7 @@ def test_cli_flag_reaches_the_options(run_cli, project_dir, monkeypatch):
 
 
 def test_report_shows_the_matrix(tmp_path):
-    from fatpipe.ops.report import write_report
+    from fatpipe.ops.plan.report import write_report
 
     doc = netcheck_doc(bench(slow=3), outputs(), NetcheckOptions(pairs=True))
     (tmp_path / "netcheck.json").write_text(json.dumps(doc))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from fatpipe.ops.summary import no_steps_hint
+from fatpipe.ops.run.summary import no_steps_hint
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -174,9 +174,9 @@ def test_top_reads_the_newest_view_and_events(project_dir, run_cli):
     from fatpipe.infra.outputs import parse_outputs
     from fatpipe.infra.project import load_project
     from fatpipe.infra.runs import mark_latest, new_run
-    from fatpipe.ops.noderun import node_runs
-    from fatpipe.ops.rendezvous import make_rendezvous, read_rendezvous
-    from fatpipe.ops.top import parse_tail, snapshot, tail_command
+    from fatpipe.ops.rdzv.noderun import node_runs
+    from fatpipe.ops.rdzv.rendezvous import make_rendezvous, read_rendezvous
+    from fatpipe.ops.run.top import parse_tail, snapshot, tail_command
 
     project = load_project()
     run_id, run_dir = new_run(project, "demo")

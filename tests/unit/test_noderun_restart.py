@@ -7,10 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from fatpipe.ops.launch import stop_nodes
-from fatpipe.ops.noderun import NodeRun
-from fatpipe.ops.rendezvous import NodePlan, Rendezvous
-from fatpipe.ops.transport import LocalTransport
+from fatpipe.ops.rdzv.noderun import NodeRun
+from fatpipe.ops.rdzv.rendezvous import NodePlan, Rendezvous
+from fatpipe.ops.reach.transport import LocalTransport
+from fatpipe.ops.run.launch import stop_nodes
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -16,7 +16,7 @@ from fatpipe.infra.jobmodel import (
     plan_link,
     ring_allreduce_bytes,
 )
-from fatpipe.ops import plan as planner
+from fatpipe.ops.plan import plan as planner
 from fatpipe.trainer.comm import autocomm
 
 AWS = load_catalog("aws")

@@ -12,7 +12,7 @@ import pytest
 
 from fatpipe.infra.catalog import MachineType
 from fatpipe.infra.jobmodel import ACCELERATORS, Job
-from fatpipe.ops import plan as planner
+from fatpipe.ops.plan import plan as planner
 
 BENCH = Path(__file__).resolve().parents[2] / "bench"
 

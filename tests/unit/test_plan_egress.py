@@ -10,7 +10,7 @@ import pytest
 from fatpipe.infra.catalog import load_catalog
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.jobmodel import ACCELERATORS, Job, egress_cap_gbps, plan_link
-from fatpipe.ops import plan as planner
+from fatpipe.ops.plan import plan as planner
 
 AWS = load_catalog("aws")
 DO = load_catalog("digitalocean")

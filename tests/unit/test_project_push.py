@@ -15,8 +15,8 @@ from types import SimpleNamespace
 import pytest
 
 from fatpipe.infra.node import PUSH_RECORD
-from fatpipe.ops.projectsync import plan_push, push_project
-from fatpipe.ops.transport import LocalTransport, Result
+from fatpipe.ops.env.projectsync import plan_push, push_project
+from fatpipe.ops.reach.transport import LocalTransport, Result
 
 from .test_runsync import write
 
@@ -201,7 +201,7 @@ def test_each_path_is_decided_by_whose_it_is(case, node, record, want):
 def test_the_project_push_through_prepare_keeps_runs_pulled_paths_and_data(tmp_path, monkeypatch):
     """prepare_node's push: a run folder inside the project, what `[run] pull` brings back and
     the staged data are the node's, neither sent nor deleted."""
-    from fatpipe.ops.prepare import prepare_node
+    from fatpipe.ops.run.prepare import prepare_node
 
     project, home, run_rel = tmp_path / "project", tmp_path / "home", "myruns/r2"
     there = home / "proj"
@@ -212,9 +212,9 @@ def test_the_project_push_through_prepare_keeps_runs_pulled_paths_and_data(tmp_p
     write(there / "out" / "ckpt.pt", "the node's newer checkpoint")
     write(there / "out" / "only-there.pt", "the node's")
     write(there / "data" / "shard-0.bin", "staged")
-    monkeypatch.setattr("fatpipe.ops.prepare.claim_and_say", lambda *args: None)  # tests/system/test_node_folder.py
-    monkeypatch.setattr("fatpipe.ops.prepare.data_excludes", lambda *args: ("/data",))
-    monkeypatch.setattr("fatpipe.ops.prepare.push_run", lambda *args: Result(0, "", ""))
+    monkeypatch.setattr("fatpipe.ops.run.prepare.claim_and_say", lambda *args: None)  # tests/system/test_node_folder.py
+    monkeypatch.setattr("fatpipe.ops.run.prepare.data_excludes", lambda *args: ("/data",))
+    monkeypatch.setattr("fatpipe.ops.run.prepare.push_run", lambda *args: Result(0, "", ""))
     node = FolderTransport(home)
     node.push = lambda *args, **kwargs: Result(0, "", "")  # the trainer package: not this test's
     node_run = SimpleNamespace(name="n0", transport=node, plan=SimpleNamespace(workdir="proj"),
@@ -233,7 +233,7 @@ def test_the_project_push_through_prepare_keeps_runs_pulled_paths_and_data(tmp_p
 
 
 def test_the_node_program_deletes_nothing_outside_its_folder_whatever_it_is_told(tmp_path, monkeypatch):
-    from fatpipe.ops import node_pushed
+    from fatpipe.ops.env import node_pushed
 
     assert node_pushed.RECORD == PUSH_RECORD
     folder, outside = tmp_path / "proj", write(tmp_path / "x.txt", "outside")

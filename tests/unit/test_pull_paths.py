@@ -12,9 +12,9 @@ import pytest
 from fatpipe.infra.errors import ConfigError, FatpipeError
 from fatpipe.infra.project import parse_project
 from fatpipe.infra.runspec import pull_path
-from fatpipe.ops.pullpaths import NodeSource
-from fatpipe.ops.pullpaths import pull_path as fetch
-from fatpipe.ops.transport import LocalTransport
+from fatpipe.ops.reach.transport import LocalTransport
+from fatpipe.ops.run.pullpaths import NodeSource
+from fatpipe.ops.run.pullpaths import pull_path as fetch
 
 SIM = "[clusters.demo]\nprovider = \"sim\"\nisolation = \"loopback\"\n"
 BAD = ["/etc/passwd", "../secrets", "out/../../x", ".", "./", "", ".fatpipe/demo/outputs.json", ".git/config",

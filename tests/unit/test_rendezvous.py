@@ -12,8 +12,8 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import find_run, new_run
-from fatpipe.ops.nodefiles import IFACE_AWK
-from fatpipe.ops.rendezvous import (
+from fatpipe.ops.rdzv.nodefiles import IFACE_AWK
+from fatpipe.ops.rdzv.rendezvous import (
     RunOptions,
     make_rendezvous,
     read_rendezvous,

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from fatpipe.ops.failure import describe_failure
-from fatpipe.ops.noderun import LaunchResult
-from fatpipe.ops.progress import _SEP, parse_progress
-from fatpipe.ops.rootcause import first_cause, worker_errors
+from fatpipe.ops.rdzv.noderun import LaunchResult
+from fatpipe.ops.run.failure import describe_failure
+from fatpipe.ops.run.progress import _SEP, parse_progress
+from fatpipe.ops.run.rootcause import first_cause, worker_errors
 
 pytestmark = pytest.mark.timeout(60)
 

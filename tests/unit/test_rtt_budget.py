@@ -10,7 +10,7 @@ import pytest
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.outputs import ClusterOutputs
 from fatpipe.infra.project import parse_project
-from fatpipe.ops.wait import declared_sysctls
+from fatpipe.ops.reach.wait import declared_sysctls
 from fatpipe.stacks.providers import PROVIDERS
 
 MIB = 1 << 20

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from types import SimpleNamespace
 
-from fatpipe.ops.runend import ended_result, node_exits, stopped_by_fatpipe
+from fatpipe.ops.run.runend import ended_result, node_exits, stopped_by_fatpipe
 
 
 def node(rank: int, state: str = "running"):

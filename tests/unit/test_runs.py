@@ -12,7 +12,7 @@ from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runinfo import list_runs, prune_runs, run_info
 from fatpipe.infra.runs import find_run, latest_run_id, mark_latest, new_run
-from fatpipe.ops.rendezvous import make_rendezvous
+from fatpipe.ops.rdzv.rendezvous import make_rendezvous
 
 
 @pytest.fixture(autouse=True)

@@ -12,8 +12,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from fatpipe.ops import runsync
-from fatpipe.ops.transport import LocalTransport, Result, SshTransport, only_filters
+from fatpipe.ops.reach.transport import LocalTransport, Result, SshTransport, only_filters
+from fatpipe.ops.run import runsync
 
 RUN_REL = ".fatpipe/c/runs/r1"
 
@@ -167,7 +167,7 @@ def test_the_push_filters_send_inputs_only_and_delete_nothing(tmp_path):
 
 def test_a_run_push_over_ssh_never_deletes(tmp_path, monkeypatch):
     calls = []
-    monkeypatch.setattr("fatpipe.ops.transport._run", lambda argv, timeout, stdin_text=None: calls.append(argv) or Result(0, "", ""))
+    monkeypatch.setattr("fatpipe.ops.reach.transport._run", lambda argv, timeout, stdin_text=None: calls.append(argv) or Result(0, "", ""))
     t = SshTransport("n0", "10.0.0.5", tmp_path / "known_hosts", config="/dev/null")
     assert t.push_files(tmp_path, "proj/run", runsync.RUN_INPUTS).ok
     rsync = calls[-1]

@@ -19,8 +19,8 @@ from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import new_run
 from fatpipe.infra.trainspec import TrainSpec
-from fatpipe.ops.rendezvous import make_rendezvous
-from fatpipe.ops.summary import run_summary
+from fatpipe.ops.rdzv.rendezvous import make_rendezvous
+from fatpipe.ops.run.summary import run_summary
 from fatpipe.trainer import api
 
 

@@ -6,8 +6,8 @@ import pytest
 
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.project import parse_project
-from fatpipe.ops.profile import SshHost, agent_command, agent_program, explain
-from fatpipe.ops.transport import Result
+from fatpipe.ops.reach.profile import SshHost, agent_command, agent_program, explain
+from fatpipe.ops.reach.transport import Result
 
 HOSTS = """
 [[clusters.r.hosts]]

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from fatpipe.ops.launch import stop_nodes
-from fatpipe.ops.noderun import NodeRun
-from fatpipe.ops.runproc import AGENT_TAG_ENV, proc_stat
+from fatpipe.ops.rdzv.noderun import NodeRun
+from fatpipe.ops.rdzv.runproc import AGENT_TAG_ENV, proc_stat
+from fatpipe.ops.run.launch import stop_nodes
 
 from .test_noderun_restart import alive, node
 

@@ -6,8 +6,8 @@ import json
 
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.tiers import tier_profile
-from fatpipe.ops.transport import LocalTransport, SshTransport
-from fatpipe.ops.wait import check_node, parse_probe, probe_command
+from fatpipe.ops.reach.transport import LocalTransport, SshTransport
+from fatpipe.ops.reach.wait import check_node, parse_probe, probe_command
 
 
 def node(tmp_path, i=0, **extra):
@@ -76,7 +76,7 @@ def test_wait_command_times_out_with_per_node_reasons(run_cli, project_dir):
 
 
 def test_declared_sysctls_come_from_the_tier():
-    from fatpipe.ops.wait import declared_sysctls
+    from fatpipe.ops.reach.wait import declared_sysctls
 
     outputs = parse_outputs({"name": "c", "provider": "sim", "tier_gbps": 10, "private_cidr": "10.42.0.0/24",
                              "nodes": [{"name": "c-0", "private_ip": "127.0.0.10", "transport": "local"}]})

@@ -1,7 +1,7 @@
 """`wait` reads the NIC's qdiscs from the ready marker: an ingress qdisc (a vm cluster's rtt_ms
 delays the private links there) sends nothing, so it neither passes nor fails the fq check."""
 
-from fatpipe.ops.wait import profile_problems
+from fatpipe.ops.reach.wait import profile_problems
 
 
 def marker(*qdiscs: str) -> dict:

@@ -1,0 +1,158 @@
+"""Check every node's copy of the cluster's dataset against the operator's manifest.
+
+Each ssh node gets the trainer package (whose `manifest` module hashes with the standard library
+alone) and the manifest, then hashes what it holds; nodes that share this machine's files are
+checked once, here. docs/ARCHITECTURE.md, "The data contract".
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from dataclasses import dataclass
+from pathlib import Path
+
+from fatpipe.infra.dataspec import LOCAL_MANIFEST, DataSpec, cluster_data
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.files import write_json_atomic
+from fatpipe.infra.node import REMOTE_PKG
+from fatpipe.trainer.staging.check import PRUNED_PREFIX, verdict
+from fatpipe.trainer.staging.hashcache import HashCache
+from fatpipe.trainer.staging.names import UnsafeName, check_manifest
+
+from ..env.shipped import SYNC_EXCLUDES, trainer_package_dir
+from ..rdzv.rendezvous import remote_dir
+from ..reach.projectdir import claim_and_say
+from ..reach.transport import Transport, fan_out, transports_for
+
+MANIFEST_DIR = ".fatpipe/data"  # on a node, inside its project folder: the manifest it is checked against
+CHECK_TIMEOUT_S = 3600  # hashing a large dataset on a slow disk
+LOCAL_HASHES = "data-hashes.json"  # the operator's hash cache, beside its manifest; stays here
+
+
+@dataclass(frozen=True)
+class NodeData:
+    """One node's verdict: None when its data matches the manifest, else the first difference (and
+    the files it holds beyond the manifest); `removed`: what a push's check removed as not listed."""
+
+    node: str
+    problem: str | None
+    removed: tuple[str, ...] = ()
+
+
+def declared_data(project, cluster: str) -> DataSpec:
+    data = cluster_data(project.spec, cluster)
+    if data is None:
+        raise FatpipeError(f"{project.label}: no [data] for cluster {cluster}; declare one "
+                           "([data] source = \"data/train\", or [clusters.<name>.data])", exit_code=2)
+    return data
+
+
+def data_excludes(project, cluster: str) -> tuple[str, ...]:
+    """rsync patterns, anchored at the project folder, for the staged data and what travels with it."""
+    data = cluster_data(project.spec, cluster)
+    if data is None:
+        return ()
+    return (f"/{data.path}", f"/{data.path}.fatpipe-*", f"/{MANIFEST_DIR}")
+
+
+def local_manifest_path(project, cluster: str) -> Path:
+    return project.state_dir(cluster) / "data" / LOCAL_MANIFEST
+
+
+def read_local_manifest(project, cluster: str) -> dict | None:
+    path = local_manifest_path(project, cluster)
+    try:
+        return check_manifest(json.loads(path.read_text()), str(path))
+    except FileNotFoundError:
+        return None
+    except UnsafeName as e:
+        raise FatpipeError(f"{e}; `fatpipe data push {cluster}` writes it again", exit_code=2) from None
+    except ValueError:
+        raise FatpipeError(f"{path}: unreadable (not JSON); `fatpipe data push {cluster}` writes it again",
+                           exit_code=2) from None
+
+
+def local_hash_cache(project, cluster: str, chunk_size: int) -> HashCache:
+    return HashCache(local_manifest_path(project, cluster).with_name(LOCAL_HASHES), chunk_size)
+
+
+def save_local_manifest(project, cluster: str, manifest: dict) -> Path:
+    return write_json_atomic(local_manifest_path(project, cluster), manifest)
+
+
+def node_workdir(outputs, node) -> str:
+    """The project folder on an ssh node, as runs use it (relative to the login's home unless absolute)."""
+    return node.remote_dir or remote_dir(outputs.name, node.name)
+
+
+def ship_checker(project, cluster: str, t: Transport, workdir: str, log=None) -> None:
+    """The trainer package and the manifest folder onto one ssh node, into a project folder
+    that is fatpipe's (claimed first, as every push does: docs/ARCHITECTURE.md, "The project
+    folder on a node")."""
+    claim_and_say(t, workdir, cluster, project.project_id, log)
+    steps = (
+        ("copy the trainer", trainer_package_dir(), f"{workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES),
+        ("copy the manifest", local_manifest_path(project, cluster).parent, f"{workdir}/{MANIFEST_DIR}",
+         (LOCAL_HASHES,)),
+    )
+    for what, src, dest, excludes in steps:
+        done = t.push(Path(src), dest, excludes, timeout=600)
+        if not done.ok:
+            raise FatpipeError(f"{t.describe()}: {what} failed: {done.reason()}")
+
+
+def check_node(project, outputs, node, t: Transport, python: str, rehash: bool = False,
+               prune: bool = False, log=None) -> NodeData:
+    workdir = node_workdir(outputs, node)
+    ship_checker(project, outputs.name, t, workdir, log)
+    flags = ("--rehash " if rehash else "") + ("--prune " if prune else "")
+    command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {shlex.quote(python)} -m "
+               f"fatpipe.trainer.staging.check check {flags}{MANIFEST_DIR}/{LOCAL_MANIFEST} .")
+    done = t.run(command, timeout=CHECK_TIMEOUT_S)
+    lines = done.stdout.strip().splitlines()
+    pruned = next((json.loads(line[len(PRUNED_PREFIX):]) for line in lines if line.startswith(PRUNED_PREFIX)), [])
+    if done.ok:
+        return NodeData(node.name, None, tuple(pruned))
+    if done.returncode == 1 and lines:
+        return NodeData(node.name, lines[-1], tuple(pruned))
+    raise FatpipeError(f"{t.describe()}: could not check its data: {done.reason()}")
+
+
+def check_data(project, outputs, manifest: dict, python: str | None = None, rehash: bool = False,
+               prune: bool = False, log=None) -> list[NodeData]:
+    """Every node's verdict, in node order (nodes sharing this machine's files: one check for all).
+
+    Each node skips files its hash cache knows unchanged; `rehash` reads every file again. `prune`
+    (a push) removes what the manifest does not list, and keeps the manifest beside data that matches."""
+    transports = transports_for(outputs, project.state_dir(outputs.name))
+    if all(t.shares_fs for t in transports):
+        try:
+            problem, removed = verdict(manifest, project.root, rehash, prune)
+        except UnsafeName as e:
+            raise FatpipeError(str(e)) from None
+        # One folder for all: what was removed is told once.
+        return [NodeData(node.name, problem, tuple(removed) if i == 0 else ()) for i, node in enumerate(outputs.nodes)]
+    if any(t.shares_fs for t in transports):
+        raise FatpipeError(f"cluster {outputs.name} mixes ssh nodes with local ones; data staging needs one kind")
+    pairs = list(zip(outputs.nodes, transports, strict=True))
+    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3", rehash, prune, log), pairs)
+
+
+def require_data(project, outputs, python: str | None = None, log=None) -> dict | None:
+    """Refuse, in one line naming the node and the file, when a node's data differs from the manifest.
+
+    Returns the manifest checked against; None when the cluster declares no [data].
+    """
+    if cluster_data(project.spec, outputs.name) is None:
+        return None
+    manifest = read_local_manifest(project, outputs.name)
+    if manifest is None:
+        raise FatpipeError(f"cluster {outputs.name} declares [data] but none was staged: run "
+                           f"`fatpipe data push {outputs.name}`")
+    bad = [v for v in check_data(project, outputs, manifest, python, log=log) if v.problem]
+    if bad:
+        shown = "; ".join(f"node {v.node}: {v.problem}" for v in bad)
+        raise FatpipeError(f"data differs from the manifest on {shown} (`fatpipe data push {outputs.name}` "
+                           "fixes it)")
+    return manifest

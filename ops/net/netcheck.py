@@ -1,0 +1,281 @@
+"""`fatpipe netcheck`: run the network benchmark on every node, judge it, write netcheck.json and a plot.
+
+The benchmark (`fatpipe.trainer.net.netbench`: all-reduce sweep, p2p TCP, latency) runs as one
+torchrun job through the launch path, so it crosses the same rendezvous, interfaces and links
+as training will. Its rendezvous files and logs go to `<run>/netcheck/`; the verdict goes to
+`<run>/netcheck.json` (read by the trainer's comm=auto) and `<run>/netcheck.png`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from fatpipe.infra.defaults import BENCH_MAX_RESTARTS, NETCHECK_FILE, NETCHECK_PLOT, P2P_TOOLS
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.files import write_json_atomic
+
+from .netgate import (
+    DEFAULT_MIN_FRACTION,
+    PairResult,
+    evaluate_gate,
+    fmt_size,
+    links_from_bench,
+    shared_node,
+    worst_link,
+)
+
+NETBENCH_MODULE = "fatpipe.trainer.net.netbench"
+RESULT_PREFIX = "NETBENCH_JSON "  # netbench's rank 0 prints its result on one such line
+MiB = 1 << 20
+FULL_MAX_SIZE, QUICK_MAX_SIZE = 256 * MiB, 32 * MiB
+STARTUP_ALLOWANCE_S = 180  # torchrun and torch start-up on every node, rendezvous, process group
+
+Log = Callable[[str], None]
+Sink = Callable[[str, str], None]  # (node name, log line)
+
+
+class NetcheckFailed(FatpipeError):
+    """The gate failed: the message names the slow node or pair and the numbers."""
+
+    def __init__(self, message: str, doc: dict):
+        super().__init__(message, exit_code=1)
+        self.doc = doc
+
+
+@dataclass(frozen=True)
+class NetcheckOptions:
+    """What to measure and how to judge it."""
+
+    min_fraction: float = DEFAULT_MIN_FRACTION  # of the tier, for busbw and every pair
+    enforce: bool = True  # False (--no-gate): report, never fail
+    min_size: int = 1 * MiB
+    max_size: int | None = None  # default 256 MiB, 32 MiB with `quick`
+    quick: bool = False  # up to 32 MiB, fewer iterations, 1 s p2p runs (smoke checks, tests)
+    streams: int = 4  # parallel TCP streams of the multi-stream p2p test
+    p2p_seconds: float = 3.0
+    p2p_port: int | None = None  # default: the cluster's rdzv_port + 1
+    p2p_tool: str = "auto"  # auto | iperf3 | socket
+    timeout_s: float | None = None  # default: estimated from the sizes and the tier
+    pairs: bool = False  # also every node pair, in rounds of disjoint pairs (the link matrix)
+
+    def __post_init__(self):
+        if self.max_size is None:
+            object.__setattr__(self, "max_size", (QUICK_MAX_SIZE if self.quick else FULL_MAX_SIZE))
+        if not 0 < self.min_fraction <= 1:
+            raise FatpipeError(f"min fraction {self.min_fraction} must be in (0, 1]", exit_code=2)
+        if self.max_size < self.min_size:
+            raise FatpipeError(f"max size {fmt_size(self.max_size)} is below min size {fmt_size(self.min_size)}",
+                               exit_code=2)
+        if self.streams < 1:
+            raise FatpipeError("streams must be at least 1", exit_code=2)
+        if self.p2p_tool not in P2P_TOOLS:
+            raise FatpipeError(f"p2p tool {self.p2p_tool!r}: allowed {', '.join(P2P_TOOLS)}", exit_code=2)
+
+    @property
+    def seconds_per_p2p(self) -> float:
+        return 1.0 if self.quick else self.p2p_seconds
+
+    def netbench_args(self, outputs, out: str) -> list[str]:
+        port = self.p2p_port or outputs.rdzv_port + 1
+        args = [
+            "-m", NETBENCH_MODULE, "--out", out,
+            "--min-size", str(self.min_size), "--max-size", str(self.max_size),
+            "--p2p-server", outputs.nodes[0].private_ip, "--p2p-port", str(port),
+            "--p2p-tool", self.p2p_tool, "--p2p-seconds", f"{self.seconds_per_p2p:g}",
+            "--streams", str(self.streams),
+        ]
+        return args + (["--quick"] if self.quick else []) + (["--pairs"] if self.pairs else [])
+
+    def estimate_s(self, nnodes: int, tier_gbps: float) -> float:
+        """A generous bound on the benchmark's run time: the sweep at half the tier, p2p, start-up."""
+        sweep_bytes, size = 0, self.min_size
+        while size <= self.max_size:
+            sweep_bytes += size * 30  # at most 5 warm-up + 20 timed iterations, +20%
+            size *= 2
+        factor = 2 * (nnodes - 1) / nnodes
+        sweep_s = sweep_bytes * factor * 8 / (0.5 * tier_gbps * 1e9)
+        p2p_s = (nnodes - 1) * 2 * (self.seconds_per_p2p + 15)
+        rounds = nnodes - 1 if nnodes % 2 == 0 else nnodes  # the round-robin schedule's length
+        pairs_s = rounds * (2 * (self.seconds_per_p2p + 15) + 20) if self.pairs else 0.0
+        return STARTUP_ALLOWANCE_S + sweep_s + p2p_s + pairs_s
+
+
+def run_netcheck(project, outputs, *, run_dir: Path | None = None, options: NetcheckOptions | None = None,
+                 log: Log | None = None, sink: Sink | None = None, remote_python: str | None = None) -> dict:
+    """Benchmark the cluster's network, write netcheck.json and netcheck.png, return the document.
+
+    `run_dir` is the run folder (`fatpipe up` passes its run's; default: a new folder under
+    `.fatpipe/<cluster>/runs/`, refused while the cluster's latest run still runs);
+    `remote_python` is the interpreter on ssh nodes (as for launch). Raises NetcheckFailed
+    (exit 1, carrying the document) when the gate fails and `options.enforce`, after writing
+    the files.
+    """
+    from fatpipe.infra.runs import new_run_id, runs_dir
+
+    from .netplot import plot_busbw
+
+    options = options or NetcheckOptions()
+    log = log or (lambda _: None)
+    if run_dir is None:
+        from ..run.launch import refuse_if_running
+
+        refuse_if_running(project, outputs.name)  # it would share the links and the CPUs
+        # A run folder of its own, not marked `latest`: that stays the last training run.
+        run_dir = runs_dir(project, outputs.name) / new_run_id()
+        run_dir.mkdir(parents=True)
+    run_dir = Path(run_dir)
+    bench = launch_netbench(project, outputs, run_dir, options, log, sink, remote_python)
+    doc = netcheck_doc(bench, outputs, options, run_dir.name)
+    write_json_atomic(run_dir / NETCHECK_FILE, doc)
+    plot_busbw(doc, run_dir / NETCHECK_PLOT)
+    if options.enforce and not doc["gate"]["passed"]:
+        raise NetcheckFailed("netcheck failed: " + "; ".join(doc["gate"]["reasons"]), doc)
+    return doc
+
+
+def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, log: Log,
+                    sink: Sink | None = None, remote_python: str | None = None) -> dict:
+    """Run netbench on every node through the launch path; return rank 0's result."""
+    from ..rdzv.rendezvous import RunOptions
+    from ..run.launch import run_on_all_nodes
+
+    bench_dir = run_dir / "netcheck"
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    out_rel = (bench_dir / "netbench.json").resolve().relative_to(project.root.resolve()).as_posix()
+    found: list[dict] = []
+
+    def catch(node: str, line: str) -> None:
+        # Rank 0 prints its result on one line: read it from the log stream, so the numbers
+        # come back from whichever node rank 0 landed on.
+        at = line.find(RESULT_PREFIX)
+        if at >= 0:
+            try:
+                found.append(json.loads(line[at + len(RESULT_PREFIX):]))
+            except json.JSONDecodeError:
+                pass
+        elif sink:
+            sink(node, line)
+
+    timeout = options.timeout_s or options.estimate_s(len(outputs.nodes), outputs.tier_gbps)
+    log(f"netcheck: {len(outputs.nodes)} nodes at {outputs.tier_gbps:g} Gbit/s, up to {timeout:.0f} s")
+    run_options = RunOptions(max_restarts=BENCH_MAX_RESTARTS, remote_python=remote_python)
+    result = run_on_all_nodes(project, outputs, options.netbench_args(outputs, out_rel), run_dir=bench_dir,
+                              options=run_options, timeout_s=timeout, sink=catch, log=log)
+    if not found and (bench_dir / "netbench.json").exists():
+        found.append(json.loads((bench_dir / "netbench.json").read_text()))
+    if not result.ok or not found:
+        bad = {name: code for name, code in result.exit_codes.items() if code != 0}
+        why = "timed out" if result.timed_out else "interrupted" if result.interrupted else (
+            "failed on " + ", ".join(f"{n} (exit {c})" for n, c in bad.items()) if bad else "gave no result")
+        logs = _shown(bench_dir, project.root)
+        raise FatpipeError(f"netcheck benchmark {why}; node logs in {logs}/node-<rank>.log",
+                           exit_code=result.exit_code or 1)
+    return found[-1]
+
+
+def pairs_from_bench(p2p: dict | None, names: dict[str, str]) -> list[PairResult]:
+    """One PairResult per client node from netbench's p2p results, named by private IP."""
+    if not p2p:
+        return []
+    by_client: dict[str, dict] = {}
+    for r in p2p["results"]:
+        client = names.get(r["client_ip"]) or r.get("client") or r["client_ip"]
+        server = names.get(r["server_ip"]) or r.get("server") or r["server_ip"]
+        entry = by_client.setdefault(client, {"server": server, "gbps": {}, "errors": []})
+        if r.get("error"):
+            entry["errors"].append(f"{r['streams']} stream(s): {r['error']}")
+        else:
+            entry["gbps"][int(r["streams"])] = float(r["gbps"])
+    return [PairResult(server=e["server"], client=client, gbps_by_streams=e["gbps"],
+                       error="; ".join(e["errors"]) if e["errors"] and not e["gbps"] else None)
+            for client, e in by_client.items()]
+
+
+def worst_pair(pairs: list[PairResult], pick) -> float | None:
+    """The slowest pair's rate at its fewest (pick=min) or most (pick=max) streams."""
+    rates = [p.gbps_by_streams[pick(p.gbps_by_streams)] for p in pairs if p.gbps_by_streams]
+    return min(rates) if rates else None
+
+
+def netcheck_doc(bench: dict, outputs, options: NetcheckOptions, run_id: str = "") -> dict:
+    """netcheck.json: the sweep, the pairs, the latency and the gate, with the keys comm=auto reads."""
+    names = {node.private_ip: node.name for node in outputs.nodes}
+    pairs = pairs_from_bench(bench.get("p2p"), names)
+    bench_pairs = bench.get("pairs")
+    if bench_pairs:  # in the cluster's node order, whatever order the ranks reported them in
+        bench_pairs = {**bench_pairs, "links": sorted(bench_pairs["links"], key=lambda r: (r["a_node"], r["b_node"]))}
+    links = links_from_bench(bench_pairs, names)
+    gate = evaluate_gate(outputs.tier_gbps, bench.get("busbw_gbps"), bench.get("busbw_size"), pairs,
+                         options.min_fraction, nnodes=bench["nnodes"], links=links)
+    rows = bench["allreduce"]
+    p2p = bench.get("p2p")
+    return {
+        "cluster": outputs.name,
+        "run_id": run_id,
+        "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+        "tier_gbps": outputs.tier_gbps,
+        "min_fraction": options.min_fraction,
+        "backend": bench["backend"],
+        "world_size": bench["world_size"],
+        "nnodes": bench["nnodes"],
+        # What the trainer's comm=auto reads: busbw at the largest size, and the latency.
+        "busbw_gbps": rows[-1]["busbw_gbps"],
+        "busbw_size": rows[-1]["size"],
+        "algbw_gbps": rows[-1]["algbw_gbps"],
+        "latency_s": bench["latency_s"],
+        "latency_bytes": bench["latency_bytes"],
+        "allreduce": rows,
+        "p2p": None if not p2p else {
+            "tool": p2p["tool"],
+            "server": names.get(p2p["server_ip"], p2p["server_ip"]),
+            "seconds": p2p["seconds"],
+            "streams": p2p["streams"],
+            "pairs": [{"server": p.server, "client": p.client, "best_gbps": p.best_gbps,
+                       "gbps_by_streams": {str(n): g for n, g in sorted(p.gbps_by_streams.items())},
+                       "error": p.error} for p in pairs],
+            # gloo opens one TCP flow per peer, NCCL many: a provider that caps a single flow
+            # (AWS: 10 Gbit/s) shows here as single-flow well below multi-flow.
+            "single_flow_gbps": worst_pair(pairs, min),
+            "multi_flow_gbps": worst_pair(pairs, max),
+        },
+        "pairs": pairs_doc(bench_pairs, links, names, gate.threshold_gbps),
+        "gate": {**gate.to_json(), "enforced": options.enforce},
+        "bench_elapsed_s": bench.get("elapsed_s"),
+    }
+
+
+def pairs_doc(bench_pairs: dict | None, links: list, names: dict[str, str], threshold: float) -> dict | None:
+    """netcheck.json's `pairs`: every node pair's throughput, latency and jitter, the slow ones
+    marked, the worst named, and the node every slow link touches (when there is one)."""
+    if not bench_pairs:
+        return None
+    slow = [link for link in links if link.slow(threshold)]
+    worst = worst_link(links)
+    return {
+        "tool": bench_pairs["tool"],
+        "seconds": bench_pairs["seconds"],
+        "streams": bench_pairs["streams"],
+        "nodes": list(names.values()),
+        "rounds": bench_pairs["rounds"],
+        "links": [{"a": link.a, "b": link.b, "best_gbps": link.best_gbps,
+                   "gbps_by_streams": {str(n): g for n, g in sorted(link.gbps_by_streams.items())},
+                   "rtt_p50_s": row.get("rtt_p50_s"), "rtt_p95_s": row.get("rtt_p95_s"),
+                   "jitter_s": row.get("jitter_s"), "rtt_count": row.get("rtt_count"),
+                   "round": row.get("round"), "error": link.error, "slow": link.slow(threshold)}
+                  for link, row in zip(links, bench_pairs["links"], strict=True)],
+        "worst": None if worst is None else {"a": worst.a, "b": worst.b, "best_gbps": worst.best_gbps,
+                                             "error": worst.error},
+        "slow": [[link.a, link.b] for link in slow],
+        "slow_node": shared_node(slow),
+    }
+
+
+def _shown(path: Path, root: Path) -> str:
+    try:
+        return str(Path(path).resolve().relative_to(Path(root).resolve()))
+    except ValueError:
+        return str(path)

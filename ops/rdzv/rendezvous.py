@@ -1,0 +1,171 @@
+"""Write a run's rendezvous: rendezvous.json, node-<rank>.env and node-<rank>.sh, from the outputs.
+
+c10d rendezvous on node 0's private IP, private IPs only (no hostnames, so no FQDN or DNS
+failures), each node's interface resolved on the node itself, and per node the exact torchrun
+command, runnable by hand from the project folder on that node: `bash <run>/node-<rank>.sh`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from fatpipe.infra.defaults import JOIN_TIMEOUT_S, MAX_RESTARTS, RENDEZVOUS_FILE
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.node import DEFAULT_REMOTE_DIR, REMOTE_VENV
+from fatpipe.infra.tiers import tier_name, tier_profile
+
+from .nodefiles import torchrun_command, write_rendezvous
+from .record import NodePlan, Rendezvous
+
+TRAINER_MODULE = "fatpipe.trainer"
+REMOTE_DIR_ENV = "FATPIPE_REMOTE_DIR"  # where the project folder goes on ssh nodes; {cluster}, {node}
+
+@dataclass(frozen=True)
+class RunOptions:
+    """How a run starts on the nodes: torchrun's settings and the interpreter on ssh nodes."""
+
+    nproc_per_node: int | None = None  # default: the cluster's gpus_per_node, else 1
+    max_restarts: int = MAX_RESTARTS
+    join_timeout_s: int = JOIN_TIMEOUT_S
+    remote_python: str | None = None  # ssh nodes: an interpreter that has torch, instead of a venv
+
+
+DEFAULT_RUN = RunOptions()
+
+
+def remote_dir(cluster: str, node: str, template: str | None = None) -> str:
+    """The project folder on an ssh node: $FATPIPE_REMOTE_DIR (with {cluster}, {node}) or the default."""
+    template = template or os.environ.get(REMOTE_DIR_ENV) or DEFAULT_REMOTE_DIR
+    try:
+        return template.format(cluster=cluster, node=node)
+    except (KeyError, IndexError) as e:
+        raise FatpipeError(f"remote dir {template!r}: unknown placeholder {e}; use {{cluster}} or {{node}}") from None
+
+
+def trainer_entry(run_rel: str, train_args: list[str]) -> list[str]:
+    return ["-m", TRAINER_MODULE, "--out", run_rel, *train_args]
+
+
+def script_entry(project_root: Path, script_args: list[str], shared_fs: bool) -> list[str]:
+    """The user's `SCRIPT ARGS` (or `-m MODULE ARGS`), the script made relative to the project folder."""
+    if not script_args:
+        raise FatpipeError("no script given")
+    first = script_args[0]
+    if first in ("-m", "--module") or first.startswith("-"):
+        return list(script_args)
+    path = Path(first).expanduser().resolve()
+    if not path.is_file():
+        raise FatpipeError(f"{first}: no such script")
+    try:
+        shown = str(path.relative_to(project_root.resolve()))
+    except ValueError:
+        if not shared_fs:
+            raise FatpipeError(
+                f"{first} lies outside the project folder {project_root}, which is what gets copied to the nodes"
+            ) from None
+        shown = str(path)
+    return [shown, *script_args[1:]]
+
+
+def plan_rendezvous(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None = None,
+                    train_args: list[str] | None = None, options: RunOptions = DEFAULT_RUN) -> Rendezvous:
+    """The rendezvous of one run: `entry` is the user's script and args, None for the built-in trainer."""
+    run_rel = Path(os.path.relpath(run_dir, project.root)).as_posix()
+    if run_rel.startswith(".."):
+        raise FatpipeError(f"run folder {run_dir} must lie inside the project folder {project.root}")
+    builtin = entry is None
+    train_args = train_args if train_args is not None else project.train.trainer_args()
+    if builtin:
+        entry = trainer_entry(run_rel, train_args)
+    nproc = options.nproc_per_node or outputs.gpus_per_node or 1
+    nnodes = len(outputs.nodes)
+    nodes = [
+        _node_plan(project, outputs, rank, node, nnodes * nproc, options.remote_python)
+        for rank, node in enumerate(outputs.nodes)
+    ]
+    rdzv = Rendezvous(
+        run_id=run_id, cluster=outputs.name, provider=outputs.provider, nnodes=nnodes,
+        nproc_per_node=nproc, rdzv_backend="c10d", rdzv_endpoint=outputs.rdzv_endpoint,
+        max_restarts=options.max_restarts, join_timeout_s=options.join_timeout_s, run_rel=run_rel,
+        entry=list(entry),
+        builtin_trainer=builtin, tier_gbps=outputs.tier_gbps,
+        gpus_per_node=outputs.gpus_per_node, data_path=_data_path(project, outputs.name),
+        created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
+    )
+    for node in nodes:
+        node.command = torchrun_command(rdzv, node)
+        if not builtin:  # where a script using fatpipe.trainer.api finds its run (trainer/api/__init__.py)
+            node.env |= {"FATPIPE_RUN_DIR": run_rel, "FATPIPE_TRAIN_ARGS": shlex.join(train_args)}
+    return rdzv
+
+
+def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str | None) -> NodePlan:
+    shared = node.transport in ("local", "netns")
+    env = {
+        "FATPIPE_CLUSTER": outputs.name,
+        "FATPIPE_NODE_NAME": node.name,
+        "FATPIPE_NODE_RANK": str(rank),
+        "FATPIPE_PRIVATE_IP": node.private_ip,
+        "FATPIPE_TIER_GBPS": f"{outputs.tier_gbps:g}",
+        "PYTHONUNBUFFERED": "1",  # the per-node log streams line by line, not in 8 KiB blocks
+    }
+    env |= outputs.nccl or _tier_nccl(outputs.tier_gbps)  # outputs from before they carried it
+    if shared:
+        # Sim nodes share one machine: NCCL would use shared memory and bypass the shaped links,
+        # and every rank using every core would oversubscribe the CPUs.
+        env |= {"NCCL_SHM_DISABLE": "1", "NCCL_P2P_DISABLE": "1",
+                "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+        workdir, python = str(project.root), sys.executable
+    else:
+        workdir = node.remote_dir or remote_dir(outputs.name, node.name)
+        python = remote_python or f"{REMOTE_VENV}/bin/python"
+    return NodePlan(
+        rank=rank, name=node.name, transport=node.transport, private_ip=node.private_ip,
+        public_ip=node.public_ip, netns=node.netns, workdir=workdir, python=python,
+        ssh_user=node.ssh_user or outputs.ssh_user, ssh_port=node.ssh_port, ssh_key_file=node.ssh_key_file,
+        ssh_host=node.ssh_host, env=env,
+    )
+
+
+def _data_path(project, cluster: str) -> str | None:
+    from fatpipe.infra.dataspec import cluster_data
+
+    data = cluster_data(project.spec, cluster)
+    return data.path if data else None
+
+
+def _tier_nccl(gbps: float) -> dict[str, str]:
+    """NCCL socket settings of the tier (threads and sockets per peer): nodes of every provider get them."""
+    return dict(tier_profile(tier_name(gbps)).nccl)
+
+
+def make_rendezvous(project, outputs, run_id: str, run_dir: Path, train=None,
+                    script: list[str] | None = None, options: RunOptions = DEFAULT_RUN) -> Rendezvous:
+    """Plan and write a run's rendezvous: the user's `script` (with args) or the built-in trainer.
+
+    `train` is the TrainSpec for the built-in trainer (default: the project's [train]).
+    """
+    train_args = (train or project.train).trainer_args()  # a script's run settings too
+    entry = None
+    if script:
+        shared = all(node.transport in ("local", "netns") for node in outputs.nodes)
+        entry = script_entry(project.root, script, shared)
+    rdzv = plan_rendezvous(project, outputs, run_id, run_dir, entry=entry, train_args=train_args, options=options)
+    write_rendezvous(rdzv, run_dir)
+    return rdzv
+
+
+def read_rendezvous(run_dir: Path) -> Rendezvous:
+    path = Path(run_dir) / RENDEZVOUS_FILE
+    try:
+        return Rendezvous.from_json(json.loads(path.read_text()))
+    except FileNotFoundError:
+        raise FatpipeError(f"{path}: no rendezvous (fatpipe rendezvous)") from None
+    except (ValueError, TypeError, KeyError) as e:
+        raise FatpipeError(f"{path}: not a fatpipe rendezvous ({e})") from None

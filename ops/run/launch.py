@@ -1,0 +1,171 @@
+"""Start a rendezvous'd run on every node, stream the per-node logs, stop it, collect exit codes.
+
+Ctrl-C signals every node's process group. `run_on_all_nodes` is the one call other parts use
+(netcheck runs its sweep through it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+from fatpipe.infra.defaults import UNREACHABLE_TIMEOUT_S
+from fatpipe.infra.errors import FatpipeError
+
+from ..env.nodeenv import check_node_envs
+from ..rdzv.nodefiles import write_rendezvous
+from ..rdzv.noderun import (
+    LaunchResult,
+    Log,
+    NodeRun,
+    Sink,
+    node_runs,
+    node_states,
+    run_nodes,
+)
+from ..rdzv.rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, plan_rendezvous
+from ..reach.transport import fan_out
+from .failure import describe_failure
+from .follow import (
+    FAIL_GRACE_S,
+    NodesUnreachable,
+    follow_nodes,
+    read_end,
+    stop_nodes,
+)
+from .prepare import prepare_envs, prepare_node
+from .runsync import pull_runs
+
+
+def start_nodes(nodes: list[NodeRun]) -> None:
+    results = fan_out(lambda n: n.transport.run(n.start_command(), timeout=60), nodes)
+    failed = [f"{n.transport.describe()}: {r.reason()}" for n, r in zip(nodes, results, strict=True) if not r.ok]
+    if failed:
+        stop_nodes(nodes)
+        raise FatpipeError("could not start the run on every node:\n  " + "\n  ".join(failed))
+
+
+def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None,
+           log: Log = lambda _: None, timeout_s: float | None = None, detach: bool = False,
+           unreachable_s: float | None = None) -> LaunchResult:
+    """Prepare every node, start the run, stream its logs, and return how it ended.
+
+    Ctrl-C (KeyboardInterrupt) or the timeout stops the run on every node before returning. A
+    node out of reach for longer than `unreachable_s` (default UNREACHABLE_TIMEOUT_S) ends the
+    follow, not the run: the result names it in `unknown` and nothing is stopped.
+    """
+    unreachable_s = unreachable_s or UNREACHABLE_TIMEOUT_S
+    state_dir = project.state_dir(rdzv.cluster)
+    nodes = node_runs(rdzv, state_dir)
+    result = LaunchResult(rdzv.run_id, Path(run_dir))
+    started, since = time.monotonic(), time.time()
+    try:
+        fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
+        prepare_envs(project, nodes, rdzv.gpus_per_node, log)  # after the project: its requirements file
+        log(check_node_envs(nodes, run_dir))  # unequal nodes are refused before anything starts
+        try:
+            start_nodes(nodes)
+        except KeyboardInterrupt:  # some nodes may have started already
+            stop_nodes(nodes)
+            raise
+        if detach:
+            log(f"started run {rdzv.run_id} on {len(nodes)} node(s)")
+            return result
+        try:  # from here a Ctrl-C or SIGTERM stops every node
+            log(f"started run {rdzv.run_id} on {len(nodes)} node(s)")
+            result.exit_codes = follow_nodes(nodes, sink, timeout_s=timeout_s, fail_grace_s=FAIL_GRACE_S,
+                                             stopped=result.stopped, unreachable_s=unreachable_s)
+        except NodesUnreachable as e:
+            log(f"{e}: stopped following; the run goes on on its nodes")
+            result.exit_codes = e.codes
+            result.unknown = {n.name: "unreachable" if n.name in e.nodes else "running"
+                              for n in nodes if n.name not in e.codes}
+        except TimeoutError as e:
+            log(f"{e}: stopping every node")
+            result.timed_out = True
+            stop_nodes(nodes)
+            read_ends(nodes, result)
+        except KeyboardInterrupt:
+            log("interrupted: stopping every node")
+            result.interrupted = True
+            stop_nodes(nodes)
+            read_ends(nodes, result)
+        ended = [n for n in nodes if n.name not in result.unknown]
+        for failure in pull_ended(ended, Path(run_dir), unreachable_s, log):
+            log(failure)
+        result.stopped += [n.name for n in ended if n.name not in result.stopped
+                           and (Path(run_dir) / f"node-{n.plan.rank}.stop").exists()]
+        result.failure = describe_failure(result, rdzv, since, project.root)
+    finally:
+        result.elapsed_s = time.monotonic() - started
+    return result
+
+
+def read_ends(nodes: list[NodeRun], result: LaunchResult) -> None:
+    """Each node's end after a stop, as the node records it; one out of reach is `unknown`."""
+    for node, end in zip(nodes, fan_out(read_end, nodes), strict=True):
+        if end.ended:
+            result.exit_codes[node.name] = end.code
+        else:
+            result.unknown[node.name] = end.state
+
+
+def pull_ended(nodes: list[NodeRun], run_dir: Path, within_s: float, log: Log) -> list[str]:
+    """Pull what ended nodes wrote; a node whose pull failed is tried again, with pauses, while
+    it answers within `within_s` (a connection that dropped just then). The failures left."""
+    pulled = pull_runs(nodes, run_dir)
+    placed = set(pulled.placed)
+    deadline, pause = time.monotonic() + within_s, 5.0
+    while pulled.failed and time.monotonic() + pause < deadline:
+        left = [n for n in nodes if not n.transport.shares_fs and n.name not in placed]
+        log(f"pulling again from {', '.join(n.name for n in left)} in {pause:g} s")
+        time.sleep(pause)
+        pulled = pull_runs(left, run_dir)
+        placed |= set(pulled.placed)
+        pause = min(pause * 2, 60.0)
+    return pulled.failed
+
+
+def running_nodes(project, cluster: str) -> tuple[str, list[str]] | None:
+    """(run id, nodes still running it) for the cluster's latest run, or None when nothing runs.
+
+    A second run would collide with it on the rendezvous port and the CPUs.
+    """
+    try:
+        run_id, _, nodes = run_nodes(project, cluster)
+    except FatpipeError:
+        return None
+    states = node_states(nodes)
+    busy = [n.name for n, state in zip(nodes, states, strict=True) if state == "running"]
+    return (run_id, busy) if busy else None
+
+
+def refuse_if_running(project, cluster: str) -> None:
+    busy = running_nodes(project, cluster)
+    if busy:
+        run_id, names = busy
+        raise FatpipeError(f"run {run_id} is still running on {', '.join(names)}: follow it with "
+                           f"`fatpipe logs {cluster} -f` or end it with `fatpipe stop {cluster}`")
+
+
+def run_on_all_nodes(project, outputs, entry: list[str], *, run_dir: Path | None = None,
+                     options: RunOptions = DEFAULT_RUN, timeout_s: float | None = 600,
+                     sink: Sink | None = None, log: Log = lambda _: None) -> LaunchResult:
+    """Run a torchrun entry on every node of `outputs` and wait for it: the call netcheck uses.
+
+    `entry` is what follows torchrun's options, e.g. `["-m", "fatpipe.trainer.net.netbench", ...]`
+    or `["train.py", "--lr", "1e-3"]`. Without `run_dir` a new run is made under
+    `.fatpipe/<cluster>/runs/`; a given `run_dir` (inside the project folder) gets the
+    rendezvous files, logs and exit files, and its last two path parts name the run.
+    """
+    from fatpipe.infra.runs import new_run
+
+    if run_dir is None:
+        run_id, run_dir = new_run(project, outputs.name)
+    else:
+        run_dir = Path(run_dir)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        run_id = "-".join(run_dir.resolve().parts[-2:])
+    rdzv = plan_rendezvous(project, outputs, run_id, run_dir, entry=entry, options=options)
+    write_rendezvous(rdzv, run_dir)
+    return launch(project, rdzv, run_dir, sink=sink, log=log, timeout_s=timeout_s)

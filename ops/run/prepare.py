@@ -1,0 +1,68 @@
+"""Get ssh nodes ready for a run: ship the project, the run folder and the trainer; make the venvs.
+
+Sim nodes share this machine's files and interpreter and need none of it.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
+from fatpipe.infra.nodevenv import node_venv, venv_stamp
+
+from ..data.datacheck import data_excludes
+from ..env.nodewheels import build_node_envs
+from ..env.projectsync import push_project
+from ..env.shipped import SYNC_EXCLUDES, trainer_package_dir
+from ..rdzv.noderun import Log, NodeRun
+from ..reach.projectdir import claim_and_say
+from .runsync import push_run
+
+
+def pulled_excludes(project) -> tuple[str, ...]:
+    """rsync patterns, anchored at the project folder, for the paths `[run] pull` brings back."""
+    return tuple(f"/{path}" for path in project.spec.run.pull)
+
+
+def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
+    """Ship the project, the run's inputs and the trainer package to an ssh node (its Python:
+    prepare_envs, then the ops.nodeenv probe)."""
+    t, plan = node.transport, node.plan
+    if t.shares_fs:
+        return
+    claim_and_say(t, plan.workdir, node.rdzv.cluster, project.project_id, log)  # never another's folder
+    # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
+    # never shipped again, never deleted. Nor is the run folder, nor anything a run wrote
+    # (ops.projectsync deletes only what an earlier push sent and this project no longer has).
+    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
+    started = time.monotonic()
+    for line in push_project(t, project.root, plan.workdir, (*excludes, f"/{node.rdzv.run_rel}/")).lines():
+        log(f"{node.name}: {line}")
+    log(f"{node.name}: copy the project folder ({time.monotonic() - started:.1f} s)")
+    steps: list[tuple[str, Callable[[], object]]] = [
+        # The run's inputs only: what the node made there (checkpoints, logs, metrics) stays.
+        ("copy the run's inputs", lambda: push_run(node, run_dir)),
+    ]
+    # Every run: the built-in trainer is the package, and a script may import fatpipe.trainer.api.
+    trainer_dir = trainer_package_dir()
+    steps.append(("copy the trainer",
+                  lambda: t.push(trainer_dir, f"{plan.workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES)))
+    # A given interpreter (an image that ships torch) is not checked here: the node environment
+    # probe that follows (ops.nodeenv) imports torch and names a node that cannot.
+    for what, step in steps:
+        started = time.monotonic()
+        result = step()
+        if not result.ok:
+            raise FatpipeError(f"{t.describe()}: {what} failed: {result.reason()}")
+        log(f"{node.name}: {what} ({time.monotonic() - started:.1f} s)")
+
+
+def prepare_envs(project, nodes: list[NodeRun], gpus: int, log: Log) -> None:
+    """The venvs of the nodes that run in fatpipe's venv, from one download (ops/env/nodewheels.py)."""
+    built = [n for n in nodes if not n.transport.shares_fs and n.plan.python == f"{REMOTE_VENV}/bin/python"]
+    if built:
+        venv = node_venv(project, built[0].rdzv.cluster, gpus)  # its cluster's [node], resolved
+        build_node_envs(built, venv, venv_stamp(project.root, venv), log)

@@ -1,0 +1,50 @@
+"""How a run already under way or over ended, told after the fact (`fatpipe logs`), as a
+followed launch tells it when it ends: each node's exit status and the nodes fatpipe stopped.
+
+A node's `node-<rank>.exit` in the run folder here is final (written by its wrapper, on a sim
+node directly, on an ssh node pulled back); a node without one is asked. The `node-<rank>.stop`
+marker is what `fatpipe stop` (and a launch stopping the others after one failed) leaves before
+it signals the node: a node with one did not fail on its own.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from fatpipe.infra.runinfo import recorded_exits
+
+from ..rdzv.noderun import LaunchResult, NodeRun, node_states
+
+
+def node_exits(run_dir: Path, nodes: list[NodeRun], gone: set[str]) -> dict[str, int | None] | None:
+    """{node: exit status, None when its process was lost}, or None while the run is not over
+    (a node still running it, not started, or not answering). `gone` nodes (a sim cluster
+    taken down) are not asked: their folder here is all there is."""
+    recorded = recorded_exits(Path(run_dir))
+    pending = [n for n in nodes if f"node-{n.plan.rank}" not in recorded and n.name not in gone]
+    asked = dict(zip([n.name for n in pending], node_states(pending), strict=True))
+    codes: dict[str, int | None] = {}
+    for node in nodes:
+        state = asked.get(node.name, "")
+        if f"node-{node.plan.rank}" in recorded:
+            codes[node.name] = recorded[f"node-{node.plan.rank}"]
+        elif node.name in gone or state == "lost":
+            codes[node.name] = None
+        elif state.lstrip("-").isdigit():
+            codes[node.name] = int(state)
+        else:
+            return None
+    return codes
+
+
+def ended_result(run_id: str, run_dir: Path, nodes: list[NodeRun], codes: dict[str, int | None]) -> LaunchResult:
+    """The LaunchResult a followed launch would have had: `codes` with the stopped nodes."""
+    stopped = [n.name for n in nodes if (Path(run_dir) / f"node-{n.plan.rank}.stop").exists()]
+    return LaunchResult(run_id, Path(run_dir), dict(codes), stopped=stopped)
+
+
+def stopped_by_fatpipe(result: LaunchResult) -> bool:
+    """Whether every node that ended badly was stopped (`fatpipe stop`, a Ctrl-C, a timeout):
+    a run ended so did not fail, and no failure line names a cause."""
+    bad = [name for name, code in result.exit_codes.items() if code != 0]
+    return bool(bad) and all(name in result.stopped for name in bad)
