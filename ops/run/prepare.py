@@ -29,14 +29,14 @@ def pulled_excludes(project) -> tuple[str, ...]:
 
 def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
     """Ship the project, the run's inputs and the trainer package to an ssh node (its Python:
-    prepare_envs, then the ops.nodeenv probe)."""
+    prepare_envs, then the ops.env.nodeenv probe)."""
     t, plan = node.transport, node.plan
     if t.shares_fs:
         return
     claim_and_say(t, plan.workdir, node.rdzv.cluster, project.project_id, log)  # never another's folder
     # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
     # never shipped again, never deleted. Nor is the run folder, nor anything a run wrote
-    # (ops.projectsync deletes only what an earlier push sent and this project no longer has).
+    # (ops.env.projectsync deletes only what an earlier push sent and this project no longer has).
     excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
     started = time.monotonic()
     for line in push_project(t, project.root, plan.workdir, (*excludes, f"/{node.rdzv.run_rel}/")).lines():
@@ -51,7 +51,7 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     steps.append(("copy the trainer",
                   lambda: t.push(trainer_dir, f"{plan.workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES)))
     # A given interpreter (an image that ships torch) is not checked here: the node environment
-    # probe that follows (ops.nodeenv) imports torch and names a node that cannot.
+    # probe that follows (ops.env.nodeenv) imports torch and names a node that cannot.
     for what, step in steps:
         started = time.monotonic()
         result = step()
