@@ -183,7 +183,12 @@ def test_a_record_is_never_grown_in_place():
     ({**WITH_PROBE_S, "link": {"latency_s": 1e-3, "source": "probe"}}, "link: no 'busbw_gbps'"),
     ({**WITH_PROBE_S, "switches": [{"step": 20}]}, "switch: no 'from'"),
     ({**WITH_PROBE_S, "predicted": {"bf16": {"step_s": "fast"}}}, "'step_s' is 'fast'"),
+    ({**WITH_PROBE_S, "link": {**WITH_PROBE_S["link"], "half_rate": {"bf16": "x"}}},
+     "half_rate: 'bf16' is 'x', not a number"),
+    ({**WITH_PROBE_S, "switch_refused": {"step": 40, "to": "powersgd"}}, "no 'why'"),
+    ({**WITH_PROBE_S, "switches": "none"}, "'switches' is 'none', not a list"),
     ({**WITH_PROBE_S, "schema": SCHEMA + 1}, f"schema {SCHEMA + 1}: this fatpipe reads"),
+    ({**WITH_PROBE_S, "schema": "1"}, "schema '1': this fatpipe reads"),
 ])
 def test_an_unreadable_decision_is_refused_in_one_line_naming_it(payload, says, tmp_path):
     with pytest.raises(DecisionUnreadable) as refused:

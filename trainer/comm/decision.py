@@ -161,9 +161,9 @@ def read_decision(payload: object) -> CommDecision:
 
 def _read_link(link: object) -> LinkEstimate:
     r = _Reader(link, "comm decision link")
-    half = r.mapping("half_rate")
+    half = _Reader(r.mapping("half_rate"), "comm decision link half_rate")
     return LinkEstimate(r.num("busbw_gbps"), r.num("latency_s", 0.0), r.text("source"),
-                        {str(k): _Reader(half, "half_rate").num(k) for k in half})
+                        {str(k): half.num(k) for k in half.d})
 
 
 def _read_predicted(predicted: Mapping, compute_s: float) -> dict[str, dict]:
