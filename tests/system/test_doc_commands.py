@@ -86,7 +86,10 @@ def write_project(folder: Path) -> None:
     (folder / "input.txt").write_text(text)
     (folder / "examples").mkdir()
     shutil.copy(REPO / "examples" / "ddp_script.py", folder / "examples" / "ddp_script.py")
-    shutil.copy(REPO / "examples" / "ddp_script.py", folder / "train.py")
+    script = (REPO / "examples" / "ddp_script.py").read_text()  # train.py: the example, 4 steps
+    few = script.replace('"--steps", type=int, default=50', f'"--steps", type=int, default={MAX_STEPS}')
+    assert few != script
+    (folder / "train.py").write_text(few)
     (folder / "out").mkdir()
     (folder / "out" / "ckpt.pt").write_bytes(b"what a script wrote")
 
@@ -121,3 +124,4 @@ def test_every_runnable_doc_command_runs_on_the_sim(project_dir):
     assert failed == []
     assert not (project_dir / ".fatpipe" / CLUSTER / "outputs.json").exists()
     assert (project_dir / "data" / "tok").is_dir() and (fresh / "fatpipe.toml").exists()
+    assert (project_dir / "got" / f"{CLUSTER}-1" / "out" / "ckpt.pt").read_bytes() == b"what a script wrote"
