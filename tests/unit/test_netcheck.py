@@ -142,10 +142,34 @@ def test_gate_single_node_has_no_link_to_judge():
     assert evaluate_gate(1, 0.0, 256 * MiB, [], nnodes=1).passed
 
 
-def test_quick_options_stop_at_32_mib():
-    assert NetcheckOptions().max_size == 256 * MiB
-    assert NetcheckOptions(quick=True).max_size == 32 * MiB
-    assert NetcheckOptions(quick=True, max_size=MiB).max_size == MiB
+def test_quick_options_measure_one_large_size():
+    assert (NetcheckOptions().min_size, NetcheckOptions().max_size) == (MiB, 256 * MiB)
+    assert (NetcheckOptions(quick=True).min_size, NetcheckOptions(quick=True).max_size) == (64 * MiB, 64 * MiB)
+    assert (NetcheckOptions(quick=True, max_size=MiB).min_size, NetcheckOptions(quick=True, max_size=MiB).max_size) == (MiB, MiB)
+    assert NetcheckOptions(quick=True, min_size=16 * MiB).min_size == 16 * MiB  # a sweep when asked
+
+
+def quick_plan(options: NetcheckOptions) -> list[tuple[int, int, int]]:
+    """(size, warm-up, timed) for each all-reduce size netbench would run with these options."""
+    args = nb.parse_args(options.netbench_args(outputs(), "x.json")[2:])
+    return [(size, *nb.iterations(size, args.quick)) for size in nb.sweep_sizes(args.min_size, args.max_size)]
+
+
+def test_quick_plan_moves_a_fraction_of_the_sweeps_bytes_at_the_gated_size():
+    quick, full = quick_plan(NetcheckOptions(quick=True)), quick_plan(NetcheckOptions())
+    assert quick == [(64 * MiB, 1, 4)]  # one size, large enough that the link's rate sets its time
+    moved = {name: sum(size * (warmup + timed) for size, warmup, timed in plan)
+             for name, plan in (("quick", quick), ("full", full))}
+    assert moved["quick"] * 6 <= moved["full"]  # the quick check's bytes fit in a third of the time, twice over
+
+
+def test_quick_p2p_runs_once_per_node_with_many_streams():
+    from fatpipe.trainer.net.netp2p import p2p_stream_counts
+
+    quick = nb.parse_args(NetcheckOptions(quick=True, streams=4).netbench_args(outputs(), "x.json")[2:])
+    full = nb.parse_args(NetcheckOptions(streams=4).netbench_args(outputs(), "x.json")[2:])
+    assert (p2p_stream_counts(quick), p2p_stream_counts(full)) == ([4], [1, 4])
+    assert p2p_stream_counts(nb.parse_args(["--out", "x", "--quick"])) == [1, 4]  # netbench's own --quick keeps both
 
 
 def test_options_validate():

@@ -68,6 +68,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--p2p-tool", choices=("auto", "iperf3", "socket"), default="auto")
     p.add_argument("--p2p-seconds", type=float, default=3.0)
     p.add_argument("--streams", type=int, default=4, help="parallel streams of the multi-stream test")
+    p.add_argument("--no-single-flow", dest="single_flow", action="store_false",
+                   help="p2p with --streams streams only, not also with one (a quick check's one run per node)")
     p.add_argument("--pairs", action="store_true",
                    help="also every node pair: throughput, latency and jitter (netpairs; port --p2p-port + 1 too)")
     args = p.parse_args(argv)

@@ -24,7 +24,7 @@ def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
     clients = [n for n in nodes if n is not server]
     # Every node's iperf3 flag, this one's included, so every rank resolves the same tool.
     tool = p2p.resolve_tool(args.p2p_tool, peers_have_iperf3=all(n["iperf3"] for n in nodes))
-    stream_counts = sorted({1, args.streams})
+    stream_counts = p2p_stream_counts(args)
     proc, problem = None, None
     if bench.rank == server["rank"]:
         proc = p2p.start_server(tool, server["ip"], args.p2p_port)
@@ -55,6 +55,12 @@ def run_p2p(bench: Bench, ranks: list[dict], args) -> dict | None:
     results = [r for part in gathered for r in part]
     return {"tool": tool, "server_ip": server["ip"], "port": args.p2p_port,
             "seconds": args.p2p_seconds, "streams": stream_counts, "results": results}
+
+
+def p2p_stream_counts(args) -> list[int]:
+    """The stream counts each client sends with: 1 (what gloo gets per peer) and --streams, or
+    --streams alone with --no-single-flow (the link's capacity, which the gate judges)."""
+    return sorted({1, args.streams}) if getattr(args, "single_flow", True) else [args.streams]
 
 
 def _p2p_row(server: dict, client: dict, result: dict) -> dict:
