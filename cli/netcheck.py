@@ -28,12 +28,13 @@ def _size(ctx, param, value):
               help="Pass when busbw at the largest size and every pair reach this fraction of the tier.")
 @click.option("--no-gate", is_flag=True, help="Report only: exit 0 even when the links fall short.")
 @click.option("--max-size", default=None, callback=_size,
-              help="Largest all-reduce of the sweep, e.g. 64M  [default: 256M, 64M with --quick]")
+              help="Largest all-reduce of the sweep, e.g. 64M  [default: 256M; with --quick from the tier]")
 @click.option("--min-size", default=None, callback=_size,
               help="Smallest all-reduce  [default: 1M; with --quick the largest size only]")
 @click.option("--quick", is_flag=True,
-              help="One 64M all-reduce size with few iterations and one 1 s multi-stream p2p run per node: "
-                   "the busbw the gate and comm=auto read, in a third of the sweep's time (`up --netcheck quick`).")
+              help="One all-reduce size the tier makes rate-bound (32M at 1 Gbit/s on 4 nodes), few iterations, "
+                   "one 1 s multi-stream p2p run per node: the busbw the gate and comm=auto read "
+                   "(`up --netcheck quick`).")
 @click.option("--streams", type=click.IntRange(1, 64), default=4, show_default=True,
               help="Parallel TCP streams of the multi-stream p2p test.")
 @click.option("--p2p-seconds", type=click.FloatRange(1, 60), default=3.0, show_default=True,

@@ -2,9 +2,28 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 from .netgate import fmt_size
+
+
+def preload() -> threading.Thread:
+    """Import matplotlib in the background (seconds on a busy machine) while the nodes measure,
+    so the plot after the benchmark does not wait for it; plot_busbw's own import then finds it."""
+
+    def load() -> None:
+        try:
+            import matplotlib
+
+            matplotlib.use("Agg")
+            import matplotlib.pyplot  # noqa: F401
+        except Exception:  # plot_busbw imports it again and reports what is wrong
+            pass
+
+    thread = threading.Thread(target=load, name="preload-matplotlib", daemon=True)
+    thread.start()
+    return thread
 
 
 def plot_busbw(doc: dict, path: Path) -> Path:

@@ -142,25 +142,40 @@ def test_gate_single_node_has_no_link_to_judge():
     assert evaluate_gate(1, 0.0, 256 * MiB, [], nnodes=1).passed
 
 
-def test_quick_options_measure_one_large_size():
-    assert (NetcheckOptions().min_size, NetcheckOptions().max_size) == (MiB, 256 * MiB)
-    assert (NetcheckOptions(quick=True).min_size, NetcheckOptions(quick=True).max_size) == (64 * MiB, 64 * MiB)
-    assert (NetcheckOptions(quick=True, max_size=MiB).min_size, NetcheckOptions(quick=True, max_size=MiB).max_size) == (MiB, MiB)
-    assert NetcheckOptions(quick=True, min_size=16 * MiB).min_size == 16 * MiB  # a sweep when asked
+def test_quick_measures_one_size_the_tier_makes_rate_bound():
+    from fatpipe.ops.net.netcheck import quick_size
+
+    assert NetcheckOptions().sizes(4, 1) == (MiB, 256 * MiB)  # the sweep, whatever the tier
+    assert NetcheckOptions(quick=True).sizes(4, 1) == (32 * MiB, 32 * MiB)
+    # One all-reduce lasts at least a quarter second at the tier, so latency is < 1% of it.
+    for nnodes in (2, 3, 4, 8, 64):
+        for tier in (1, 10, 25):
+            size = quick_size(nnodes, tier)
+            seconds = size * (2 * (nnodes - 1) / nnodes) * 8 / (tier * 1e9)
+            assert size == 256 * MiB or seconds >= 0.25, (nnodes, tier, size)
+            assert size == MiB or seconds / 2 < 0.25 * 1.01  # and no larger than that asks
+    assert quick_size(4, 10) == quick_size(4, 25) == 256 * MiB  # never beyond the sweep's largest
+    assert NetcheckOptions(quick=True, max_size=MiB).sizes(4, 1) == (MiB, MiB)
+    assert NetcheckOptions(quick=True, min_size=4 * MiB).sizes(4, 1) == (4 * MiB, 32 * MiB)  # a sweep when asked
+    assert NetcheckOptions(quick=True, min_size=64 * MiB).sizes(4, 1) == (64 * MiB, 64 * MiB)
 
 
-def quick_plan(options: NetcheckOptions) -> list[tuple[int, int, int]]:
+def quick_plan(options: NetcheckOptions, nnodes: int = 4) -> list[tuple[int, int, int]]:
     """(size, warm-up, timed) for each all-reduce size netbench would run with these options."""
-    args = nb.parse_args(options.netbench_args(outputs(), "x.json")[2:])
+    out = outputs()
+    assert len(out.nodes) == nnodes and out.tier_gbps == 1
+    args = nb.parse_args(options.netbench_args(out, "x.json")[2:])
     return [(size, *nb.iterations(size, args.quick)) for size in nb.sweep_sizes(args.min_size, args.max_size)]
 
 
 def test_quick_plan_moves_a_fraction_of_the_sweeps_bytes_at_the_gated_size():
     quick, full = quick_plan(NetcheckOptions(quick=True)), quick_plan(NetcheckOptions())
-    assert quick == [(64 * MiB, 1, 4)]  # one size, large enough that the link's rate sets its time
+    assert quick == [(32 * MiB, 1, 4)]  # one size, large enough that the link's rate sets its time
     moved = {name: sum(size * (warmup + timed) for size, warmup, timed in plan)
              for name, plan in (("quick", quick), ("full", full))}
-    assert moved["quick"] * 6 <= moved["full"]  # the quick check's bytes fit in a third of the time, twice over
+    assert moved["quick"] * 10 <= moved["full"]
+    options = NetcheckOptions(quick=True)
+    assert options.estimate_s(4, 1) < NetcheckOptions().estimate_s(4, 1)
 
 
 def test_quick_p2p_runs_once_per_node_with_many_streams():
