@@ -10,10 +10,13 @@ Two ways, side by side in one run, each from cold folders (no venv, no wheels):
   venvs were built before wheels travelled like data), then `fatpipe up`;
 - after: `fatpipe up` alone: node 0 downloads once, the others install from it offline.
 
-Then the API's step overhead on a user script (bench/api_overhead.py, run as it is). Needs root,
-sshd and terraform, like the sim's system tests.
+Then, on the nodes now warm, `fatpipe launch -- examples/ddp_script.py` to its first step against
+the same script started by hand with torchrun (bench/warm_launch.py: the ratio, alternating,
+medians of `--repeat`), and the API's step overhead on a user script (bench/api_overhead.py, run as
+it is). `--warm` runs the warm comparison alone (a few minutes). Needs root, sshd and terraform,
+like the sim's system tests.
 
-    sudo .venv/bin/python bench/first_step.py [--nodes 4] [--out bench/results]
+    sudo .venv/bin/python bench/first_step.py [--warm] [--repeat 3] [--nodes 4] [--out bench/results]
 """
 
 from __future__ import annotations
@@ -40,7 +43,10 @@ from fatpipe.ops.reach.transport import fan_out, transports_for
 NAME, OCTET = "bench-wheels", 229  # an octet no system test uses
 BENCH = Path(__file__).resolve().parent
 sys.path.insert(0, str(BENCH.parent / "tests"))  # the counting index the node-wheels test uses
+import warm_launch  # noqa: E402
 from wheelindex import CountingIndex  # noqa: E402
+
+CLI = [sys.executable, "-m", "fatpipe.cli"]
 
 
 def cli_env() -> dict[str, str]:
@@ -159,7 +165,14 @@ def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--nodes", type=int, default=4)
     p.add_argument("--out", type=Path, default=BENCH / "results")
+    p.add_argument("--repeat", type=int, default=3, help="runs of each way in the warm comparison")
+    p.add_argument("--warm", action="store_true", help="only launch against torchrun by hand on warm nodes")
+    p.add_argument("--name", default=NAME, help="the sim cluster's name")
+    p.add_argument("--octet", type=int, default=OCTET, help="its private network: 10.OCTET.0.0/24")
     args = p.parse_args()
+    globals().update(NAME=args.name, OCTET=args.octet)  # what project_toml and the scenarios read
+    if args.warm:
+        return warm_only(args)
     with tempfile.TemporaryDirectory(prefix="fp-first-step-") as tmp:
         folder, files = Path(tmp) / "project", Path(tmp) / "files"
         folder.mkdir()
@@ -182,6 +195,7 @@ def main() -> int:
                    "nodes": args.nodes, "wheel_bytes": sum(f.stat().st_size for f in files.glob("*.whl")),
                    "before": scenario(folder, outputs, index, before=True),
                    "after": scenario(folder, outputs, index, before=False)}
+            doc["warm_launch"] = warm_launch.compare(folder, CLI, cli_env(), args.repeat)
             index.server.shutdown()
         finally:
             cli(folder, "down", NAME, timeout=600)
@@ -195,7 +209,27 @@ def main() -> int:
     o = doc["api_overhead"]
     print(f"API step overhead: ratio {o['ratio']:.3f} ({(o['ratio'] - 1) * 100:+.1f}%, goal < 2%); "
           f"load {b['load_after']:.1f} / {a['load_after']:.1f} / {o['load_after']:.1f} after each part")
+    warm_launch.print_table(doc["warm_launch"], args.nodes)
     return 0 if b["ok"] and a["ok"] else 1
+
+
+def warm_only(args) -> int:
+    """Deploy, warm the nodes with one launch, then launch against torchrun by hand."""
+    with tempfile.TemporaryDirectory(prefix="fp-first-step-") as tmp:
+        folder = Path(tmp) / "project"
+        folder.mkdir()
+        (folder / "fatpipe.toml").write_text(project_toml(args.nodes))
+        deployed = cli(folder, "deploy", NAME, "--yes")
+        if deployed.returncode:
+            raise SystemExit(deployed.stdout[-3000:])
+        try:
+            doc = warm_launch.compare(folder, CLI, cli_env(), args.repeat)
+        finally:
+            cli(folder, "down", NAME, timeout=600)
+    args.out.mkdir(parents=True, exist_ok=True)
+    (args.out / "first_step_warm.json").write_text(json.dumps(doc, indent=2) + "\n")
+    warm_launch.print_table(doc, args.nodes)
+    return 0
 
 
 if __name__ == "__main__":

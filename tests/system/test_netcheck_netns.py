@@ -154,6 +154,8 @@ def test_a_node_at_a_quarter_of_the_tier_is_named(sim_cluster):
         reshape_node(CLUSTER, 2, 1.0)
     doc = failed.value.doc
     assert failed.value.exit_code == 1
+    # The quick check's plan on real nodes: the one size asked for, one multi-stream run per node.
+    assert [row["size"] for row in doc["allreduce"]] == [16 << 20] and doc["p2p"]["streams"] == [4]
     pair_reasons = [r for r in doc["gate"]["reasons"] if r.startswith("node ")]
     assert len(pair_reasons) == 1 and pair_reasons[0].startswith(f"node {slow}: p2p 0.2"), doc["gate"]
     assert f"node {slow}" in str(failed.value)
