@@ -223,7 +223,9 @@ def warm_only(args) -> int:
         if deployed.returncode:
             raise SystemExit(deployed.stdout[-3000:])
         try:
-            doc = warm_launch.compare(folder, CLI, cli_env(), args.repeat)
+            # The environment in place: the nodes (this machine's folders) run this interpreter.
+            env = {**cli_env(), "FATPIPE_REMOTE_PYTHON": sys.executable}
+            doc = warm_launch.compare(folder, CLI, env, args.repeat)
         finally:
             cli(folder, "down", NAME, timeout=600)
     args.out.mkdir(parents=True, exist_ok=True)
