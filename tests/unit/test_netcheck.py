@@ -143,7 +143,7 @@ def test_gate_single_node_has_no_link_to_judge():
 
 
 def test_quick_measures_one_size_the_tier_makes_rate_bound():
-    from fatpipe.ops.net.netcheck import quick_size
+    from fatpipe.ops.net.netoptions import quick_size
 
     assert NetcheckOptions().sizes(4, 1) == (MiB, 256 * MiB)  # the sweep, whatever the tier
     assert NetcheckOptions(quick=True).sizes(4, 1) == (32 * MiB, 32 * MiB)
