@@ -1,4 +1,4 @@
-"""trainer.staging.stage's chain on its own: four real processes on gloo over loopback sockets, each in a
+"""trainer.staging.stage's chain on its own: four real processes over loopback sockets, each in a
 project folder of its own, holding different parts of the data; only what each lacks travels.
 And nodes that share this machine's files: one local copy, checked before a launch."""
 
@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from fatpipe.trainer.staging.chainlink import TOKEN_ENV
 from fatpipe.trainer.staging.manifest import PARTIAL_SUFFIX, build_manifest, first_difference
 
 from .conftest import free_port
@@ -19,15 +20,21 @@ CHUNK = 1 << 20
 WORLD = 4
 
 
+def chain_args(rank: int, world: int, ports: list[int]) -> list[str]:
+    """Place `rank` of a chain on loopback: where it listens and where the next one does."""
+    return ["--place", str(rank), "--nodes", str(world),
+            *(["--listen", f"127.0.0.1:{ports[rank]}"] if rank > 0 else []),
+            *(["--next", f"127.0.0.1:{ports[rank + 1]}"] if rank + 1 < world else [])]
+
+
 def start_ranks(tmp_path: Path, manifest_file: Path, port: int, world: int = WORLD,
                 extra: tuple[str, ...] = ()) -> list[subprocess.Popen]:
-    procs = []
+    procs, ports = [], [port, *(free_port() for _ in range(world - 1))]
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo",
-               "FATPIPE_NODE_NAME": f"n{rank}"}
+        env = {**os.environ, TOKEN_ENV: "t0ken", "FATPIPE_NODE_NAME": f"n{rank}"}
         procs.append(subprocess.Popen([sys.executable, "-m", "fatpipe.trainer.staging.stage", "--manifest",
-                                       str(manifest_file), "--timeout-s", "120", *extra], cwd=tmp_path / f"node{rank}",
+                                       str(manifest_file), "--timeout-s", "120", *chain_args(rank, world, ports),
+                                       *extra], cwd=tmp_path / f"node{rank}",
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
 
