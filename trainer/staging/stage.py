@@ -180,7 +180,18 @@ def stage_pieces(manifest: dict, root: Path, tasks: list[Task], held: list[list[
     if problem is None:
         write_manifest(manifest, root)
     return {"node": args.name or os.environ.get("FATPIPE_NODE_NAME", f"place-{args.place}"), "received": received,
-            "files_written": len(touched), "problem": problem, "seconds": time.monotonic() - started}
+            "files_written": len(touched), "problem": problem, "seconds": time.monotonic() - started,
+            "peak_rss": peak_rss()}
+
+
+def peak_rss() -> int | None:
+    """This process's peak resident memory in bytes (VmHWM: since its exec, unlike rusage, which
+    keeps the forking parent's); None where /proc does not say."""
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024
 
 
 def wait_for_source(ready: Path, wait_s: float) -> None:
