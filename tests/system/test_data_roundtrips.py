@@ -35,7 +35,7 @@ def counting_tools(folder: Path) -> tuple[Path, Path]:
     tools, log = folder / "tools", folder / "ssh-calls.log"
     tools.mkdir()
     real = subprocess.run(["bash", "-c", "command -v ssh"], capture_output=True, text=True, check=True).stdout.strip()
-    (tools / "ssh").write_text(f'#!/bin/sh\necho "$*" >> {log}\nexec {real} "$@"\n')
+    (tools / "ssh").write_text(f'#!/bin/sh\necho "ssh call: $# arguments" >> {log}\nexec {real} "$@"\n')
     (tools / "python-no-site").write_text(f'#!/bin/sh\nexec {sys.executable} -I -S "$@"\n')
     for name in ("ssh", "python-no-site"):
         (tools / name).chmod((tools / name).stat().st_mode | stat.S_IXUSR | stat.S_IXGRP | stat.S_IXOTH)
