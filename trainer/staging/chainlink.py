@@ -37,7 +37,8 @@ def token() -> bytes:
 
 
 def listen(at: str) -> socket.socket:
-    return socket.create_server(address(at))
+    host, port = address(at)
+    return socket.create_server((host, port), family=socket.AF_INET6 if ":" in host else socket.AF_INET)
 
 
 def accept_previous(server: socket.socket, deadline: float) -> socket.socket:
