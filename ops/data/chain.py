@@ -57,8 +57,11 @@ class NodeChain:
         self.proc = subprocess.Popen(t.argv(f"cd {shlex.quote(workdir)} && {boot_command(python)}"),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      text=True, bufsize=1, errors="replace", start_new_session=True)
-        self.proc.stdin.write(line)
-        self.proc.stdin.flush()  # and kept open: its end is the program's end
+        try:
+            self.proc.stdin.write(line)
+            self.proc.stdin.flush()  # and kept open: its end is the program's end
+        except OSError:
+            pass  # ssh ended at once: its exit status and last line say why (wait_chain)
         self.reader = threading.Thread(target=self._read, args=(sink,), daemon=True)
         self.reader.start()
 
@@ -71,7 +74,10 @@ class NodeChain:
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            self.proc.stdin.close()  # the node's program ends with its input
+            try:
+                self.proc.stdin.close()  # the node's program ends with its input
+            except OSError:
+                pass
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
