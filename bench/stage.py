@@ -1,16 +1,20 @@
 """Staging a dataset: fatpipe's push (once over the uplink, then a chain over the private links)
-against the star (one rsync per node from the operator, in parallel), side by side.
+against the ideal D/uplink + D/link and the star (one rsync per node from the operator, in
+parallel), side by side; a second push with nothing changed against `fatpipe status`.
 
 Deploys one throw-away sim cluster (netns isolation, sshd per node, private links shaped to
 `--link-gbit`; needs root, terraform, sshd and rsync) and shapes the operator's side of the
 bridge to `--uplink-mbit` (a tbf on the bridge device: the operator's traffic enters the bridge
 there). Smaller clusters are the first N nodes of it (an outputs file naming them). For each
 size D of random shards and each N, from empty nodes: `fatpipe data push` (timed; the operator's
-hashes are warm, as they are after its first push), again with nothing changed, then the star.
-Node-side memory is polled from /proc (VmRSS summed over each namespace's processes, VmHWM per
-process). Prints the table and each goal met or not; writes bench/out/stage.json.
+hashes are warm, as they are after its first push), again with nothing changed, `fatpipe status`
+(both with warm ssh masters; every ssh the CLI starts is counted by an `ssh` ahead of the real one
+on PATH), then the star. The nodes run fatpipe's node programs with their system python3 (no
+--remote-python: what a fresh node has). Node-side memory is polled from /proc (VmHWM of the
+largest process in each namespace: the chain's program). Prints the table and each goal met or
+not; writes bench/out/stage.json.
 
-    sudo .venv/bin/python bench/stage.py [--sizes 256,1024] [--nodes 2,4,8] [--uplink-mbit 200]
+    sudo .venv/bin/python bench/stage.py [--quick] [--sizes 256,1024] [--nodes 2,8] [--uplink-mbit 200]
 """
 
 from __future__ import annotations
@@ -30,14 +34,35 @@ import threading
 import time
 from pathlib import Path
 
+from stage_report import MIB, goals, table  # beside this script: python puts bench/ on the path
+
 CLUSTER, CIDR = "stgbench", "10.151.0.0/24"
 SHARD_MIB = 64
-MIB = 1 << 20
+
+
+def counting_ssh(folder: Path) -> Path:
+    """A folder holding `ssh` that logs one line per call, then runs the real ssh."""
+    tools = folder / "tools"
+    tools.mkdir(exist_ok=True)
+    real = shutil.which("ssh")
+    (tools / "ssh").write_text(f'#!/bin/sh\necho call >> {tools}/ssh-calls\nexec {real} "$@"\n')
+    (tools / "ssh").chmod(0o755)
+    return tools
+
+
+def ssh_calls(root: Path) -> int:
+    """ssh calls since the last ask (the count starts again)."""
+    log = root / "tools" / "ssh-calls"
+    if not log.exists():
+        return 0
+    calls = len(log.read_text().splitlines())
+    log.unlink()
+    return calls
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 3600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", "NO_COLOR": "1",
-           "COLUMNS": "200"}
+    env = {**os.environ, "PATH": f"{folder / 'tools'}:{Path(sys.executable).parent}:{os.environ['PATH']}",
+           "NO_COLOR": "1", "COLUMNS": "200"}
     env.pop("FATPIPE_CONFIG", None)
     started, lines = time.monotonic(), []
     with subprocess.Popen([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, text=True,
@@ -144,16 +169,22 @@ def one_case(root: Path, size_mib: int, n: int, node_dirs: list[Path], namespace
     outputs = json.loads((root / ".fatpipe" / CLUSTER / "outputs.json").read_text())
     outputs_file = root / f"outputs-{n}.json"
     outputs_file.write_text(json.dumps({**outputs, "nodes": outputs["nodes"][:n]}))
-    push = ["data", "push", CLUSTER, "--outputs", str(outputs_file), "--remote-python", sys.executable]
+    push = ["data", "push", CLUSTER, "--outputs", str(outputs_file)]
     clear_nodes(node_dirs[:n])
     with MemoryPoll(namespaces[:n]) as memory:
         started = time.monotonic()
         first = checked(fatpipe(root, *push), "data push")
         push_s = time.monotonic() - started
     uplink = re.search(r"uplink ([\d.]+) s", first.stdout)
+    ssh_calls(root)
     started = time.monotonic()
     again = checked(fatpipe(root, *push), "second data push")
     again_s = time.monotonic() - started
+    again_calls = ssh_calls(root)
+    started = time.monotonic()
+    checked(fatpipe(root, "status", CLUSTER), "status")  # the whole cluster: judged where n is all of it
+    status_s = time.monotonic() - started
+    status_calls = ssh_calls(root) * n / len(outputs["nodes"])
     (logs / f"{size_mib}mib-{n}nodes-push.log").write_text(first.stdout)
     (logs / f"{size_mib}mib-{n}nodes-again.log").write_text(again.stdout)
     if "nothing to fan out" not in again.stdout:
@@ -162,51 +193,24 @@ def one_case(root: Path, size_mib: int, n: int, node_dirs: list[Path], namespace
     star_s = star(root, outputs_file, root / "data" / "set")
     clear_nodes(node_dirs[:n])
     return {"size_mib": size_mib, "nodes": n, "push_s": push_s, "uplink_s": float(uplink[1]) if uplink else None,
-            "repush_s": again_s, "star_s": star_s, "peak_node_rss_mb": max(memory.peak_sum) / 1024,
+            "repush_s": again_s, "repush_ssh_per_node": again_calls / n, "status_s": status_s,
+            "status_ssh_per_node": status_calls / n, "star_s": star_s, "peak_node_rss_mb": max(memory.peak_sum) / 1024,
             "peak_node_anon_mb": max(memory.peak_anon) / 1024,
             "peak_process_hwm_mb": max(p[0] for p in memory.peak_proc) / 1024,
             "peak_process": max(memory.peak_proc)[1]}
 
 
-def goals(rows: list[dict], uplink_mbit: float, link_gbit: float) -> list[str]:
-    """Each goal of the issue, met or not, with the figures it was judged on."""
-    out = []
-    for size in sorted({r["size_mib"] for r in rows}):
-        by_n = {r["nodes"]: r for r in rows if r["size_mib"] == size}
-        bits = size * MIB * 8
-        bound = 1.25 * (bits / (uplink_mbit * 1e6) + bits / (link_gbit * 1e9))
-        for n, r in sorted(by_n.items()):
-            out.append(f"{size} MiB, {n} nodes: push {r['push_s']:.1f} s <= 1.25 x (D/uplink + D/link) = "
-                       f"{bound:.1f} s: {'met' if r['push_s'] <= bound else 'MISSED'}")
-        lo, hi = min(by_n), max(by_n)
-        if hi != lo:
-            ratio = by_n[hi]["push_s"] / by_n[lo]["push_s"]
-            out.append(f"{size} MiB: {hi} nodes / {lo} nodes = {ratio:.2f} <= 1.15: "
-                       f"{'met' if ratio <= 1.15 else 'MISSED'}")
-            stars = [by_n[n]["star_s"] for n in sorted(by_n)]
-            grows = all(b > a for a, b in zip(stars, stars[1:], strict=False))
-            speedup = by_n[hi]["star_s"] / by_n[hi]["push_s"]
-            out.append(f"{size} MiB: star grows with N ({', '.join(f'{s:.1f}' for s in stars)} s): "
-                       f"{'met' if grows else 'MISSED'}; fatpipe {speedup:.2f}x faster at {hi} nodes >= 3: "
-                       f"{'met' if speedup >= 3 else 'MISSED'}")
-    worst = max(r["repush_s"] for r in rows)
-    out.append(f"second push, nothing changed: at most {worst:.1f} s <= 5 s (hashes cached): "
-               f"{'met' if worst <= 5 else 'MISSED'}")
-    peak, anon = max(r["peak_node_rss_mb"] for r in rows), max(r["peak_node_anon_mb"] for r in rows)
-    out.append(f"peak memory of a node's processes: {anon:.0f} MB private (RssAnon) < 256 MB: "
-               f"{'met' if anon < 256 else 'MISSED'}; {peak:.0f} MB resident with torch's shared library "
-               f"pages: {'met' if peak < 256 else 'MISSED'}")
-    return out
-
-
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     p.add_argument("--sizes", default="256,1024", help="dataset sizes in MiB, comma-separated")
-    p.add_argument("--nodes", default="2,4,8", help="node counts, comma-separated")
+    p.add_argument("--nodes", default="2,8", help="node counts, comma-separated")
+    p.add_argument("--quick", action="store_true", help="64 MiB on 2 and 8 nodes: a few minutes")
     p.add_argument("--uplink-mbit", type=float, default=200.0)
     p.add_argument("--link-gbit", type=float, default=1.0)
     p.add_argument("--out", default="bench/out")
     args = p.parse_args()
+    if args.quick:
+        args.sizes, args.nodes = "64", "2,8"
     sizes, counts = [int(s) for s in args.sizes.split(",")], sorted(int(n) for n in args.nodes.split(","))
     if os.geteuid() != 0 or not shutil.which("terraform") or not shutil.which("rsync"):
         print("needs root (network namespaces, tc), terraform and rsync on PATH")
@@ -220,6 +224,7 @@ def main() -> int:
         f'[clusters.{CLUSTER}]\nprovider = "sim"\nnodes = {max(counts)}\ntier = "1g"\nisolation = "netns"\n'
         f'transport = "ssh"\nprivate_cidr = "{CIDR}"\nrdzv_port = 29651\nlink_gbps = {args.link_gbit}\n\n'
         '[data]\nsource = "data/set"\n')
+    counting_ssh(root)
     rows: list[dict] = []
     logs = Path(args.out) / "stage-logs"
     logs.mkdir(parents=True, exist_ok=True)
@@ -239,7 +244,8 @@ def main() -> int:
                 r["load_after"] = os.getloadavg()[0]
                 write_report(Path(args.out), args, rows, [])
                 print(f"{size:>5} MiB {n} nodes: push {r['push_s']:6.1f} s (uplink {r['uplink_s']} s), again "
-                      f"{r['repush_s']:4.1f} s, star {r['star_s']:6.1f} s, ratio {r['star_s'] / r['push_s']:.2f}, "
+                      f"{r['repush_s']:4.1f} s ({r['repush_ssh_per_node']:g} ssh/node), status {r['status_s']:4.1f} s "
+                      f"({r['status_ssh_per_node']:g} ssh/node), star {r['star_s']:6.1f} s, ratio {r['star_s'] / r['push_s']:.2f}, "
                       f"node memory {r['peak_node_anon_mb']:.0f} MB private, {r['peak_node_rss_mb']:.0f} MB resident (one process {r['peak_process_hwm_mb']:.0f} "
                       f"MB, {r['peak_process']}), load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
@@ -247,6 +253,8 @@ def main() -> int:
         fatpipe(root, "down", CLUSTER)
         shutil.rmtree(root, ignore_errors=True)
     verdicts = goals(rows, args.uplink_mbit, args.link_gbit) if rows else []
+    if rows:
+        print(table(rows, args.uplink_mbit, args.link_gbit))
     print("\n".join(verdicts))
     print(f"wrote {write_report(Path(args.out), args, rows, verdicts)}")
     return 0

@@ -1,14 +1,13 @@
 """Check every node's copy of the cluster's dataset against the operator's manifest.
 
-Each ssh node gets the trainer package (whose `manifest` module hashes with the standard library
-alone) and the manifest, then hashes what it holds; nodes that share this machine's files are
-checked once, here. docs/ARCHITECTURE.md, "The data contract".
+Each ssh node gets one command: its folder claimed, the manifest written and what it holds hashed
+by the check's standard-library modules sent with it (`nodeprogram`); nodes that share this
+machine's files are checked once, here. docs/ARCHITECTURE.md, "The data contract".
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -22,8 +21,9 @@ from fatpipe.trainer.staging.names import UnsafeName, check_manifest
 
 from ..env.shipped import SYNC_EXCLUDES, trainer_package_dir
 from ..rdzv.rendezvous import remote_dir
-from ..reach.projectdir import claim_and_say
+from ..reach.projectdir import TAG, adopted_line, answer_of, claim_and_say, claim_then, judge_claim
 from ..reach.transport import Transport, fan_out, transports_for
+from .nodeprogram import boot_command, program_line
 
 MANIFEST_DIR = ".fatpipe/data"  # on a node, inside its project folder: the manifest it is checked against
 CHECK_TIMEOUT_S = 3600  # hashing a large dataset on a slow disk
@@ -89,7 +89,7 @@ def node_workdir(outputs, node) -> str:
 def ship_checker(project, cluster: str, t: Transport, workdir: str, log=None) -> None:
     """The trainer package and the manifest folder onto one ssh node, into a project folder
     that is fatpipe's (claimed first, as every push does: docs/ARCHITECTURE.md, "The project
-    folder on a node")."""
+    folder on a node"); a remote source's fetch runs from there."""
     claim_and_say(t, workdir, cluster, project.project_id, log)
     steps = (
         ("copy the trainer", trainer_package_dir(), f"{workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES),
@@ -104,13 +104,22 @@ def ship_checker(project, cluster: str, t: Transport, workdir: str, log=None) ->
 
 def check_node(project, outputs, node, t: Transport, python: str, rehash: bool = False,
                prune: bool = False, log=None) -> NodeData:
+    """One round trip: claim the node's project folder (docs/ARCHITECTURE.md, "The project folder
+    on a node"), write the manifest there and check the data against it, with the node's system
+    Python and the check's modules sent along (`nodeprogram`): nothing is copied first."""
     workdir = node_workdir(outputs, node)
-    ship_checker(project, outputs.name, t, workdir, log)
-    flags = ("--rehash " if rehash else "") + ("--prune " if prune else "")
-    command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {shlex.quote(python)} -m "
-               f"fatpipe.trainer.staging.check check {flags}{MANIFEST_DIR}/{LOCAL_MANIFEST} .")
-    done = t.run(command, timeout=CHECK_TIMEOUT_S)
-    lines = done.stdout.strip().splitlines()
+    flags = (["--rehash"] if rehash else []) + (["--prune"] if prune else [])
+    manifest_rel = f"{MANIFEST_DIR}/{LOCAL_MANIFEST}"
+    line = program_line("fatpipe.trainer.staging.check", ["check", *flags, manifest_rel, "."],
+                        {manifest_rel: local_manifest_path(project, outputs.name).read_text()})
+    done = t.run(claim_then(workdir, outputs.name, project.project_id, boot_command(python)),
+                 timeout=CHECK_TIMEOUT_S, stdin_text=line)
+    said = answer_of(done.stdout)
+    if said is None:
+        raise FatpipeError(f"{t.describe()}: the project folder {workdir}: {done.reason()}")
+    if judge_claim(t, workdir, outputs.name, project.project_id, said) == "adopted" and log:
+        log(adopted_line(t, workdir, outputs.name, project.project_id))
+    lines = [line for line in done.stdout.strip().splitlines() if not line.startswith(TAG)]
     pruned = next((json.loads(line[len(PRUNED_PREFIX):]) for line in lines if line.startswith(PRUNED_PREFIX)), [])
     if done.ok:
         return NodeData(node.name, None, tuple(pruned))

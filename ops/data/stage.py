@@ -4,16 +4,15 @@
 2. Every node checks what it holds (`ops.data.datacheck`); when all match, nothing moves.
 3. rsync over the cluster's ssh transport to node 0 (`ops.data.uplink`: an interrupted copy resumes, a
    file that matches is skipped), unless node 0 already matches.
-4. Meanwhile `trainer.staging.stage` starts through the launch path (as netcheck runs its benchmark), its
-   rank 0 waiting for the copy: a pipelined chain of chunks over the private links, carrying only
-   the chunks some node lacks.
+4. Meanwhile `trainer.staging.stage` starts on every node at once (`ops.data.chain`: the node's
+   system Python, plain sockets), its place 0 waiting for the copy: a pipelined chain of chunks
+   over the private links, carrying only the chunks some node lacks.
 Nodes that share this machine's files get one local copy. A remote source (s3://, https://) is
 fetched by every node itself instead (`ops.data.fetch`). docs/ARCHITECTURE.md, "The data contract".
 """
 
 from __future__ import annotations
 
-import json
 import subprocess
 import time
 from collections.abc import Callable
@@ -26,6 +25,7 @@ from fatpipe.trainer.staging.names import UnsafeName
 from fatpipe.trainer.staging.tidy import prune
 
 from ..reach.transport import transports_for
+from .chain import Progress, fan_out_chain
 from .datacheck import (
     NodeData,
     check_data,
@@ -37,13 +37,7 @@ from .datacheck import (
 )
 from .uplink import UplinkCopy
 
-STAGE_MODULE = "fatpipe.trainer.staging.stage"
-RESULT_PREFIX, PROGRESS_PREFIX = "STAGE_JSON ", "STAGE_PROGRESS "  # as trainer.staging.stage prints them
-STARTUP_ALLOWANCE_S = 180
-UPLINK_TIMEOUT_S = 24 * 3600
-
 Log = Callable[[str], None]
-Progress = Callable[[int, int], None]  # (bytes moved over the private links, bytes to move)
 
 
 @dataclass
@@ -139,56 +133,3 @@ def _stage_here(project, manifest: dict, source: Path, outputs, started: float) 
     removed += verdict[0].removed
     return PushResult(manifest, verdict, removed={outputs.nodes[0].name: removed} if removed else {},
                       elapsed_s=time.monotonic() - started)
-
-
-def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, log: Log,
-                  progress: Progress | None, source_ready: str | None = None) -> dict:
-    """Run trainer.staging.stage on every node through the launch path; returns rank 0's report.
-
-    With `source_ready` (a path in node 0's project folder), rank 0 first waits for the uplink copy's word."""
-    from fatpipe.infra.defaults import BENCH_MAX_RESTARTS
-    from fatpipe.infra.files import write_json_atomic
-    from fatpipe.infra.runs import new_run_id
-
-    from ..rdzv.rendezvous import RunOptions
-    from ..run.launch import run_on_all_nodes
-
-    run_dir = project.state_dir(outputs.name) / "stage" / new_run_id()
-    run_dir.mkdir(parents=True)
-    manifest_rel = write_json_atomic(run_dir / "manifest.json", manifest).relative_to(project.root).as_posix()
-    found: list[dict] = []
-    moved: dict[str, tuple[int, int]] = {}
-
-    def catch(node: str, line: str) -> None:
-        # Found anywhere in the line: torchrun may prefix a worker's output.
-        result_at, progress_at = line.find(RESULT_PREFIX), line.find(PROGRESS_PREFIX)
-        if result_at >= 0:
-            found.append(json.loads(line[result_at + len(RESULT_PREFIX):]))
-        elif progress_at >= 0:
-            _rank, done, total = (int(x) for x in line[progress_at + len(PROGRESS_PREFIX):].split())
-            moved[node] = (done, total)
-            if progress:
-                progress(sum(d for d, _ in moved.values()), sum(t for _, t in moved.values()))
-        elif line.strip():
-            log(f"{node}: {line}")
-
-    link_s = manifest["total_bytes"] * 8 / (outputs.tier_gbps * 1e9)
-    timeout = STARTUP_ALLOWANCE_S + 4 * link_s + 2 * len(outputs.nodes) * manifest["chunk_size"] * 8 / 1e8
-    log(f"fan-out: {len(outputs.nodes)} nodes in a chain over the private links, up to {timeout:.0f} s"
-        + (" after the uplink copy" if source_ready else ""))
-    entry = ["-m", STAGE_MODULE, "--manifest", manifest_rel]
-    if source_ready:
-        entry += ["--source-ready", source_ready, "--wait-s", str(UPLINK_TIMEOUT_S)]
-        timeout += UPLINK_TIMEOUT_S
-    options = RunOptions(nproc_per_node=1, max_restarts=BENCH_MAX_RESTARTS, remote_python=remote_python)
-    result = run_on_all_nodes(project, outputs, entry,
-                              run_dir=run_dir, options=options, timeout_s=timeout, sink=catch, log=log)
-    report = found[-1] if found else None
-    problems = [f"{n['node']}: {n['problem']}" for n in (report or {}).get("nodes", []) if n.get("problem")]
-    if problems or not result.ok or report is None:
-        why = "; ".join(problems) or ("interrupted" if result.interrupted else result.failure) or \
-            f"exit status {result.exit_code}"
-        logs = run_dir.relative_to(project.root)
-        raise FatpipeError(f"data fan-out failed: {why} (node logs in {logs}/node-<rank>.log; run the push "
-                           "again: it resumes)", exit_code=result.exit_code or 1)
-    return report

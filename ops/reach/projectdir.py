@@ -54,14 +54,28 @@ fi
 """
 
 
+def answer_of(stdout: str) -> tuple[str, str] | None:
+    """(the snippet's answer word, the rest of its line) from a command's output; None: no answer."""
+    answer = next((line[len(TAG):].split(maxsplit=1) for line in stdout.splitlines() if line.startswith(TAG)), None)
+    return (answer[0], answer[1] if len(answer) > 1 else "") if answer else None
+
+
 def _run(transport: Transport, script: str, *args: str) -> tuple[str, str]:
     """Run `script` with `args` as $1.. on the node; (its answer word, the rest of the line)."""
     result = transport.run(f"set -- {shlex.join(args)}\n{script}", timeout=60)
-    answer = next((line[len(TAG):].split(maxsplit=1) for line in result.stdout.splitlines()
-                   if line.startswith(TAG)), None)
+    answer = answer_of(result.stdout)
     if not result.ok or not answer:
         raise FatpipeError(f"{transport.describe()}: the project folder {args[0]}: {result.reason()}")
-    return answer[0], answer[1] if len(answer) > 1 else ""
+    return answer
+
+
+def claim_then(folder: str, cluster: str, project_id: str, command: str) -> str:
+    """Shell text that claims `folder` as `claim_project_dir` does, says the answer, and runs
+    `command` inside it only when the folder is this project's: the claim and the work in one
+    round trip (`judge_claim` reads the answer)."""
+    return (f"set -- {shlex.join([folder, cluster, project_id])}\nclaim=$( ( {CLAIM} ) )\n"
+            'printf \'%s\\n\' "$claim"\n'
+            f'case "$claim" in "{TAG} made"|"{TAG} ours"|"{TAG} adopted") cd -- "$1" && {command} ;; esac\n')
 
 
 def owner_words(rest: str) -> str:
@@ -77,6 +91,12 @@ def claim_project_dir(transport: Transport, folder: str, cluster: str, project_i
     now this project's: the caller says so once). Raises FatpipeError naming the node and the
     folder when it belongs to someone else."""
     answer, rest = _run(transport, CLAIM, folder, cluster, project_id)
+    return judge_claim(transport, folder, cluster, project_id, (answer, rest))
+
+
+def judge_claim(transport: Transport, folder: str, cluster: str, project_id: str, said: tuple[str, str]) -> str:
+    """The claim's answer (`made`, `ours`, `adopted`), or its refusal raised naming the node and folder."""
+    answer, rest = said
     where = f"{transport.describe()}: {folder}"
     if answer == "not-a-folder":
         raise FatpipeError(f"{where} exists and is not a folder; choose another remote_dir for this host")

@@ -1,4 +1,4 @@
-"""trainer.staging.stage's chain on its own: four real processes on gloo over loopback sockets, each in a
+"""trainer.staging.stage's chain on its own: four real processes over loopback sockets, each in a
 project folder of its own, holding different parts of the data; only what each lacks travels.
 And nodes that share this machine's files: one local copy, checked before a launch."""
 
@@ -11,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+from fatpipe.trainer.staging.chainlink import TOKEN_ENV
 from fatpipe.trainer.staging.manifest import PARTIAL_SUFFIX, build_manifest, first_difference
 
 from .conftest import free_port
@@ -19,15 +20,21 @@ CHUNK = 1 << 20
 WORLD = 4
 
 
+def chain_args(rank: int, world: int, ports: list[int]) -> list[str]:
+    """Place `rank` of a chain on loopback: where it listens and where the next one does."""
+    return ["--place", str(rank), "--nodes", str(world),
+            *(["--listen", f"127.0.0.1:{ports[rank]}"] if rank > 0 else []),
+            *(["--next", f"127.0.0.1:{ports[rank + 1]}"] if rank + 1 < world else [])]
+
+
 def start_ranks(tmp_path: Path, manifest_file: Path, port: int, world: int = WORLD,
                 extra: tuple[str, ...] = ()) -> list[subprocess.Popen]:
-    procs = []
+    procs, ports = [], [port, *(free_port() for _ in range(world - 1))]
     for rank in range(world):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo",
-               "FATPIPE_NODE_NAME": f"n{rank}"}
+        env = {**os.environ, TOKEN_ENV: "t0ken", "FATPIPE_NODE_NAME": f"n{rank}"}
         procs.append(subprocess.Popen([sys.executable, "-m", "fatpipe.trainer.staging.stage", "--manifest",
-                                       str(manifest_file), "--timeout-s", "120", *extra], cwd=tmp_path / f"node{rank}",
+                                       str(manifest_file), "--timeout-s", "120", *chain_args(rank, world, ports),
+                                       *extra], cwd=tmp_path / f"node{rank}",
                                       env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     return procs
 
@@ -134,3 +141,44 @@ def test_nodes_sharing_this_machine_get_one_copy_and_launch_refuses_a_difference
     assert run_cli("data", "push", "demo", *common).exit_code == 0
     launched = run_cli("launch", "demo", *common, "--max-restarts", "0", "--timeout", "150", "--", "job.py")
     assert launched.exit_code == 0 and f"data at {project_dir}/data/corpus.bin" in launched.output, launched.output
+
+
+def run_as_sent(cwd: Path, argv: list[str], token: str) -> subprocess.Popen:
+    """The chain's program as `fatpipe data push` sends it to a node, under a Python with no
+    site-packages (-I -S): neither torch nor an installed fatpipe can be imported there."""
+    from fatpipe.ops.data.nodeprogram import BOOT, program_line
+
+    proc = subprocess.Popen([sys.executable, "-I", "-S", "-c", BOOT.read_text()], cwd=cwd, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    proc.stdin.write(program_line("fatpipe.trainer.staging.stage", argv, env={TOKEN_ENV: token}, watch=True))
+    proc.stdin.flush()
+    return proc
+
+
+def test_the_chain_needs_no_torch_and_holds_a_few_pieces_whatever_the_chunk(tmp_path):
+    """Three nodes, 48 MiB in 16 MiB chunks: each node's program stays far below the data's size."""
+    hidden = subprocess.run([sys.executable, "-I", "-S", "-c", "import torch"], capture_output=True, text=True)
+    assert hidden.returncode != 0
+    chunk, world = 16 << 20, 3
+    (tmp_path / "node0" / "data").mkdir(parents=True)
+    data = os.urandom(3 * chunk)
+    (tmp_path / "node0" / "data" / "big.bin").write_bytes(data)
+    manifest_file = tmp_path / "manifest.json"
+    manifest_file.write_text(json.dumps(build_manifest(tmp_path / "node0" / "data" / "big.bin", chunk, "data/big.bin")))
+    ports = [free_port() for _ in range(world)]
+    procs = []
+    for rank in range(world):
+        (tmp_path / f"node{rank}").mkdir(exist_ok=True)
+        argv = ["--manifest", str(manifest_file), "--timeout-s", "120", *chain_args(rank, world, ports)]
+        procs.append(run_as_sent(tmp_path / f"node{rank}", argv, "t0ken"))
+    outs = []
+    for p in procs:
+        outs.append(p.stdout.read())
+        p.stdin.close()
+        p.wait(timeout=120)
+    assert [p.returncode for p in procs] == [0] * world, "\n".join(outs)
+    for rank in range(1, world):
+        assert (tmp_path / f"node{rank}" / "data" / "big.bin").read_bytes() == data
+    result = json.loads(next(line for line in outs[0].splitlines() if line.startswith("STAGE_JSON "))[11:])
+    peaks = [n["peak_rss"] for n in result["nodes"]]  # each process's own (VmHWM), not its parent's
+    assert all(0 < peak < 64 << 20 for peak in peaks), [f"{peak / 2**20:.0f} MiB" for peak in peaks]

@@ -21,7 +21,6 @@ from fatpipe.ops.run.leader import leader, leader_first, leader_index
 from fatpipe.ops.run.progress import leader_progress
 from fatpipe.ops.run.pullpaths import NodeSource
 from fatpipe.trainer.noderank import GROUP_RANK_FILE_ENV, record_group_rank
-from fatpipe.trainer.staging.stage import chain_order
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -145,13 +144,6 @@ def test_fatpipe_pull_defaults_to_the_leader():
     assert [s.name for s in pick_nodes(sources, (), False, "c", "n-2")] == ["n-2"]
     assert [s.name for s in pick_nodes(sources, (), False, "c", None)] == ["n-0"]
     assert [s.name for s in pick_nodes(sources, (), False, "c", "n-9")] == ["n-0"]  # not a node now
-
-
-def test_the_data_chain_runs_in_node_order():
-    # Rank r runs on node nodes[r]; the chain starts at node 0, whatever rank torch gave it.
-    assert chain_order([1, 2, 0]) == [2, 0, 1]
-    assert chain_order([0, 1]) == [0, 1]
-    assert chain_order([3, 0, 2, 1]) == [1, 3, 2, 0]
 
 
 def run_wrapper(rdzv: Rendezvous, index: int, body: str, timeout_s: float = 30) -> tuple[str, str]:

@@ -1,28 +1,28 @@
-"""The node side of `fatpipe data push`: a pipelined chain of chunks over the private links (torchrun entry).
+"""The node side of `fatpipe data push`: a pipelined chain of chunks over the private links, no torch.
 
-    torchrun ... -m fatpipe.trainer.staging.stage --manifest <run>/manifest.json
+    python3 -m fatpipe.trainer.staging.stage --manifest M --place P --nodes N [--listen A] [--next A]
 
-Run from the project folder, one process per node, gloo on the nodes' private interfaces. Every
-rank first hashes what it holds (a file, else its partial copy) and the ranks all-gather which
-chunks each lacks. The chain runs in the cluster's node order (FATPIPE_NODE_RANK, the node index:
-node 0 holds the uplink's copy), not in torch's rank order, which c10d sorts by address. A chunk
-travels from the nearest node before its first taker that holds it, the node at place p of the
-chain receiving it from place p - 1 and forwarding it to p + 1 while it already receives the next
-ones (isend/irecv). A chunk travels in pieces of PIECE_SIZE, so a rank forwards the start of a chunk
+The operator starts it on every node at once (`ops.data.chain`, the modules sent with the command,
+so a node needs no venv and nothing installed), naming each node's place in the chain (the
+cluster's node order: place 0 holds the uplink's copy), the address it listens on and the next
+node's; the push's token comes in the environment (`chainlink.TOKEN_ENV`). Every node first
+hashes what it holds (a file, else its partial copy); what each holds travels up the chain to place
+0 and back down, so every node plans the same moves. A chunk travels from the nearest node before its first taker that holds it, the node at place p
+receiving it from p - 1 and forwarding it to p + 1 while it already receives the next pieces
+(`chainlink.move`). A chunk travels in pieces of PIECE_SIZE, so a node forwards the start of a chunk
 before the rest arrives (the chain's time hardly grows with its length) and holds BUFFERS pieces
-at most (memory stays bounded whatever the data and chunk size). Only chunks some rank lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
+at most (memory stays bounded whatever the data and chunk size). Only chunks some node lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
 every chunk's sha256, checked as its pieces arrive, matches the manifest (no second read), so an
 interrupted push leaves only partial files, whose right chunks the next push keeps. A file held
 wrong is copied into a new partial file and patched there, never written in place: a trainer that
 maps the old file keeps reading the old inode. Every name is checked (`names`) before anything is
-written, and no write or read goes through a link in the dataset folder. Rank 0 prints the outcome on one `STAGE_JSON ` line; every rank
-prints `STAGE_PROGRESS <rank> <received> <to receive>` as it goes.
+written, and no write or read goes through a link in the dataset folder. Place 0 prints the outcome on one `STAGE_JSON ` line; every node
+prints `STAGE_PROGRESS <place> <received> <to receive>` as it goes.
 """
 
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import sys
@@ -30,6 +30,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fatpipe.trainer.staging import chainlink
 from fatpipe.trainer.staging.chainfiles import Files
 from fatpipe.trainer.staging.manifest import (
     PARTIAL_SUFFIX,
@@ -47,7 +48,7 @@ from fatpipe.trainer.staging.names import (
 RESULT_PREFIX = "STAGE_JSON "
 PROGRESS_PREFIX = "STAGE_PROGRESS "
 PIECE_SIZE = 4 << 20  # bytes per message: small enough to pipeline, large enough for full links
-BUFFERS = 6  # pieces per rank: up to four being received, one written and forwarded, one still being sent
+BUFFERS = 6  # pieces per node: up to four being received, two of its own read from disk while sent
 PROGRESS_EVERY_S = 0.5
 
 
@@ -62,16 +63,6 @@ class Task:
     receive: bool
     write: bool
     send: bool
-
-
-def node_index(rank: int) -> int:
-    """This process's node in the cluster's order (the launch path's FATPIPE_NODE_RANK), else its rank."""
-    return int(os.environ.get("FATPIPE_NODE_RANK", rank))
-
-
-def chain_order(nodes: list[int]) -> list[int]:
-    """The global ranks in the chain's order, by node index (`nodes[r]`: rank r's node)."""
-    return sorted(range(len(nodes)), key=lambda r: (nodes[r], r))
 
 
 def plan(manifest: dict, held: list[list[list[bool]]], place: int, piece_size: int = PIECE_SIZE) -> list[Task]:
@@ -95,58 +86,6 @@ def plan(manifest: dict, held: list[list[list[bool]]], place: int, piece_size: i
                 tasks.append(Task((tag - 1) * per_chunk + p + 1, f, c * size + at, min(piece_size, length - at),
                                   receive=place > source, write=place in takers, send=place < last))
     return tasks
-
-
-def run_chain(tasks: list[Task], files: Files, check: ChunkCheck, peers: tuple[int, int], progress) -> int:
-    """Move this rank's pieces, checking each chunk it writes as it comes; returns the bytes it received.
-    `peers`: the global ranks before and after this one in the chain (-1 where there is none)."""
-    import torch
-    import torch.distributed as dist
-
-    if not tasks:
-        return 0
-    longest = max(t.length for t in tasks)
-    bufs = [torch.empty(longest, dtype=torch.uint8) for _ in range(min(BUFFERS, len(tasks)))]
-    ahead = max(1, len(bufs) - 2)  # receives posted beyond the piece in hand; two buffers left to send from
-    sends: dict[int, object] = {}
-    recvs: dict[int, object] = {}
-    received = 0
-
-    def view(i: int):
-        return bufs[i % len(bufs)][: tasks[i].length]
-
-    def claim(i: int) -> None:  # the buffer of task i is free once task i - len(bufs) was sent
-        work = sends.pop(i - len(bufs), None)
-        if work is not None:
-            work.wait()
-
-    def post_receive(i: int) -> None:
-        if i < len(tasks) and tasks[i].receive:
-            claim(i)
-            recvs[i] = dist.irecv(view(i), src=peers[0], tag=tasks[i].tag)
-
-    for i in range(ahead):
-        post_receive(i)
-    for i, task in enumerate(tasks):
-        post_receive(i + ahead)  # the next pieces arrive while this one is written and forwarded
-        data = view(i)
-        if task.receive:
-            recvs.pop(i).wait()
-            received += task.length
-        else:
-            claim(i)
-            files.read(task, memoryview(data.numpy()))
-        if task.write:
-            handle = files.partial(task.file)
-            handle.seek(task.offset)
-            handle.write(memoryview(data.numpy()))
-            check.feed(task.file, task.offset, memoryview(data.numpy()))
-        if task.send:
-            sends[i] = dist.isend(data, dst=peers[1], tag=task.tag)
-        progress(received)
-    for work in sends.values():
-        work.wait()
-    return received
 
 
 def finish_files(manifest: dict, root: Path, touched: set[int], held: list[list[bool]], check: ChunkCheck,
@@ -175,35 +114,63 @@ def needs_opening(manifest: dict, root: Path, held: list[list[bool]]) -> set[int
     return out
 
 
-def stage(manifest: dict, root: Path) -> dict:
-    import torch.distributed as dist
-
-    rank, world = dist.get_rank(), dist.get_world_size()
+def stage(manifest: dict, root: Path, args) -> dict:
+    """This node's part of the chain; at place 0, every node's report (else this node's alone)."""
+    place, last = args.place, args.nodes - 1
+    deadline = time.monotonic() + args.timeout_s + args.wait_s
+    server = chainlink.listen(args.listen) if place > 0 else None  # before anything: the previous node retries
     cache = node_cache(manifest, root)
-    held = [held_chunks(manifest, root, entry, cache) for entry in manifest["files"]]
-    everyone: list = [None] * world
-    dist.all_gather_object(everyone, (node_index(rank), held))
-    ranks = chain_order([node for node, _ in everyone])
-    place = ranks.index(rank)
-    in_chain = [everyone[r][1] for r in ranks]
-    if not all(all(chunks) for chunks in in_chain[0]):
-        raise SystemExit("fatpipe: node 0 does not hold every chunk of the data it should send")
-    tasks = plan(manifest, in_chain, place)
-    peers = (ranks[place - 1] if place > 0 else -1, ranks[place + 1] if place + 1 < world else -1)
+    links = [None, None]
+    try:
+        if place < last:
+            links[1] = chainlink.connect_next(args.next, deadline)
+        if server is not None:
+            links[0] = chainlink.accept_previous(server, deadline)
+            server.close()
+        if place == 0 and args.source_ready:  # the node the uplink copy reaches
+            wait_for_source(Path(args.source_ready), args.wait_s)
+        held = [held_chunks(manifest, root, entry, cache) for entry in manifest["files"]]
+        wait = deadline - time.monotonic()
+        # What every node holds: gathered up the chain to place 0, then handed down to all.
+        below = chainlink.recv_message(links[1], b"HELD", wait) if links[1] else []
+        if links[0]:
+            chainlink.send_message(links[0], b"HELD", [held, *below])
+            everyone = chainlink.recv_message(links[0], b"ALL ", wait)
+        else:
+            everyone = [held, *below]
+        if links[1]:
+            chainlink.send_message(links[1], b"ALL ", everyone)
+        if not all(all(chunks) for chunks in everyone[0]):
+            raise SystemExit("fatpipe: node 0 does not hold every chunk of the data it should send")
+        mine = stage_pieces(manifest, root, plan(manifest, everyone, place), held, cache, links, args)
+        below = chainlink.recv_message(links[1], b"REPT", args.timeout_s) if links[1] else []
+        if links[0]:
+            chainlink.send_message(links[0], b"REPT", [mine, *below])
+        return {"fingerprint": manifest["fingerprint"], "nodes": [mine, *below]}
+    except (chainlink.ChainBroke, OSError) as e:
+        raise SystemExit(f"fatpipe: the staging chain broke at place {place}: {e}") from None
+    finally:
+        for link in links:
+            if link is not None:
+                link.close()
+
+
+def stage_pieces(manifest: dict, root: Path, tasks: list[Task], held: list[list[bool]], cache, links, args) -> dict:
+    """Move this node's pieces, then rename what came right into place; this node's report."""
     to_receive = sum(t.length for t in tasks if t.receive)
     files, check, last = Files(manifest, root), ChunkCheck(manifest), [0.0]
 
     def progress(received: int, final: bool = False) -> None:
         if final or time.monotonic() - last[0] > PROGRESS_EVERY_S:
             last[0] = time.monotonic()
-            print(f"{PROGRESS_PREFIX}{rank} {received} {to_receive}", flush=True)
+            print(f"{PROGRESS_PREFIX}{args.place} {received} {to_receive}", flush=True)
 
     started = time.monotonic()
     progress(0, final=True)
     try:
         for f in needs_opening(manifest, root, held):
             files.partial(f)
-        received = run_chain(tasks, files, check, peers, progress)
+        received = chainlink.move(tasks, files, check, links, progress, args.timeout_s, BUFFERS)
         touched = set(files.open)
     finally:
         files.close()
@@ -212,11 +179,19 @@ def stage(manifest: dict, root: Path) -> dict:
     cache.save()
     if problem is None:
         write_manifest(manifest, root)
-    mine = {"node": os.environ.get("FATPIPE_NODE_NAME", f"rank-{rank}"), "received": received,
-            "files_written": len(touched), "problem": problem, "seconds": time.monotonic() - started}
-    report: list = [None] * world
-    dist.all_gather_object(report, mine)
-    return {"fingerprint": manifest["fingerprint"], "nodes": report}
+    return {"node": args.name or os.environ.get("FATPIPE_NODE_NAME", f"place-{args.place}"), "received": received,
+            "files_written": len(touched), "problem": problem, "seconds": time.monotonic() - started,
+            "peak_rss": peak_rss()}
+
+
+def peak_rss() -> int | None:
+    """This process's peak resident memory in bytes (VmHWM: since its exec, unlike rusage, which
+    keeps the forking parent's); None where /proc does not say."""
+    try:
+        line = next(x for x in Path("/proc/self/status").read_text().splitlines() if x.startswith("VmHWM:"))
+    except (OSError, StopIteration):
+        return None
+    return int(line.split()[1]) * 1024
 
 
 def wait_for_source(ready: Path, wait_s: float) -> None:
@@ -231,29 +206,35 @@ def wait_for_source(ready: Path, wait_s: float) -> None:
         raise SystemExit(f"fatpipe: the copy to node 0 {word}")
 
 
-def main(argv: list[str] | None = None) -> int:
-    import torch.distributed as dist
-
+def parse(argv: list[str] | None):
     p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.staging.stage", description=__doc__.split("\n")[0])
     p.add_argument("--manifest", required=True, help="the manifest of the data to stage")
-    p.add_argument("--timeout-s", type=float, default=600.0, help="the longest wait for one chunk")
+    p.add_argument("--place", type=int, default=0, help="this node's place in the chain (0: it holds the data)")
+    p.add_argument("--nodes", type=int, default=1, help="the chain's length")
+    p.add_argument("--listen", help="HOST:PORT this node listens on for the previous one (place > 0)")
+    p.add_argument("--next", help="HOST:PORT of the next node (all but the last place)")
+    p.add_argument("--name", help="this node's name in the report")
+    p.add_argument("--timeout-s", type=float, default=600.0, help="the longest wait for one piece")
     p.add_argument("--source-ready", help="node 0 waits for this file (`ok`, or `failed: why`): the copy to node 0")
     p.add_argument("--wait-s", type=float, default=0.0, help="how long node 0 may wait for --source-ready")
     args = p.parse_args(argv)
+    if not 0 <= args.place < args.nodes or (args.place > 0 and not args.listen) or \
+            (args.place < args.nodes - 1 and not args.next):
+        p.error("every place but the first needs --listen, every place but the last --next")
+    if not args.source_ready:
+        args.wait_s = 0.0
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse(argv)
     try:
         manifest = check_manifest(json.loads(Path(args.manifest).read_text()), args.manifest)
     except UnsafeName as e:
         raise SystemExit(f"fatpipe: {e}") from None
-    wait = args.wait_s if args.source_ready else 0.0
-    dist.init_process_group("gloo", timeout=datetime.timedelta(seconds=args.timeout_s + wait))
-    try:
-        if args.source_ready and node_index(dist.get_rank()) == 0:  # the node the copy reaches
-            wait_for_source(Path(args.source_ready), wait)
-        result = stage(manifest, Path.cwd())
-        if dist.get_rank() == 0:
-            print(RESULT_PREFIX + json.dumps(result), flush=True)
-    finally:
-        dist.destroy_process_group()
+    result = stage(manifest, Path.cwd(), args)
+    if args.place == 0:
+        print(RESULT_PREFIX + json.dumps(result), flush=True)
     return 0 if all(n["problem"] is None for n in result["nodes"]) else 1
 
 
