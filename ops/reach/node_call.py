@@ -10,6 +10,7 @@ never hides the others. The answers travel back as one JSON line after MARK.
 
 import json
 import os
+import subprocess
 import sys
 import types
 
@@ -30,6 +31,18 @@ def make_dirs(*folders):
     for folder in folders:
         os.makedirs(folder, exist_ok=True)
     return True
+
+
+def run_python(python, program, timeout):
+    """{rc, out, err} of `python -c program` (the run's interpreter, which may not be this one)."""
+    try:
+        done = subprocess.run([python, "-c", program], capture_output=True, text=True, timeout=timeout,
+                              stdin=subprocess.DEVNULL)
+    except FileNotFoundError:
+        return {"rc": 127, "out": "", "err": f"{python}: not found"}
+    except subprocess.TimeoutExpired:
+        return {"rc": 124, "out": "", "err": f"{python}: no answer within {timeout} s"}
+    return {"rc": done.returncode, "out": done.stdout, "err": done.stderr}
 
 
 def run_step(step):

@@ -71,7 +71,7 @@ def ask(transport: Transport, steps: list[Step], timeout: float = CALL_TIMEOUT_S
     return answers
 
 
-def value(answer: dict, what: str, transport: Transport):
+def step_value(answer: dict, what: str, transport: Transport):
     """The step's value, or FatpipeError naming the node and `what` failed there."""
     if "error" in answer:
         raise FatpipeError(f"{transport.describe()}: {what}: {answer['error']}")

@@ -1,6 +1,6 @@
 """The project folder on an ssh node is a project's own only when it carries that project's marker.
 
-Before the first push, `claim_project_dir` makes the folder and marks it with the cluster's name
+Before the first push, `claim_project_dir` (Python on the node: node_checks.py) makes the folder and marks it with the cluster's name
 and the project's id (`.fatpipe/project-id`), or adopts an empty one; a folder that holds
 anything else, or another project's marker (two checkouts with a cluster of the same name on the
 same hosts), is refused, never pushed into. A marker an earlier fatpipe wrote (the cluster's name
@@ -11,57 +11,35 @@ it). See docs/ARCHITECTURE.md, "The project folder on a node".
 
 from __future__ import annotations
 
-import shlex
 from collections.abc import Callable
+from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER
 
+from .nodecall import NodeCallError, Step, answer_of, step_value
 from .transport import Transport
 
-TAG = "fatpipe-projectdir:"  # the first word of the answer line the snippets print
-# $1 the folder (relative to the login's home, or absolute), $2 the cluster, $3 the project id.
-# Values arrive as quoted arguments (`set --`), never as script text. The marker: the cluster's
-# name on its first line, the project's id on its second (none: written by an earlier fatpipe).
-# `owner` answers the marker's project (`-`: none) and cluster for `other`.
-READ = f"""
-marker="$1/{PROJECT_MARKER}"
-owner() {{ p=$(sed -n 2p -- "$marker" | tr -d ' ' | head -c 64); echo "{TAG} $1 ${{p:--}} $(head -n 1 -- "$marker" | head -c 200)"; }}
-mine() {{ [ "$(head -n 1 -- "$marker")" = "$2" ] && [ "$(sed -n 2p -- "$marker")" = "$3" ]; }}
-legacy() {{ [ "$(head -n 1 -- "$marker")" = "$2" ] && [ -z "$(sed -n 2p -- "$marker")" ]; }}
-"""
-CLAIM = READ + f"""
-write() {{ printf '%s\\n%s\\n' "$2" "$3" > "$marker.tmp" && mv -f -- "$marker.tmp" "$marker"; }}
-if [ -e "$1" ] || [ -L "$1" ]; then
-  [ -d "$1" ] || {{ echo "{TAG} not-a-folder"; exit 0; }}
-  if [ -f "$marker" ]; then
-    mine "$@" && {{ echo "{TAG} ours"; exit 0; }}
-    legacy "$@" && write "$@" && {{ echo "{TAG} adopted"; exit 0; }}
-    owner other "$@"; exit 0
-  fi
-  [ -z "$(ls -A -- "$1")" ] || {{ echo "{TAG} not-empty"; exit 0; }}
-fi
-mkdir -p -- "$1" && write "$@" && echo "{TAG} made"
-"""
-REMOVE = READ + f"""
-if [ -d "$1" ] && [ -f "$marker" ]; then
-  if mine "$@" || legacy "$@"; then rm -rf -- "$1" && echo "{TAG} removed"; else owner other "$@"; fi
-elif [ -e "$1" ] || [ -L "$1" ]; then
-  echo "{TAG} kept"
-else
-  echo "{TAG} absent"
-fi
-"""
+NODE_CHECKS = (("node_checks", Path(__file__).with_name("node_checks.py")),)
 
 
-def _run(transport: Transport, script: str, *args: str) -> tuple[str, str]:
-    """Run `script` with `args` as $1.. on the node; (its answer word, the rest of the line)."""
-    result = transport.run(f"set -- {shlex.join(args)}\n{script}", timeout=60)
-    answer = next((line[len(TAG):].split(maxsplit=1) for line in result.stdout.splitlines()
-                   if line.startswith(TAG)), None)
-    if not result.ok or not answer:
-        raise FatpipeError(f"{transport.describe()}: the project folder {args[0]}: {result.reason()}")
-    return answer[0], answer[1] if len(answer) > 1 else ""
+def claim_step(folder: str, cluster: str, project_id: str) -> Step:
+    """The node program's step that claims `folder` (ops/reach/node_checks.py: `claim`)."""
+    return Step("node_checks.claim", (folder, cluster, project_id), sources=NODE_CHECKS)
+
+
+def remove_step(folder: str, cluster: str, project_id: str) -> Step:
+    return Step("node_checks.remove", (folder, cluster, project_id), sources=NODE_CHECKS)
+
+
+def _answer(transport: Transport, step: Step) -> tuple[str, str]:
+    """(the answer word, the rest) of a claim or removal: brought by the command's first call, or asked."""
+    try:
+        answer = answer_of(transport, step, timeout=60)
+    except NodeCallError as e:
+        raise FatpipeError(f"{transport.describe()}: the project folder {step.args[0]}: {e.reason}") from None
+    word, rest = step_value(answer, f"the project folder {step.args[0]}", transport)
+    return word, rest
 
 
 def owner_words(rest: str) -> str:
@@ -76,7 +54,7 @@ def claim_project_dir(transport: Transport, folder: str, cluster: str, project_i
     pushed into it: `made`, `ours`, or `adopted` (an earlier fatpipe's marker of this cluster,
     now this project's: the caller says so once). Raises FatpipeError naming the node and the
     folder when it belongs to someone else."""
-    answer, rest = _run(transport, CLAIM, folder, cluster, project_id)
+    answer, rest = _answer(transport, claim_step(folder, cluster, project_id))
     where = f"{transport.describe()}: {folder}"
     if answer == "not-a-folder":
         raise FatpipeError(f"{where} exists and is not a folder; choose another remote_dir for this host")
@@ -106,5 +84,5 @@ def claim_and_say(transport: Transport, folder: str, cluster: str, project_id: s
 def remove_project_dir(transport: Transport, folder: str, cluster: str, project_id: str) -> tuple[str, str]:
     """Remove `folder` on the node if it is this project's: (`removed`, ""), (`kept`, "") when
     fatpipe did not make it, (`other`, whose words) when another project's, or (`absent`, "")."""
-    answer, rest = _run(transport, REMOVE, folder, cluster, project_id)
+    answer, rest = _answer(transport, remove_step(folder, cluster, project_id))
     return answer, owner_words(rest) if answer == "other" else ""
