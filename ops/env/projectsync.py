@@ -138,8 +138,8 @@ def _relative(path: str) -> bool:
 class ProjectPush:
     """One node's project push: look, decide, delete and record, copy."""
 
-    def __init__(self, t: Transport, src: Path, dest: str, excludes: tuple[str, ...]):
-        self.t, self.src, self.dest, self.excludes = t, Path(src), dest, excludes
+    def __init__(self, t: Transport, src: Path, dest: str, excludes: tuple[str, ...], made: bool = False):
+        self.t, self.src, self.dest, self.excludes, self.made = t, Path(src), dest, excludes, made
 
     def node(self, action: str, given: dict) -> dict:
         command = f"python3 -c {shlex.quote(NODE_PROGRAM.read_text())} {action} {shlex.quote(self.dest)}"
@@ -152,8 +152,7 @@ class ProjectPush:
         raise FatpipeError(f"{self.t.describe()}: reading what the last push sent failed: {done.reason()}")
 
     def run(self) -> PushReport:
-        made = self.t.run(f"mkdir -p -- {shlex.quote(self.dest)}", timeout=60)
-        if not made.ok:
+        if not self.made and not (made := self.t.make_dir(self.dest)).ok:
             raise FatpipeError(f"{self.t.describe()}: cannot make {self.dest}: {made.reason()}")
         listed = local_listing(self.src, self.excludes)
         folders = [p.rstrip("/") for p in listed if p.endswith("/")]
@@ -177,6 +176,6 @@ def copy_listed(t: Transport, src: Path, dest: str, paths: list[str]) -> Result:
         return t.copy_to(f"{src}/", f"{dest}/", [f"--files-from={listing.name}", "--from0"], timeout=900)
 
 
-def push_project(t: Transport, src: Path, dest: str, excludes: tuple[str, ...]) -> PushReport:
-    """Push the project folder `src` to `dest` on the node; what it deleted and kept."""
-    return ProjectPush(t, src, dest, excludes).run()
+def push_project(t: Transport, src: Path, dest: str, excludes: tuple[str, ...], made: bool = False) -> PushReport:
+    """Push the project folder `src` to `dest` on the node (`made`: it exists); what it deleted and kept."""
+    return ProjectPush(t, src, dest, excludes, made).run()

@@ -37,10 +37,10 @@ def listing_problem(listing: str, ssh_port: int) -> str | None:
     return f"no firewall: neither table inet {TABLE} nor chain {CHAIN} is there"
 
 
-def node_problem(transport: Transport, node, timeout: float = 30) -> str | None:
-    """Probe one node; what is wrong with its firewall, or None."""
+def node_problem(transport: Transport, node, timeout: float = 30, answer: dict | None = None) -> str | None:
+    """Probe one node (unless its listing's `answer` came already); what is wrong with its firewall, or None."""
     try:
-        answer = answer_of(transport, LISTING, timeout)
+        answer = answer or answer_of(transport, LISTING, timeout)
     except NodeCallError as e:
         return f"its firewall cannot be read: {e.reason}"
     if "error" in answer:
@@ -60,7 +60,7 @@ def node_problem(transport: Transport, node, timeout: float = 30) -> str | None:
 def check_readiness(state, transport: Transport, node, outputs, timeout: float = 30):
     """`wait`: a node otherwise ready is not, while its firewall is missing (outputs.firewall)."""
     if outputs.firewall and state.ready:
-        problem = node_problem(transport, node, timeout)
+        problem = node_problem(transport, node, timeout, state.listing)
         if problem:
             state.firewall_ok, state.reason = False, problem
     return state

@@ -33,6 +33,15 @@ def make_dirs(*folders):
     return True
 
 
+def read_line(path):
+    """The first line of the file `path` (no newline), or None when it cannot be read."""
+    try:
+        with open(path, errors="replace") as f:
+            return f.readline().rstrip("\n")
+    except OSError:
+        return None
+
+
 def run_python(python, program, timeout):
     """{rc, out, err} of `python -c program` (the run's interpreter, which may not be this one)."""
     try:

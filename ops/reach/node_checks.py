@@ -41,8 +41,17 @@ def _write(folder, cluster, project_id):
     os.replace(marker + ".tmp", marker)
 
 
-def claim(folder, cluster, project_id):
-    """[answer, rest]: made, ours, adopted, not-a-folder, not-empty, or other (with whose)."""
+def claim(folder, cluster, project_id, *inside):
+    """[answer, rest]: made, ours, adopted, not-a-folder, not-empty, or other (with whose); a
+    folder claimed (made, ours, adopted) gets the folders `inside` it that the pushes fill."""
+    answer = _claim(folder, cluster, project_id)
+    if answer[0] in ("made", "ours", "adopted"):
+        for sub in inside:
+            os.makedirs(os.path.join(folder, sub), exist_ok=True)
+    return answer
+
+
+def _claim(folder, cluster, project_id):
     if os.path.lexists(folder):
         if not os.path.isdir(folder):
             return ["not-a-folder", ""]
@@ -91,3 +100,22 @@ def firewall_listing(sbin, table, chain):
         if rc:
             break
     return {"rc": rc, "out": out, "err": err}
+
+
+def readiness(ready_file, names, mark):
+    """What `wait` reads of a node, as ops/reach/wait.py's probe prints it (`parse_probe` reads
+    it): reachable, the ready marker's text (none: no-marker), each sysctl from /proc/sys."""
+    lines = [f"{mark} reachable"]
+    try:
+        with open(ready_file, errors="replace") as f:
+            lines += [f"{mark} marker", f.read()]
+    except OSError:
+        lines.append(f"{mark} no-marker")
+    for name in names:
+        try:
+            with open("/proc/sys/" + name.replace(".", "/"), errors="replace") as f:
+                value = f.read().strip()
+        except OSError:
+            value = ""
+        lines.append(f"{mark} sysctl {name} {value}")
+    return "\n".join(lines) + "\n"

@@ -83,6 +83,15 @@ _brought: dict[tuple[str, Step], dict] = {}
 _lock = threading.Lock()
 
 
+def ask_ahead(transport: Transport, steps: list[Step], timeout: float = CALL_TIMEOUT_S) -> None:
+    """A command's first call to the node: every step's answer kept for the stage that needs it.
+    A node that does not answer keeps nothing: each stage asks it again and says why it failed."""
+    try:
+        remember(transport, steps, ask(transport, steps, timeout))
+    except NodeCallError:
+        pass
+
+
 def remember(transport: Transport, steps: list[Step], answers: list[dict]) -> None:
     with _lock:
         for step, answer in zip(steps, answers, strict=True):
@@ -93,6 +102,14 @@ def recall(transport: Transport, step: Step) -> dict | None:
     """The answer the command's first call already brought for `step` on this node (once), else None."""
     with _lock:
         return _brought.pop((transport.describe(), step), None)
+
+
+def forget(transport: Transport) -> None:
+    """Drop what the first call brought for this node (what it answered has changed since)."""
+    where = transport.describe()
+    with _lock:
+        for key in [key for key in _brought if key[0] == where]:
+            del _brought[key]
 
 
 def forget_all() -> None:

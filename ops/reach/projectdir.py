@@ -23,9 +23,10 @@ from .transport import Transport
 NODE_CHECKS = (("node_checks", Path(__file__).with_name("node_checks.py")),)
 
 
-def claim_step(folder: str, cluster: str, project_id: str) -> Step:
-    """The node program's step that claims `folder` (ops/reach/node_checks.py: `claim`)."""
-    return Step("node_checks.claim", (folder, cluster, project_id), sources=NODE_CHECKS)
+def claim_step(folder: str, cluster: str, project_id: str, inside: tuple[str, ...] = ()) -> Step:
+    """The node program's step that claims `folder` (ops/reach/node_checks.py: `claim`) and,
+    once it is this project's, makes the folders `inside` it (relative to it)."""
+    return Step("node_checks.claim", (folder, cluster, project_id, *inside), sources=NODE_CHECKS)
 
 
 def remove_step(folder: str, cluster: str, project_id: str) -> Step:
@@ -49,12 +50,13 @@ def owner_words(rest: str) -> str:
     return f"cluster {cluster!r}" + (" (marked by an earlier fatpipe)" if project == "-" else f" of project {project}")
 
 
-def claim_project_dir(transport: Transport, folder: str, cluster: str, project_id: str) -> str:
+def claim_project_dir(transport: Transport, folder: str, cluster: str, project_id: str,
+                      inside: tuple[str, ...] = ()) -> str:
     """Make `folder` this project's (marked with `cluster` and `project_id`) before anything is
     pushed into it: `made`, `ours`, or `adopted` (an earlier fatpipe's marker of this cluster,
     now this project's: the caller says so once). Raises FatpipeError naming the node and the
     folder when it belongs to someone else."""
-    answer, rest = _answer(transport, claim_step(folder, cluster, project_id))
+    answer, rest = _answer(transport, claim_step(folder, cluster, project_id, inside))
     where = f"{transport.describe()}: {folder}"
     if answer == "not-a-folder":
         raise FatpipeError(f"{where} exists and is not a folder; choose another remote_dir for this host")
@@ -75,9 +77,9 @@ def adopted_line(transport: Transport, folder: str, cluster: str, project_id: st
 
 
 def claim_and_say(transport: Transport, folder: str, cluster: str, project_id: str,
-                  log: Callable[[str], None] | None) -> None:
+                  log: Callable[[str], None] | None, inside: tuple[str, ...] = ()) -> None:
     """`claim_project_dir`, and the one line to `log` when it adopted an earlier fatpipe's folder."""
-    if claim_project_dir(transport, folder, cluster, project_id) == "adopted" and log:
+    if claim_project_dir(transport, folder, cluster, project_id, inside) == "adopted" and log:
         log(adopted_line(transport, folder, cluster, project_id))
 
 

@@ -24,6 +24,7 @@ from ..rdzv.noderun import (
     run_nodes,
 )
 from ..rdzv.rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, plan_rendezvous
+from ..reach.nodecall import forget_all
 from ..reach.transport import fan_out
 from .failure import describe_failure
 from .follow import (
@@ -34,6 +35,7 @@ from .follow import (
     stop_nodes,
 )
 from .prepare import prepare_envs, prepare_node
+from .runchecks import ask_launch_checks
 from .runsync import pull_runs
 
 
@@ -126,22 +128,26 @@ def pull_ended(nodes: list[NodeRun], run_dir: Path, within_s: float, log: Log) -
     return pulled.failed
 
 
-def running_nodes(project, cluster: str) -> tuple[str, list[str]] | None:
-    """(run id, nodes still running it) for the cluster's latest run, or None when nothing runs.
-
-    A second run would collide with it on the rendezvous port and the CPUs.
+def running_nodes(project, cluster: str, nodes: list[NodeRun] | None = None) -> tuple[str, list[str]] | None:
+    """(run id, nodes still running it) for the cluster's latest run (its `nodes`, when read
+    already), or None when nothing runs. A second run would collide with it on the rendezvous
+    port and the CPUs.
     """
-    try:
-        run_id, _, nodes = run_nodes(project, cluster)
-    except FatpipeError:
+    if nodes is None:
+        try:
+            nodes = run_nodes(project, cluster)[2]
+        except FatpipeError:
+            return None
+    if not nodes:
         return None
+    run_id = nodes[0].rdzv.run_id
     states = node_states(nodes)
     busy = [n.name for n, state in zip(nodes, states, strict=True) if state == "running"]
     return (run_id, busy) if busy else None
 
 
-def refuse_if_running(project, cluster: str) -> None:
-    busy = running_nodes(project, cluster)
+def refuse_if_running(project, cluster: str, nodes: list[NodeRun] | None = None) -> None:
+    busy = running_nodes(project, cluster, nodes)
     if busy:
         run_id, names = busy
         raise FatpipeError(f"run {run_id} is still running on {', '.join(names)}: follow it with "
@@ -168,4 +174,8 @@ def run_on_all_nodes(project, outputs, entry: list[str], *, run_dir: Path | None
         run_id = "-".join(run_dir.resolve().parts[-2:])
     rdzv = plan_rendezvous(project, outputs, run_id, run_dir, entry=entry, options=options)
     write_rendezvous(rdzv, run_dir)
-    return launch(project, rdzv, run_dir, sink=sink, log=log, timeout_s=timeout_s)
+    try:  # its caller checked the firewall; the rest of the checks: one call per node
+        ask_launch_checks(project, outputs, rdzv, firewall=False)
+        return launch(project, rdzv, run_dir, sink=sink, log=log, timeout_s=timeout_s)
+    finally:
+        forget_all()
