@@ -27,13 +27,13 @@ def status(project, cluster: str | None, as_json: bool):
     spec = project.cluster(cluster)
     doc: dict = {"cluster": spec.name, "provider": spec.provider, "tier": spec.tier, "deployed": False}
     from fatpipe.ops.reach.nodecall import forget_all
-    from fatpipe.ops.run.runchecks import ask_status_checks, latest_nodes
+    from fatpipe.ops.run.runchecks import ask_status_checks
 
     try:
         if outputs_file(project, spec.name).exists():
             outputs = load_outputs(project, spec.name)
             doc["deployed"] = True
-            ask_status_checks(project, outputs, latest_nodes(project, spec.name))  # one call per node
+            ask_status_checks(project, outputs)  # one call per node
             doc["nodes"] = _node_states(project, outputs)
         try:
             doc["run"] = _run_state(project, spec.name)

@@ -195,6 +195,10 @@ echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
         return Step("runproc.stop", (*self._files("pid", "ident", "exit", "stop"), STOP_WAIT_S),
                     self.plan.workdir, RUNPROC_SOURCE)
 
+    def log_step(self, offset: int = 0) -> Step:
+        """The node program's step that reads the node's log from byte `offset` (None: no log yet)."""
+        return Step("read_from", (*self._files("log"), int(offset)), self.plan.workdir)
+
     def _files(self, *exts: str) -> tuple[str, ...]:
         return tuple(f"{self.rdzv.run_rel}/node-{self.plan.rank}.{ext}" for ext in exts)
 

@@ -42,6 +42,16 @@ def read_line(path):
         return None
 
 
+def read_from(path, offset):
+    """The text of the file `path` from byte `offset` on, or None when it is not there."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(int(offset))
+            return f.read().decode(errors="replace")
+    except FileNotFoundError:
+        return None
+
+
 def run_python(python, program, timeout):
     """{rc, out, err} of `python -c program` (the run's interpreter, which may not be this one)."""
     try:

@@ -35,6 +35,16 @@ def pushed_folders(node: NodeRun) -> tuple[str, ...]:
     return (node.rdzv.run_rel, TRAINER_DEST)
 
 
+def push_excludes(project, node: NodeRun) -> tuple[str, ...]:
+    """What the project push leaves out for `node`: never shipped, the staged data, what `[run]
+    pull` brings back, the run folder."""
+    # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
+    # never shipped again, never deleted. Nor is the run folder, nor anything a run wrote
+    # (ops.projectsync deletes only what an earlier push sent and this project no longer has).
+    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
+    return (*excludes, f"/{node.rdzv.run_rel}/")
+
+
 def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
     """Ship the project, the run's inputs and the trainer package to an ssh node (its Python:
     prepare_envs, then the ops.nodeenv probe)."""
@@ -44,12 +54,8 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     # Never another's folder; once it is this project's, the folders the pushes fill are made with
     # it (in the command's first call: ops/run/runchecks.py), so no push asks for them again.
     claim_and_say(t, plan.workdir, node.rdzv.cluster, project.project_id, log, pushed_folders(node))
-    # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
-    # never shipped again, never deleted. Nor is the run folder, nor anything a run wrote
-    # (ops.projectsync deletes only what an earlier push sent and this project no longer has).
-    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
     started = time.monotonic()
-    for line in push_project(t, project.root, plan.workdir, (*excludes, f"/{node.rdzv.run_rel}/"), made=True).lines():
+    for line in push_project(t, project.root, plan.workdir, push_excludes(project, node), made=True).lines():
         log(f"{node.name}: {line}")
     log(f"{node.name}: copy the project folder ({time.monotonic() - started:.1f} s)")
     steps: list[tuple[str, Callable[[], object]]] = [

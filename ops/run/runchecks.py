@@ -12,26 +12,35 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import REMOTE_VENV
 
 from ..env.nodeenv import probe_step
 from ..env.nodewheels import stamp_step
-from ..rdzv.noderun import NodeRun, node_runs
+from ..env.projectsync import look_step, pushed_files
+from ..rdzv.noderun import NodeRun, node_runs, run_nodes
 from ..rdzv.rendezvous import Rendezvous
 from ..reach.firewall_check import LISTING
 from ..reach.nodecall import Step, ask_ahead
 from ..reach.projectdir import claim_step
 from ..reach.transport import fan_out
-from .prepare import pushed_folders
+from .prepare import push_excludes, pushed_folders
+
+# The project push's look travels in the first call while its paths fit well inside one
+# argument of `python3 -c` (the kernel's limit for one is 128 KiB).
+LOOK_BYTES = 64 * 1024
 
 
-def launch_steps(node: NodeRun, project_id: str, firewall: bool, previous: NodeRun | None) -> list[Step]:
+def launch_steps(node: NodeRun, project, firewall: bool, previous: NodeRun | None) -> list[Step]:
     """What a launch will ask `node`, in the order the stages ask it."""
     steps = [previous.status_step()] if previous is not None else []
     if firewall:
         steps.append(LISTING)
     if not node.transport.shares_fs:
-        steps.append(claim_step(node.plan.workdir, node.rdzv.cluster, project_id, pushed_folders(node)))
+        steps.append(claim_step(node.plan.workdir, node.rdzv.cluster, project.project_id, pushed_folders(node)))
+        files = pushed_files(project.root, push_excludes(project, node))
+        if sum(len(f) + 4 for f in files) < LOOK_BYTES:  # a larger project asks on its own
+            steps.append(look_step(node.plan.workdir, files))
         if node.plan.python == f"{REMOTE_VENV}/bin/python":
             steps.append(stamp_step(node))
     steps.append(probe_step(node))
@@ -47,16 +56,12 @@ def ask_launch_checks(project, outputs, rdzv: Rendezvous, previous: list[NodeRun
     before = {n.name: n for n in previous}
     nodes = node_runs(rdzv, project.state_dir(rdzv.cluster))
     firewall = bool(outputs.firewall) if firewall is None else firewall
-    fan_out(lambda n: ask_ahead(n.transport, launch_steps(n, project.project_id, firewall, before.get(n.name))),
+    fan_out(lambda n: ask_ahead(n.transport, launch_steps(n, project, firewall, before.get(n.name))),
             nodes)
 
 
 def latest_nodes(project, cluster: str) -> list[NodeRun]:
     """The nodes of the cluster's latest run (none yet: [])."""
-    from fatpipe.infra.errors import FatpipeError
-
-    from ..rdzv.noderun import run_nodes
-
     try:
         return run_nodes(project, cluster)[2]
     except FatpipeError:
@@ -70,14 +75,24 @@ def remove_fresh_run(run_dir: Path) -> None:
     shutil.rmtree(run_dir, ignore_errors=True)
 
 
-def ask_status_checks(project, outputs, run: list[NodeRun]) -> None:
-    """`fatpipe status`'s one call per node: its readiness and the latest `run`'s state there."""
+def ask_status_checks(project, outputs) -> None:
+    """`fatpipe status`'s one call per node: its readiness, the latest run's state there and, on
+    its leader, the run's progress (ops/run/progress.py)."""
     from ..reach.transport import transports_for
     from ..reach.wait import declared_sysctls, readiness_step
+    from .leader import leader
+    from .progress import progress_step
 
     declared = declared_sysctls(outputs)
-    states = {n.name: n.status_step() for n in run}
+    try:
+        _, run_dir, run = run_nodes(project, outputs.name)
+    except FatpipeError:
+        run_dir, run = None, []
+    states = {n.name: [n.status_step()] for n in run}
+    if run and not run[0].transport.shares_fs:
+        head = leader(run, run_dir)
+        states[head.name].append(progress_step(head))
     transports = transports_for(outputs, project.state_dir(outputs.name))
     fan_out(lambda i: ask_ahead(transports[i], [readiness_step(outputs.nodes[i], declared),
-                                                *([states[outputs.nodes[i].name]] if outputs.nodes[i].name in states else [])]),
+                                                *states.get(outputs.nodes[i].name, [])]),
             list(range(len(outputs.nodes))))
