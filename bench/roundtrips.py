@@ -3,8 +3,8 @@ over SSH (issue 35, item 1): wait, launch (detached), status, logs, pull, stop, 
 
 Deploys a sim cluster of each size (netns isolation, an sshd per node; needs root, terraform,
 sshd and rsync) and runs every command through an `ssh` on PATH that logs each session before it
-runs the real one: a session is a transfer (rsync's server), a launch's start, the project push's
-record, a follower's stream, or a check; the table shows the checks per node (the most any node
+runs the real one (tests/countingssh.py: a transfer, a launch's start, the project push's
+record, a follower's stream, or a check); the table shows the checks per node (the most any node
 got) beside the rest, and the wall time of each command (the CLI's start and warm ssh masters
 included). `status`'s time is the reference the data push's goal is measured against. On main
 before the node program, a launch made 5 check round trips per ssh node (its run state, the
@@ -20,7 +20,6 @@ import argparse
 import json
 import os
 import shutil
-import stat
 import subprocess
 import sys
 import tempfile
@@ -28,22 +27,12 @@ import time
 from collections import Counter
 from pathlib import Path
 
+BENCH = Path(__file__).resolve().parent
+sys.path.insert(0, str(BENCH.parent / "tests"))  # the counting ssh the round-trip test uses
+import countingssh  # noqa: E402
+
 OCTETS = {2: 232, 4: 233}
 JOB = "import pathlib, time\npathlib.Path('out').mkdir(exist_ok=True)\npathlib.Path('out/r.txt').write_text('x')\ntime.sleep(120)\n"
-COUNTING_SSH = """#!/bin/bash
-host=; prev=
-for a in "$@"; do [ "$prev" = "--" ] && [ -z "$host" ] && host=$a; prev=$a; done
-case "$*" in
-  *"rsync --server"*) kind=transfer ;;
-  *FATPIPE_NODECALL*) kind=check ;;
-  *"' commit "*) kind=push-record ;;
-  *"setsid -f"*) kind=start ;;
-  *"-F --pid"*) kind=follow ;;
-  *) kind=check ;;
-esac
-printf '%s\\t%s\\n' "${host:-?}" "$kind" >> "$FATPIPE_BENCH_SSH_LOG"
-exec "$FATPIPE_BENCH_REAL_SSH" "$@"
-"""
 
 
 def toml(name: str, nodes: int, octet: int) -> str:
@@ -53,41 +42,38 @@ def toml(name: str, nodes: int, octet: int) -> str:
 
 class Bench:
     def __init__(self, folder: Path):
-        self.folder, self.log = folder, folder / "ssh.log"
-        (folder / "bin").mkdir()
-        (folder / "bin" / "ssh").write_text(COUNTING_SSH)
-        (folder / "bin" / "ssh").chmod(0o755 | stat.S_IXUSR)
+        self.folder, self.counting = folder, countingssh.install(folder / "bin")
         self.control = tempfile.mkdtemp(prefix="fp-cm-rt-")
 
-    def run(self, *args: str) -> tuple[float, Counter, subprocess.CompletedProcess]:
-        self.log.write_text("")
-        env = {**os.environ, "PATH": f"{self.folder / 'bin'}:{Path(sys.executable).parent}:{os.environ['PATH']}",
-               "FATPIPE_BENCH_SSH_LOG": str(self.log), "FATPIPE_BENCH_REAL_SSH": shutil.which("ssh"),
-               "FATPIPE_SSH_CONTROL_DIR": self.control, "COLUMNS": "200", "NO_COLOR": "1"}
+    def run(self, *args: str) -> tuple[float, Counter]:
+        countingssh.sessions(self.counting)
+        env = {**os.environ, **self.counting, "FATPIPE_SSH_CONTROL_DIR": self.control, "COLUMNS": "200",
+               "NO_COLOR": "1", "PATH": f"{self.counting['PREPEND_PATH']}:{Path(sys.executable).parent}:"
+                                        f"{os.environ['PATH']}"}
         env.pop("FATPIPE_CONFIG", None)
         started = time.monotonic()
         done = subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=self.folder, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=900)
         took = time.monotonic() - started
-        sessions = Counter(tuple(line.split("\t", 1)) for line in self.log.read_text().splitlines())
         if done.returncode != 0:
             raise RuntimeError(f"fatpipe {' '.join(args)} failed:\n{done.stdout[-3000:]}")
-        return took, sessions, done
+        return took, countingssh.sessions(self.counting)
 
 
-def per_node(sessions: Counter, kind: str) -> int:
-    counts = Counter()
-    for (host, k), n in sessions.items():
-        if k == kind:
-            counts[host] += n
-    return max(counts.values(), default=0)
+def row(size: int, command: str, took: float, found: Counter) -> dict:
+    other = Counter()
+    for (_, kind), n in found.items():
+        if kind != "check":
+            other[kind] += n
+    return {"nodes": size, "command": command, "seconds": round(took, 2),
+            "checks_per_node": countingssh.most_per_node(found), "other": dict(other)}
 
 
 def measure(size: int) -> list[dict]:
     name = f"t-nc-rt{size}"
     folder = Path(tempfile.mkdtemp(prefix=f"fp-rt{size}-"))
     (folder / "fatpipe.toml").write_text(toml(name, size, OCTETS[size]))
-    (folder / ".gitignore").write_text("bin/\nssh.log\ngot/\n")
+    (folder / ".gitignore").write_text("bin/\ngot/\n")
     (folder / "job.py").write_text(JOB)
     bench, rows = Bench(folder), []
     commands = [("wait", name), ("launch", name, "--detach", "--max-restarts", "0", "--remote-python",
@@ -96,15 +82,8 @@ def measure(size: int) -> list[dict]:
                 ("status", name)]
     try:
         bench.run("deploy", name)
-        for args in commands:
-            took, sessions, _ = bench.run(*args)
-            rows.append({"nodes": size, "command": args[0], "seconds": round(took, 2),
-                         "checks_per_node": per_node(sessions, "check"),
-                         "other": {k: n for (_, k), n in Counter({(h, k): n for (h, k), n in sessions.items()
-                                                                  if k != "check"}).items()}})
-        took, sessions, _ = bench.run("down", name)
-        rows.append({"nodes": size, "command": "down", "seconds": round(took, 2),
-                     "checks_per_node": per_node(sessions, "check"), "other": {}})
+        for args in [*commands, ("down", name)]:
+            rows.append(row(size, args[0], *bench.run(*args)))
     finally:
         subprocess.run([sys.executable, "-m", "fatpipe.cli", "down", name], cwd=folder, capture_output=True,
                        timeout=300)
@@ -118,13 +97,13 @@ def main() -> None:
     sizes = [int(n) for n in parser.parse_args().nodes.split(",")]
     rows = [row for size in sizes for row in measure(size)]
     print(f"{'nodes':>5} {'command':<8} {'checks/node':>11} {'seconds':>8}  other sessions")
-    for row in rows:
-        other = ", ".join(f"{k} {n}" for k, n in sorted(row["other"].items()))
-        print(f"{row['nodes']:>5} {row['command']:<8} {row['checks_per_node']:>11} {row['seconds']:>8.2f}  {other}")
-    worst = max(row["checks_per_node"] for row in rows)
+    for r in rows:
+        other = ", ".join(f"{k} {n}" for k, n in sorted(r["other"].items()))
+        print(f"{r['nodes']:>5} {r['command']:<8} {r['checks_per_node']:>11} {r['seconds']:>8.2f}  {other}")
+    worst = max(r["checks_per_node"] for r in rows)
     print(f"goal: at most 1 check round trip per node per command: {'met' if worst <= 1 else 'missed'} "
           f"(most: {worst})")
-    status = [row["seconds"] for row in rows if row["command"] == "status"]
+    status = [r["seconds"] for r in rows if r["command"] == "status"]
     print(f"fatpipe status: {min(status):.2f} s (the reference for the data push's goal)")
     out = Path(__file__).with_name("out")
     out.mkdir(exist_ok=True)

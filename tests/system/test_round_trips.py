@@ -2,23 +2,23 @@
 plus the transfers it needs (issue 35, item 1): counted on a 2-node sim cluster reached over
 SSH, through an `ssh` on PATH that logs each session before it runs the real one.
 
-A session is a transfer when it carries rsync's server; the rest are remote commands. Per
-command and node, what is counted is the remote commands for its checks: not the transfers, not
-a launch's start of its node process, not the project push's record of what it sent (written
-before the copy: ops/env/projectsync.py), not a follower's log stream.
+Per command and node, what is counted is the remote commands for its checks (tests/countingssh.py
+says what each session is): not the transfers, not a launch's start of its node process, not the
+project push's record of what it sent (written before the copy), not a follower's log stream.
 """
 
 from __future__ import annotations
 
+import json
 import os
-import shutil
-import stat
 import subprocess
 import sys
 import tempfile
+import time
 from collections import Counter
 from pathlib import Path
 
+import countingssh
 import pytest
 
 from .conftest import require_ssh_sim, ssh_sim_toml
@@ -34,46 +34,28 @@ pathlib.Path("out/result.txt").write_text("done\\n")
 print("result written", flush=True)
 time.sleep(120)
 """
-# Writes one line per ssh session: the host (the argument after `--`) and what the session is.
-COUNTING_SSH = """#!/bin/bash
-host=; prev=
-for a in "$@"; do [ "$prev" = "--" ] && [ -z "$host" ] && host=$a; prev=$a; done
-case "$*" in
-  *"rsync --server"*) kind=transfer ;;
-  *FATPIPE_NODECALL*) kind=check ;;
-  *"' commit "*) kind=push-record ;;
-  *"setsid -f"*) kind=start ;;
-  *"-F --pid"*) kind=follow ;;
-  *) kind=check ;;
-esac
-printf '%s\\t%s\\n' "${host:-?}" "$kind" >> "$FATPIPE_TEST_SSH_LOG"
-exec "$FATPIPE_TEST_REAL_SSH" "$@"
-"""
-
-
 class Counted:
-    """`fatpipe` commands in one project folder, whose ssh sessions are logged."""
+    """`fatpipe` commands in one project folder, whose ssh sessions are logged (tests/countingssh.py)."""
 
     def __init__(self, folder: Path):
-        self.folder, self.log = folder, folder / "ssh-sessions.log"
-        self.bin = folder / "counting-bin"
-        self.bin.mkdir()
-        wrapper = self.bin / "ssh"
-        wrapper.write_text(COUNTING_SSH)
-        wrapper.chmod(wrapper.stat().st_mode | stat.S_IXUSR)
+        self.folder, self.counting = folder, countingssh.install(folder / "counting-bin")
 
     def run(self, *args: str, timeout: float = 600) -> tuple[subprocess.CompletedProcess, Counter]:
         """Run `fatpipe ARGS`; (its result, {(host, kind): sessions})."""
-        self.log.write_text("")
-        env = {**os.environ, "COLUMNS": "200", "FATPIPE_SSH_CONTROL_DIR": CONTROL_DIR,
-               "PATH": f"{self.bin}:{os.environ['PATH']}", "FATPIPE_TEST_SSH_LOG": str(self.log),
-               "FATPIPE_TEST_REAL_SSH": shutil.which("ssh")}
+        countingssh.sessions(self.counting)
+        env = {**os.environ, **self.counting, "COLUMNS": "200", "FATPIPE_SSH_CONTROL_DIR": CONTROL_DIR,
+               "PATH": f"{self.counting['PREPEND_PATH']}:{os.environ['PATH']}"}
         for name in ("FATPIPE_CONFIG", "FATPIPE_REMOTE_DIR"):
             env.pop(name, None)
         done = subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=self.folder, env=env, text=True,
                               stdout=subprocess.PIPE, stderr=subprocess.STDOUT, timeout=timeout)
-        sessions = Counter(tuple(line.split("\t", 1)) for line in self.log.read_text().splitlines())
-        return done, sessions
+        return done, countingssh.sessions(self.counting)
+
+
+def on_node(folder: Path, index: int, rel: str) -> Path:
+    """A path in the node's project folder (a sim node's folder lies on this machine)."""
+    outputs = json.loads((folder / ".fatpipe" / CLUSTER / "outputs.json").read_text())
+    return Path(outputs["nodes"][index]["remote_dir"]) / rel
 
 
 def checks(sessions: Counter) -> dict[str, int]:
@@ -90,7 +72,7 @@ def cluster(tmp_path_factory):
     require_ssh_sim()
     folder = tmp_path_factory.mktemp("roundtrips")
     (folder / "fatpipe.toml").write_text(ssh_sim_toml(CLUSTER, NODES, OCTET))
-    (folder / ".gitignore").write_text("counting-bin/\nssh-sessions.log\ngot/\n")
+    (folder / ".gitignore").write_text("counting-bin/\ngot/\n")
     (folder / "job.py").write_text(JOB)
     counted = Counted(folder)
     try:
@@ -111,6 +93,11 @@ def test_each_command_makes_at_most_one_check_round_trip_per_node(cluster):
                  ("logs", CLUSTER),
                  ("pull", CLUSTER, "out/result.txt", "--to", "got"),
                  ("stop", CLUSTER)):
+        if args[0] == "pull":  # once the job wrote it (its start imports torch: seconds on a loaded machine)
+            written = on_node(cluster.folder, 0, "out/result.txt")
+            deadline = time.monotonic() + 300
+            while not written.exists() and time.monotonic() < deadline:
+                time.sleep(1)
         done, sessions = cluster.run(*args)
         assert done.returncode == 0, f"{args}: {done.stdout[-3000:]}"
         per_command[args[0]] = checks(sessions)
