@@ -104,6 +104,13 @@ def recall(transport: Transport, step: Step) -> dict | None:
         return _brought.pop((transport.describe(), step), None)
 
 
+def brought_for(transport: Transport) -> bool:
+    """Whether the command's first call already brought answers for this node."""
+    where = transport.describe()
+    with _lock:
+        return any(key[0] == where for key in _brought)
+
+
 def forget(transport: Transport) -> None:
     """Drop what the first call brought for this node (what it answered has changed since)."""
     where = transport.describe()

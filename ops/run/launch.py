@@ -62,6 +62,9 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
     result = LaunchResult(rdzv.run_id, Path(run_dir))
     started, since = time.monotonic(), time.time()
     try:
+        # Its callers checked the firewall and the running run; the rest of the checks: one call
+        # per node, unless the command asked it already (ops/run/runchecks.py).
+        ask_launch_checks(project, None, rdzv, firewall=False)
         fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
         prepare_envs(project, nodes, rdzv.gpus_per_node, log)  # after the project: its requirements file
         log(check_node_envs(nodes, run_dir))  # unequal nodes are refused before anything starts
@@ -99,6 +102,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
                            and (Path(run_dir) / f"node-{n.plan.rank}.stop").exists()]
         result.failure = describe_failure(result, rdzv, since, project.root)
     finally:
+        forget_all()  # what the first call brought is this launch's alone
         result.elapsed_s = time.monotonic() - started
     return result
 
@@ -174,8 +178,4 @@ def run_on_all_nodes(project, outputs, entry: list[str], *, run_dir: Path | None
         run_id = "-".join(run_dir.resolve().parts[-2:])
     rdzv = plan_rendezvous(project, outputs, run_id, run_dir, entry=entry, options=options)
     write_rendezvous(rdzv, run_dir)
-    try:  # its caller checked the firewall; the rest of the checks: one call per node
-        ask_launch_checks(project, outputs, rdzv, firewall=False)
-        return launch(project, rdzv, run_dir, sink=sink, log=log, timeout_s=timeout_s)
-    finally:
-        forget_all()
+    return launch(project, rdzv, run_dir, sink=sink, log=log, timeout_s=timeout_s)

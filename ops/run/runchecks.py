@@ -21,7 +21,7 @@ from ..env.projectsync import look_step, pushed_files
 from ..rdzv.noderun import NodeRun, node_runs, run_nodes
 from ..rdzv.rendezvous import Rendezvous
 from ..reach.firewall_check import LISTING
-from ..reach.nodecall import Step, ask_ahead
+from ..reach.nodecall import Step, ask_ahead, brought_for
 from ..reach.projectdir import claim_step
 from ..reach.transport import fan_out
 from .prepare import push_excludes, pushed_folders
@@ -56,8 +56,10 @@ def ask_launch_checks(project, outputs, rdzv: Rendezvous, previous: list[NodeRun
     before = {n.name: n for n in previous}
     nodes = node_runs(rdzv, project.state_dir(rdzv.cluster))
     firewall = bool(outputs.firewall) if firewall is None else firewall
-    fan_out(lambda n: ask_ahead(n.transport, launch_steps(n, project, firewall, before.get(n.name))),
-            nodes)
+    # A node asked already in this command (`fatpipe launch` asks before its rendezvous is used)
+    # is not asked again.
+    fan_out(lambda n: brought_for(n.transport) or ask_ahead(
+        n.transport, launch_steps(n, project, firewall, before.get(n.name))), nodes)
 
 
 def latest_nodes(project, cluster: str) -> list[NodeRun]:
