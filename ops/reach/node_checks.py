@@ -102,9 +102,13 @@ def firewall_listing(sbin, table, chain):
     return {"rc": rc, "out": out, "err": err}
 
 
-def readiness(ready_file, names, mark):
+def readiness(ready_file, under_root, names, mark):
     """What `wait` reads of a node, as ops/reach/wait.py's probe prints it (`parse_probe` reads
-    it): reachable, the ready marker's text (none: no-marker), each sysctl from /proc/sys."""
+    it): reachable, the ready marker's text (none: no-marker), each sysctl from /proc/sys.
+    `under_root`: the marker lies below $FATPIPE_ROOT, the node's own (a sim node that shares its
+    host's files gets it in its sessions)."""
+    if under_root:
+        ready_file = os.environ.get("FATPIPE_ROOT", "") + ready_file
     lines = [f"{mark} reachable"]
     try:
         with open(ready_file, errors="replace") as f:

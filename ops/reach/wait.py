@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import shlex
 import time
 from collections.abc import Callable
@@ -93,9 +92,10 @@ def parse_probe(stdout: str) -> tuple[bool, dict | None, dict[str, str]]:
 def readiness_step(node, declared: dict[str, str]) -> Step:
     """The node program's step that reads what `probe_command` prints (node_checks.readiness)."""
     ready_file = node.ready_file or CLOUD_READY_FILE
-    # A machine's own marker may sit below $FATPIPE_ROOT (a sim node that shares its host's files).
-    path = os.environ.get("FATPIPE_ROOT", "") + ready_file if ready_file == CLOUD_READY_FILE else ready_file
-    return Step("node_checks.readiness", (path, tuple(sorted(declared)), MARK), sources=NODE_CHECKS)
+    # A machine's own marker may sit below the node's $FATPIPE_ROOT (a sim node that shares its
+    # host's files): read there, on the node.
+    return Step("node_checks.readiness", (ready_file, ready_file == CLOUD_READY_FILE, tuple(sorted(declared)), MARK),
+                sources=NODE_CHECKS)
 
 
 def check_node(transport: Transport, node, declared: dict[str, str], timeout: float = 30,

@@ -10,6 +10,7 @@ after the build.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
@@ -39,7 +40,7 @@ def launch_steps(node: NodeRun, project, firewall: bool, previous: NodeRun | Non
     if not node.transport.shares_fs:
         steps.append(claim_step(node.plan.workdir, node.rdzv.cluster, project.project_id, pushed_folders(node)))
         files = pushed_files(project.root, push_excludes(project, node))
-        if sum(len(f) + 4 for f in files) < LOOK_BYTES:  # a larger project asks on its own
+        if len(repr(json.dumps(files))) < LOOK_BYTES:  # a larger project asks on its own
             steps.append(look_step(node.plan.workdir, files))
         if node.plan.python == f"{REMOTE_VENV}/bin/python":
             steps.append(stamp_step(node))

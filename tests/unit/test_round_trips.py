@@ -138,3 +138,24 @@ def test_a_failing_step_is_its_own_answer_and_the_others_still_run(tmp_path):
                                         Step("read_from", ("f.txt", 6), str(tmp_path))])
     assert answers[0] == {"ok": "first line"} and answers[2] == {"ok": "line\nsecond\n"}
     assert answers[1]["error"].startswith("FileNotFoundError")
+
+
+def test_wait_reads_the_marker_below_the_nodes_own_root(tmp_path, monkeypatch):
+    """A sim node over ssh keeps the cloud marker below its own $FATPIPE_ROOT, which its sessions
+    get and this machine does not: the node program reads it there."""
+    from fatpipe.infra.node import READY_FILE
+    from fatpipe.infra.outputs import parse_outputs
+    from fatpipe.ops.reach.wait import check_node
+
+    class RootedNode(LocalTransport):
+        def argv(self, command: str) -> list[str]:
+            return ["env", f"FATPIPE_ROOT={tmp_path}", "bash", "-c", command]
+
+    monkeypatch.delenv("FATPIPE_ROOT", raising=False)
+    marker = Path(f"{tmp_path}{READY_FILE}")
+    marker.parent.mkdir(parents=True)
+    marker.write_text(json.dumps({"iface": "lo", "mtu": 65536, "namespaced": []}))
+    node = parse_outputs({"name": "c", "provider": "sim", "tier_gbps": 1, "private_cidr": "10.42.0.0/24",
+                          "nodes": [{"name": "c-0", "private_ip": "127.42.0.10", "transport": "local"}]}).nodes[0]
+    state = check_node(RootedNode("c-0"), node, {})
+    assert state.ready, state.reason
