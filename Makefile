@@ -31,7 +31,7 @@ $(CDKTF_CLI):
 
 cdktf-cli: $(CDKTF_CLI)
 
-# CDK Terrain, the maintained fork (README, "Choosing the toolkit"): the `cdktn` extra (its core
+# CDK Terrain, the maintained fork (docs/toolkits.md): the `cdktn` extra (its core
 # and AWS bindings) and its CLI, so the tests synthesize every stack with both toolkits.
 # --no-compile: byte-compiling all of the AWS bindings takes a minute; the few modules a stack
 # imports compile on first use instead (about 10 s for the extra, 30 s for the CLI and its Node).
@@ -42,7 +42,7 @@ $(CDKTN_STAMP): $(STAMP)
 install-cdktn: $(CDKTN_STAMP)
 
 # cdktn-cli 0.24 needs Node >= 22.19: node@22 from npm puts one beside it in .bin, which the tests
-# put first on PATH (README: `PATH=.tools/cdktn/node_modules/.bin:$PATH cdktn synth`).
+# put first on PATH (docs/toolkits.md: `PATH=.tools/cdktn/node_modules/.bin:$PATH cdktn synth`).
 $(CDKTN_CLI):
 	@if command -v npm >/dev/null; then \
 		npm install --silent --no-save --no-audit --no-fund --prefix .tools/cdktn cdktn-cli@0.24.0 node@22; \

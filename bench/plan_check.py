@@ -5,7 +5,7 @@ bench/seed_table.py rehearses the seed's table, with its machinery: the sim's co
 measured first with that many ranks, and the tier's rate is scaled by as much as the sim's
 compute is slower than the target GPU node's (an RTX 4090 on GPT-2 124M, llm.c's 524,288 tokens
 per step shared by the nodes), so each link carries what the target's would. The prediction
-is `ops.plan.predict`, the code `fatpipe plan` runs, for the same job: the sim's model (its
+is `ops.plan.plan.predict`, the code `fatpipe plan` runs, for the same job: the sim's model (its
 exact shapes), its measured compute, the scaled link as the machine's baseline, the same node
 count, steps and warm-up. Per configuration it prints the predicted and measured mean step,
 exposed share and method, and the step's error (goal: within 15%); writes
@@ -87,7 +87,7 @@ def write(doc: dict, out: Path) -> int:
 
 
 def sim_traffic(seq_len: int):
-    """The sim model's exact size and PowerSGD wire bytes, as `ops.plan` counts a preset's."""
+    """The sim model's exact size and PowerSGD wire bytes, as `ops.plan.plan` counts a preset's."""
     from fatpipe.ops.plan.plan import _DEFAULTS, ModelTraffic
     from fatpipe.trainer.comm.autocomm import powersgd_wire_elements
     from fatpipe.trainer.model import GPT, preset_config
@@ -107,7 +107,7 @@ def scaled_rate(args, nodes: int, tier: str, compute_s: float, sim_params: int) 
 
 
 def predict_sim(args, nodes: int, tier: str, rate_gbps: float, compute_s: float, probe: dict | None = None):
-    """`fatpipe plan`'s prediction for the sim job: ops.plan.predict on a machine whose baseline
+    """`fatpipe plan`'s prediction for the sim job: ops.plan.plan.predict on a machine whose baseline
     is the scaled link and an accelerator whose tokens/s is the compute measured here; with
     `probe` (the link comm=auto measured) on that link instead, as `fatpipe plan` plans a
     declared cluster whose netcheck measured its link."""

@@ -18,7 +18,7 @@ from .options import (
     unreachable_option,
 )
 from .signals import changing
-from .steps import new_rendezvous, run_training
+from .steps import open_run, train_on_cluster
 
 
 @click.command(cls=ScriptCommand)
@@ -57,7 +57,7 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
             run_id, run_dir = find_run(project, name, run_id)
             rdzv = read_rendezvous(run_dir)
         else:
-            rdzv, run_dir = new_rendezvous(project, outputs)
+            rdzv, run_dir = open_run(project, outputs)
         try:  # one call per node answers every check below (ops/run/runchecks.py)
             ask_launch_checks(project, outputs, rdzv, previous)
             refuse_if_running(project, name, previous)
@@ -67,8 +67,8 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
                 remove_fresh_run(run_dir)
             raise
         try:
-            result = run_training(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s,
-                                  detach=detach, unreachable_s=unreachable_s)
+            result = train_on_cluster(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s,
+                                      detach=detach, unreachable_s=unreachable_s)
         finally:
             forget_all()
     sys.exit(result.exit_code)

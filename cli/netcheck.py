@@ -8,7 +8,7 @@ from fatpipe.infra.defaults import P2P_TOOLS
 
 from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
 from .signals import changing
-from .steps import run_netcheck
+from .steps import netcheck_step
 
 
 def _size(ctx, param, value):
@@ -68,4 +68,4 @@ def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, ve
             from fatpipe.ops.run.launch import refuse_if_running
 
             refuse_if_running(project, name)  # it would share the links and the CPUs, and write into that run
-        run_netcheck(project, outputs, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)
+        netcheck_step(project, outputs, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)

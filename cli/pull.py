@@ -32,7 +32,7 @@ def pull(project, names, node_names, all_nodes, to, force, outputs_file):
     from fatpipe.infra.runs import load_outputs
     from fatpipe.infra.runspec import pull_path
     from fatpipe.ops.run.leader import latest_leader
-    from fatpipe.ops.run.pullpaths import pull_path as fetch
+    from fatpipe.ops.run.pullpaths import copy_from_node as fetch
     from fatpipe.ops.run.pullpaths import sources_of
 
     cluster, paths = split_cluster(project, names)

@@ -12,7 +12,7 @@ from .options import (
     run_options,
     train_overrides,
 )
-from .steps import new_rendezvous
+from .steps import open_run
 
 
 @click.command(cls=ScriptCommand)
@@ -31,7 +31,7 @@ def rendezvous(project, cluster: str | None, outputs_file):
     from fatpipe.infra.runs import load_outputs, mark_latest
 
     outputs = load_outputs(project, project.cluster(cluster).name, outputs_file)
-    rdzv, run_dir = new_rendezvous(project, outputs)
+    rdzv, run_dir = open_run(project, outputs)
     mark_latest(project, outputs.name, rdzv.run_id)
     print_rendezvous(rdzv, run_dir)
 

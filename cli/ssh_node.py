@@ -32,7 +32,7 @@ def env_option(flag: str, check=None, **kwargs):
     return click.option(flag, envvar=envvar, callback=callback, **kwargs)
 
 
-PROJECT_FOLDER_NEWS = {  # what `down` did with the project folder, by ops.projectdir's answer
+PROJECT_FOLDER_NEWS = {  # what `down` did with the project folder, by ops.reach.projectdir's answer
     "removed": "removed the project folder {}",
     "kept": "kept {}: fatpipe did not make it (no " + PROJECT_MARKER + " in it)",
     "other": "kept {}: it belongs to {}, not to this project ({})",

@@ -20,7 +20,7 @@ def node_gone(node) -> bool:
 
 def pull_results(out, nodes, run_dir, run_id: str, cluster: str, checkpoints: bool = False):
     """Bring what the ssh nodes wrote for the run into its folder here; one line per node whose
-    pull failed (its files stay on the node). Returns the ops.runsync.Pulled."""
+    pull failed (its files stay on the node). Returns the ops.run.runsync.Pulled."""
     from rich.markup import escape
 
     from fatpipe.ops.run.runsync import pull_runs
@@ -34,8 +34,8 @@ def pull_results(out, nodes, run_dir, run_id: str, cluster: str, checkpoints: bo
     return pulled
 
 
-def pull_declared(project, node, out) -> None:
-    """`[run] pull`: what the run's script wrote on the node of rank 0 (a NodeRun, ops.leader),
+def show_declared_pulls(project, node, out) -> None:
+    """`[run] pull`: what the run's script wrote on the node of rank 0 (a NodeRun, ops.run.leader),
     one line per path."""
     from rich.markup import escape
 
@@ -62,7 +62,7 @@ def terraform_log(verbose: bool):
 def deploy_outputs(project, name: str | None, engine: str, yes: bool, verbose: bool, replace: bool = False):
     """Apply the cluster's stack, asking on the terminal before paid resources and before existing
     nodes are replaced, destroyed or stopped (unless `replace`); its outputs. The host keys of the
-    nodes it recreated are forgotten (`ops.hostkeys`)."""
+    nodes it recreated are forgotten (`ops.reach.hostkeys`)."""
     from fatpipe.ops.reach.hostkeys import deploy_forgetting_recreated
     from fatpipe.stacks.engine import deploy_cluster
 
@@ -111,20 +111,20 @@ def require_ready(states, timeout_s: float) -> None:
         raise FatpipeError(f"{len(late)} node(s) not ready after {timeout_s:g} s:\n  {reasons}")
 
 
-def new_rendezvous(project, outputs, train=None, script=None, run=None):
+def open_run(project, outputs, train=None, script=None, run=None):
     """A new run (or the given (id, folder)) with its rendezvous written; returns (rdzv, run_dir).
 
     `train`, `script` and the run options default to this command's [train] overrides,
     `-- SCRIPT ARGS` and torchrun flags.
     """
     from fatpipe.infra.runs import new_run
-    from fatpipe.ops.rdzv.rendezvous import make_rendezvous
+    from fatpipe.ops.rdzv.rendezvous import new_rendezvous
 
     train = train if train is not None else resolve_train(project, overrides())
     script = script if script is not None else script_args()
     run_id, run_dir = run or new_run(project, outputs.name)
     try:
-        rdzv = make_rendezvous(project, outputs, run_id, run_dir, train=train, script=script,
+        rdzv = new_rendezvous(project, outputs, run_id, run_dir, train=train, script=script,
                                options=given_run_options())
     except BaseException:
         if run is None and not any(run_dir.iterdir()):  # refused before writing anything: no clutter
@@ -133,7 +133,7 @@ def new_rendezvous(project, outputs, train=None, script=None, run=None):
     return rdzv, run_dir
 
 
-def require_firewall(project, outputs, out) -> None:
+def check_firewall(project, outputs, out) -> None:
     """Before the rendezvous port opens: refuse a node without its host firewall, naming it;
     warn, at every launch, about a cluster that opted out (docs/ARCHITECTURE.md)."""
     from rich.markup import escape
@@ -144,12 +144,12 @@ def require_firewall(project, outputs, out) -> None:
         out.print(f"[yellow]warning[/]: {escape(warning)}", soft_wrap=True)
 
 
-def run_netcheck(project, outputs, options, out, run_dir=None, sink=None, remote_python=None):
+def netcheck_step(project, outputs, options, out, run_dir=None, sink=None, remote_python=None):
     """Run the link check, print its tables (also when the gate fails) and where it wrote them."""
     from fatpipe.ops.net.netcheck import NetcheckFailed
     from fatpipe.ops.net.netcheck import run_netcheck as measure
 
-    require_firewall(project, outputs, out)
+    check_firewall(project, outputs, out)
 
     try:
         doc = measure(project, outputs, run_dir=run_dir, options=options, log=note(out), sink=sink,
@@ -189,7 +189,7 @@ def _checker_python(rdzv) -> str | None:
     return None if python in (None, f"{REMOTE_VENV}/bin/python") else python
 
 
-def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False, unreachable_s=None):
+def train_on_cluster(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False, unreachable_s=None):
     """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult."""
     from rich.markup import escape
 
@@ -200,7 +200,7 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
     from fatpipe.ops.run.launch import launch as launch_run
     from fatpipe.ops.run.leader import leader
 
-    require_firewall(project, outputs, out)
+    check_firewall(project, outputs, out)
     names = [n.name for n in rdzv.nodes]
     require_data(project, outputs, _checker_python(rdzv), note(out))  # a node whose data differs: refused, named
     # The launched run becomes the latest (what status, logs and stop mean); one that never
@@ -229,7 +229,7 @@ def run_training(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=Fa
         out.print(unfollowed_line(result.run_id, outputs.name, result.unknown, result.exit_code), soft_wrap=True, highlight=False, markup=False)
         return result
     if project.spec.run.pull:  # the leader's transport is made only when something is to come back
-        pull_declared(project, leader(node_runs(rdzv, project.state_dir(outputs.name)), run_dir), out)
+        show_declared_pulls(project, leader(node_runs(rdzv, project.state_dir(outputs.name)), run_dir), out)
     out.print(f"logs and results in {run_dir}", markup=False)
     return result
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import click
 
 from .options import cluster_argument, console, pass_project
-from .steps import node_gone, pull_declared, pull_results
+from .steps import node_gone, pull_results, show_declared_pulls
 
 
 @click.command()
@@ -44,4 +44,4 @@ def stop(project, cluster: str | None, run_id):
     pull_results(out, live, run_dir, run_id, name)
     head = leader(nodes, run_dir) if nodes else None
     if head in live:
-        pull_declared(project, head, out)  # [run] pull, from the node that ran rank 0
+        show_declared_pulls(project, head, out)  # [run] pull, from the node that ran rank 0

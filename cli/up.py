@@ -43,11 +43,11 @@ from .render import Phases, escape, note, readiness_table, summary_table
 from .signals import TERMINATED, Terminated, changing
 from .steps import (
     deploy_outputs,
-    new_rendezvous,
+    netcheck_step,
+    open_run,
     require_ready,
-    run_netcheck,
-    run_training,
     stage_data,
+    train_on_cluster,
     wait_ready,
 )
 
@@ -212,7 +212,7 @@ class Up(DownAfter):
         options = NetcheckOptions(enforce=not self.flags.no_gate, quick=mode == "quick")
         remote_python = given_run_options().remote_python
         doc = phases.run("netcheck", f"{mode} link check against {outputs.tier_gbps:g} Gbit/s",
-                         lambda: run_netcheck(self.project, outputs, options, self.out, run_dir=run_dir,
+                         lambda: netcheck_step(self.project, outputs, options, self.out, run_dir=run_dir,
                                               remote_python=remote_python),
                          spinner=False)
         passed = doc.get("gate", {}).get("passed")
@@ -223,14 +223,14 @@ class Up(DownAfter):
         from fatpipe.ops.run.summary import no_steps_hint, run_summary
 
         phases, run_dir = self.phases, run[1]
-        rdzv, _ = phases.run("rendezvous", f"c10d at {outputs.rdzv_endpoint}", lambda: new_rendezvous(
+        rdzv, _ = phases.run("rendezvous", f"c10d at {outputs.rdzv_endpoint}", lambda: open_run(
             self.project, outputs, train, script, run=run))
         phases.get("rendezvous").note = f"{rdzv.nnodes} x {rdzv.nproc_per_node} process(es)"
         what = " ".join(script) if script else f"built-in trainer, preset {train.preset}, {train.steps} steps"
         from fatpipe.ops.rdzv.noderun import node_runs
 
         self.launched = node_runs(rdzv, self.project.state_dir(outputs.name))
-        result = self.result = phases.run("launch", what, lambda: run_training(
+        result = self.result = phases.run("launch", what, lambda: train_on_cluster(
             self.project, outputs, rdzv, run_dir, self.out, timeout_s=self.flags.timeout_s,
             unreachable_s=self.flags.unreachable_s), spinner=False)
         self.report["exit_codes"] = result.exit_codes

@@ -28,7 +28,7 @@ NETCHECK_FILE = "netcheck.json"
 FAULTS_FILE = "faults.json"  # the trainer's fault counts and failures (a copy of trainer.faults')
 NETCHECK_PLOT = "netcheck.png"
 UP_REPORT_FILE = "up.json"
-TORCHRUN_DIR = "torchrun"  # torchrun's --log-dir per node: each worker's error file (ops.rootcause)
+TORCHRUN_DIR = "torchrun"  # torchrun's --log-dir per node: each worker's error file (ops.run.rootcause)
 # The group rank torch's rendezvous gave node <index> (docs/ARCHITECTURE.md, "Rendezvous"): its
-# worker of local rank 0 writes it as it starts (trainer.noderank), `ops.leader` reads it.
+# worker of local rank 0 writes it as it starts (trainer.noderank), `ops.run.leader` reads it.
 GROUP_RANK_FILE = "node-{index}.group-rank"

@@ -11,7 +11,7 @@ Pure arithmetic on published figures, before anything is deployed:
 - the traffic: a ring all-reduce of the gradient sends 2 x (N-1)/N x bytes per node.
 
 The comm method, its exposed share and the step time come from the trainer's own comm=auto
-model, applied by `ops.plan` (the model layer imports no trainer, docs/ARCHITECTURE.md, "Layers").
+model, applied by `ops.plan.plan` (the model layer imports no trainer, docs/ARCHITECTURE.md, "Layers").
 """
 
 from __future__ import annotations

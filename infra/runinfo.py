@@ -32,7 +32,7 @@ class RunInfo:
     netcheck_passed: bool | None = None
     size_bytes: int = 0
     latest: bool = False
-    running: bool = False  # a node said so (ops.progress asks the leader of a run on ssh nodes)
+    running: bool = False  # a node said so (ops.run.progress asks the leader of a run on ssh nodes)
 
     @property
     def outcome(self) -> str:

@@ -186,7 +186,7 @@ def profile_files(cluster, mtu: int | None, nccl: dict[str, str],
 
 
 def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool = True) -> dict:
-    """The node profile for the SSH applier (`ops.node_agent`): the same files, sysctls and
+    """The node profile for the SSH applier (`ops.reach.node_agent`): the same files, sysctls and
     packages cloud-init gets, and what to run. `private_ip` is filled in per host."""
     installs = PACKAGES if packages else ()
     files = profile_files(cluster, mtu, nccl, installs)
@@ -202,7 +202,7 @@ def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool 
 
 def cloud_config(cluster, mtu: int, nccl: dict[str, str]) -> dict:
     """The cloud-config document (a dict) for every node of `cluster`: its private NIC at `mtu`,
-    NCCL's settings `nccl`. The node venv is not built here: launch builds it (ops.nodewheels),
+    NCCL's settings `nccl`. The node venv is not built here: launch builds it (ops.env.nodewheels),
     so nothing that changes with the project reaches the user data."""
     files = profile_files(cluster, mtu, nccl)
     return {

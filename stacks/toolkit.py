@@ -6,7 +6,7 @@ the environment variable FATPIPE_TOOLKIT (`cdktf`, the default, or `cdktn`). It 
 setting, not a key of fatpipe.toml, because it describes the installation and not the clusters:
 both write the same Terraform JSON, and `cdktf synth`/`cdktn synth` start the app as a child that
 inherits the environment. Nothing heavy is imported until a name is used: `fatpipe config` reports
-the toolkit from package metadata alone. README, "Choosing the toolkit".
+the toolkit from package metadata alone. docs/toolkits.md.
 """
 
 from __future__ import annotations

@@ -128,7 +128,7 @@ def vendor_data(wheels: bool, mac: str, rtt_ms: float, peer_rtt_ms: dict[str, fl
             ["sh", "-c", f"mountpoint -q {MOUNT_POINT} || mount -o ro LABEL={DISK_LABEL} {MOUNT_POINT}"],
             ["sh", "-c", 'printf %s "$1" > "$2"', "fatpipe-site", SITECUSTOMIZE_TEXT, SITECUSTOMIZE],
             # The guests reach no index: pip in every SSH session (launch builds the node venv,
-            # ops.nodewheels; pam_env reads /etc/environment) takes the disk's wheels alone. pip
+            # ops.env.nodewheels; pam_env reads /etc/environment) takes the disk's wheels alone. pip
             # reads a `no-` option from the environment as the option without it:
             # PIP_NO_COMPILE=0 skips byte-compiling, minutes under emulation.
             ["sh", "-c", PIP_ENV_SCRIPT, "fatpipe-pip", *PIP_ENV],

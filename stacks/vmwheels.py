@@ -6,7 +6,7 @@ The guests reach no index, and unpacking GBs of wheels under CPU emulation takes
 the disk holds them installed (`site-packages/`, byte-compiled here) beside the files (`wheels/`).
 The vm seed's vendor data (stacks/vmseed.py) mounts it, lets every venv in the guest see
 `site-packages/` after its own, and points pip at `wheels/` alone: launch's build of the node venv
-(ops.nodewheels, over SSH as on a cloud's nodes) then finds torch and numpy already there and
+(ops.env.nodewheels, over SSH as on a cloud's nodes) then finds torch and numpy already there and
 installs only what is missing, offline. The wheels come from this machine's pip (its
 configuration: index, find-links), downloaded once per requirement list; the disk is cached by a
 hash of the wheels themselves, so a changed wheel is a new disk, never a stale one.
@@ -40,7 +40,7 @@ DOWNLOAD_TIMEOUT_S = 1800
 
 
 def wheel_requirements(venv) -> list[str]:
-    """What launch's venv build installs (ops.nodewheels), as pip arguments: torch, numpy, the
+    """What launch's venv build installs (ops.env.nodewheels), as pip arguments: torch, numpy, the
     requirements file (relative to the project folder, where node-up runs) and the packages."""
     return [venv.torch, "numpy", *(["-r", venv.requirements] if venv.requirements else []), *venv.packages]
 

@@ -11,7 +11,7 @@ from .config import ConfigError, parse_config
 def main(argv: list[str] | None = None) -> int:
     from .noderank import record_group_rank
 
-    record_group_rank()  # before anything can fail: which node is rank 0's (ops.leader)
+    record_group_rank()  # before anything can fail: which node is rank 0's (ops.run.leader)
     try:
         cfg = parse_config(argv)
         # Imported after parsing so a bad flag fails fast, before torch loads.

@@ -4,7 +4,7 @@ torchrun gives every worker its own error file (under `--log-dir`, which fatpipe
 run folder) and reads it back when the worker fails; `record` from torch's elastic errors writes
 it. fatpipe's handler writes torch's format plus what the launcher needs to name the cause on one
 line: the global rank, the node, the exception's type and message, the file it could not find
-and a timestamp finer than torch's whole seconds (ops.rootcause reads them;
+and a timestamp finer than torch's whole seconds (ops.run.rootcause reads them;
 docs/ARCHITECTURE.md, "The run folder").
 """
 
@@ -18,7 +18,7 @@ import traceback
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-NODE_ENV = "FATPIPE_NODE_NAME"  # the node's name, in every node's environment (ops.rendezvous)
+NODE_ENV = "FATPIPE_NODE_NAME"  # the node's name, in every node's environment (ops.rdzv.rendezvous)
 
 
 def error_record(error: BaseException) -> dict:

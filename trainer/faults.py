@@ -35,7 +35,7 @@ from .files import write_text_atomic
 log = logging.getLogger(__name__)
 
 FAULTS_FILE = "faults.json"  # infra.defaults keeps a copy for the launcher; a unit test ties them
-NODE_ENV = "FATPIPE_NODE_NAME"  # the node's name, in every node's environment (ops.rendezvous)
+NODE_ENV = "FATPIPE_NODE_NAME"  # the node's name, in every node's environment (ops.rdzv.rendezvous)
 REPORT_WAIT_S = 5.0  # how long rank 0 waits for the other ranks to report a failure
 PUSH_EVERY_S = 1.0  # how often rank 0 adds its issued collectives to the store (a round trip)
 # The Trainer's methods (fatpipe.trainer.train) a failure can happen in, and the phase each is.

@@ -25,6 +25,7 @@ from .checkpoint import load_agreed_checkpoint, load_rank_state, rank_folder, sa
 from .collectives import all_gather_objects
 from .comm.allreduce import barrier, sync
 from .comm.commsetup import decide_comm
+from .comm.decision import decision_payload
 from .comm.hooks import powersgd_state_dict
 from .comm.periodic import make_periodic
 from .comm.redecide import AutoComm
@@ -73,7 +74,7 @@ class Trainer:
         if ckpt:
             self.model.load_state_dict(ckpt["model"])
         self.decision = decide_comm(cfg, env, self.model, self.grad_bytes, ckpt)
-        self.comm = self.decision["comm"]
+        self.comm = self.decision.comm
         self.auto = AutoComm(cfg, env, self.decision, self.start_step)  # check, re-decision
         self._wrap_ddp()
         self._layout_warmup()
@@ -199,7 +200,7 @@ class Trainer:
             "scheduler": self.scheduler.state_dict(),
             "data_cursor": self.data.cursor.to_dict(),
             "data_layout": self.layout.record(self.data.cursor),
-            "comm_decision": self.decision,
+            "comm_decision": decision_payload(self.decision),
             "periodic": self.periodic.shared_state() if self.periodic else None,
             "config": self.cfg.to_dict(),
             "world_size": self.env.world_size,
@@ -224,7 +225,8 @@ class Trainer:
         eval_loss, eval_windows = heldout_loss(self.model, *held, self.cfg.batch_size, self.device,
                                                  self.cfg.eval_windows)
         self.record.write_summary(
-            records, self.tokens_per_step, comm=self.comm, comm_decision=self.decision,
+            records, self.tokens_per_step, comm=self.comm,
+            comm_decision=decision_payload(self.decision),
             preset=self.cfg.preset, params=self.model.num_params(), param_digests=digests,
             replicas_in_sync=len(set(digests)) == 1, eval_loss=eval_loss,
             eval_windows=eval_windows,

@@ -1,14 +1,14 @@
 """`fatpipe data push`: the dataset goes once over the operator's uplink, then node to node.
 
 1. Hash the source into the manifest (files whose size and mtime did not change keep their hashes).
-2. Every node checks what it holds (`ops.datacheck`); when all match, nothing moves.
-3. rsync over the cluster's ssh transport to node 0 (`ops.uplink`: an interrupted copy resumes, a
+2. Every node checks what it holds (`ops.data.datacheck`); when all match, nothing moves.
+3. rsync over the cluster's ssh transport to node 0 (`ops.data.uplink`: an interrupted copy resumes, a
    file that matches is skipped), unless node 0 already matches.
 4. Meanwhile `trainer.staging.stage` starts through the launch path (as netcheck runs its benchmark), its
    rank 0 waiting for the copy: a pipelined chain of chunks over the private links, carrying only
    the chunks some node lacks.
 Nodes that share this machine's files get one local copy. A remote source (s3://, https://) is
-fetched by every node itself instead (`ops.fetch`). docs/ARCHITECTURE.md, "The data contract".
+fetched by every node itself instead (`ops.data.fetch`). docs/ARCHITECTURE.md, "The data contract".
 """
 
 from __future__ import annotations

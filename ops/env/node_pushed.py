@@ -1,4 +1,4 @@
-"""The node side of a project push (`ops.projectsync`): what the node holds, and what an earlier
+"""The node side of a project push (`ops.env.projectsync`): what the node holds, and what an earlier
 push sent there. Standard library only: it travels as `python3 -c` text with the action and the
 project folder as arguments, its input as JSON on stdin, its answer as JSON on stdout.
 

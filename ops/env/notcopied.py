@@ -1,6 +1,6 @@
 """Why a file a worker could not find on an ssh node is missing there, when it exists here.
 
-The project copy (ops.prepare, through the transport's rsync) leaves out what fatpipe never ships
+The project copy (ops.run.prepare, through the transport's rsync) leaves out what fatpipe never ships
 (SYNC_EXCLUDES) and what the project's .gitignore files leave out, and it copies nothing outside
 the project folder. The verdict comes from rsync itself, asked with the same rules in a dry run
 for that one path, so it cannot disagree with the copy.

@@ -6,8 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from fatpipe.infra.defaults import GROUP_RANK_FILE, RENDEZVOUS_FILE, TORCHRUN_DIR
-from fatpipe.infra.files import write_atomic, write_json_atomic
+from fatpipe.infra.defaults import GROUP_RANK_FILE, TORCHRUN_DIR
 from fatpipe.infra.node import REMOTE_PKG
 from fatpipe.trainer.noderank import GROUP_RANK_FILE_ENV
 
@@ -116,7 +115,7 @@ if [ -z "$IFACE" ]; then
 fi
 # NCCL reads its value as a prefix unless it starts with =; gloo takes one exact name.
 export NCCL_SOCKET_IFNAME="=$IFACE" GLOO_SOCKET_IFNAME="$IFACE"
-# This attempt's error files only: the ones a failure is named from (ops.rootcause).
+# This attempt's error files only: the ones a failure is named from (ops.run.rootcause).
 rm -rf {shlex.quote(torchrun_log_dir(rdzv, node.rank))}
 {exports}PY="${{FATPIPE_PYTHON:-{node.python}}}"
 exec "$PY" {body}
@@ -135,12 +134,3 @@ def _group(args: list[str]) -> list[str]:
             out.append(args[i])
             i += 1
     return out
-
-
-def write_rendezvous(rdzv: Rendezvous, run_dir: Path) -> Path:
-    """Write rendezvous.json and each node's .env and .sh into `run_dir`; returns the json path."""
-    run_dir = Path(run_dir)
-    for node in rdzv.nodes:
-        write_atomic(run_dir / f"node-{node.rank}.env", node_env_text(rdzv, node))
-        write_atomic(run_dir / f"node-{node.rank}.sh", node_script_text(rdzv, node), mode=0o755)
-    return write_json_atomic(run_dir / RENDEZVOUS_FILE, rdzv.to_json())

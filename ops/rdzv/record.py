@@ -1,6 +1,6 @@
 """What rendezvous.json records: the run (`Rendezvous`) and each node's part of it (`NodePlan`).
 
-Its own module so both the planner (`rendezvous.py`) and the writer of the node files
+Its own module so both the maker (`rendezvous.py`) and the renderer of each node's files
 (`nodefiles.py`) import it, and neither imports the other.
 """
 

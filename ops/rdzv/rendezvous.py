@@ -17,10 +17,11 @@ from pathlib import Path
 
 from fatpipe.infra.defaults import JOIN_TIMEOUT_S, MAX_RESTARTS, RENDEZVOUS_FILE
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import DEFAULT_REMOTE_DIR, REMOTE_VENV
 from fatpipe.infra.tiers import tier_name, tier_profile
 
-from .nodefiles import torchrun_command, write_rendezvous
+from .nodefiles import node_env_text, node_script_text, torchrun_command
 from .record import NodePlan, Rendezvous
 
 TRAINER_MODULE = "fatpipe.trainer"
@@ -73,14 +74,28 @@ def script_entry(project_root: Path, script_args: list[str], shared_fs: bool) ->
     return [shown, *script_args[1:]]
 
 
-def plan_rendezvous(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None = None,
-                    train_args: list[str] | None = None, options: RunOptions = DEFAULT_RUN) -> Rendezvous:
-    """The rendezvous of one run: `entry` is the user's script and args, None for the built-in trainer."""
+def new_rendezvous(project, outputs, run_id: str, run_dir: Path, *, train=None,
+                   script: list[str] | None = None, entry: list[str] | None = None,
+                   options: RunOptions = DEFAULT_RUN) -> Rendezvous:
+    """Plan a run's rendezvous and write it into `run_dir`: rendezvous.json and each node's .env
+    and .sh. The run is the user's `script` (with args), or an `entry` as torchrun takes it
+    (netcheck's benchmark), or else the built-in trainer with `train` (a TrainSpec; default the
+    project's [train], whose settings a script's run gets too)."""
+    train_args = (train or project.train).trainer_args()
+    if script:
+        shared = all(node.transport in ("local", "netns") for node in outputs.nodes)
+        entry = script_entry(project.root, script, shared)
+    rdzv = _plan(project, outputs, run_id, run_dir, entry, train_args, options)
+    _write(rdzv, run_dir)
+    return rdzv
+
+
+def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
+          train_args: list[str], options: RunOptions) -> Rendezvous:
     run_rel = Path(os.path.relpath(run_dir, project.root)).as_posix()
     if run_rel.startswith(".."):
         raise FatpipeError(f"run folder {run_dir} must lie inside the project folder {project.root}")
     builtin = entry is None
-    train_args = train_args if train_args is not None else project.train.trainer_args()
     if builtin:
         entry = trainer_entry(run_rel, train_args)
     nproc = options.nproc_per_node or outputs.gpus_per_node or 1
@@ -145,20 +160,13 @@ def _tier_nccl(gbps: float) -> dict[str, str]:
     return dict(tier_profile(tier_name(gbps)).nccl)
 
 
-def make_rendezvous(project, outputs, run_id: str, run_dir: Path, train=None,
-                    script: list[str] | None = None, options: RunOptions = DEFAULT_RUN) -> Rendezvous:
-    """Plan and write a run's rendezvous: the user's `script` (with args) or the built-in trainer.
-
-    `train` is the TrainSpec for the built-in trainer (default: the project's [train]).
-    """
-    train_args = (train or project.train).trainer_args()  # a script's run settings too
-    entry = None
-    if script:
-        shared = all(node.transport in ("local", "netns") for node in outputs.nodes)
-        entry = script_entry(project.root, script, shared)
-    rdzv = plan_rendezvous(project, outputs, run_id, run_dir, entry=entry, train_args=train_args, options=options)
-    write_rendezvous(rdzv, run_dir)
-    return rdzv
+def _write(rdzv: Rendezvous, run_dir: Path) -> Path:
+    """Write rendezvous.json and each node's .env and .sh into `run_dir`; returns the json path."""
+    run_dir = Path(run_dir)
+    for node in rdzv.nodes:
+        write_atomic(run_dir / f"node-{node.rank}.env", node_env_text(rdzv, node))
+        write_atomic(run_dir / f"node-{node.rank}.sh", node_script_text(rdzv, node), mode=0o755)
+    return write_json_atomic(run_dir / RENDEZVOUS_FILE, rdzv.to_json())
 
 
 def read_rendezvous(run_dir: Path) -> Rendezvous:

@@ -1,7 +1,7 @@
 """The node profile's applier, run on a machine fatpipe did not create (`ssh` clusters): apply, revert.
 
 Sent over SSH as a program (`python3 - apply|revert` as root) that loads this file and
-`node_firewall.py` as modules, sets `PROFILE` and calls `main()` (`ops.profile.agent_program`): the files, sysctls and packages that cloud-init gets on clouds, from the
+`node_firewall.py` as modules, sets `PROFILE` and calls `main()` (`ops.reach.profile.agent_program`): the files, sysctls and packages that cloud-init gets on clouds, from the
 same renderer (`fatpipe.stacks.node_profile.profile_plan`).
 It needs Python's standard library alone. Everything it changes is recorded first in
 `/var/lib/fatpipe/restore.json` (original sysctl values, MTU, files it replaced), so `revert`

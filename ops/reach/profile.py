@@ -98,5 +98,5 @@ def apply_profile(host: SshHost, profile: dict, known_hosts: Path) -> dict:
 
 
 def revert_profile(host: SshHost, unit: str, known_hosts: Path) -> dict:
-    """Undo what fatpipe changed on `host` (the project folder is `ops.projectdir`'s, as the login)."""
+    """Undo what fatpipe changed on `host` (the project folder is `ops.reach.projectdir`'s, as the login)."""
     return run_agent(host, "revert", {"unit": unit}, known_hosts)

@@ -2,9 +2,9 @@
 the run folder.
 
 In order: the first error of the last attempt that is no consequence of another, else of the
-newest earlier attempt that has one (ops.rootcause:
+newest earlier attempt that has one (ops.run.rootcause:
 each worker's torchrun error file, and torchrun's report of a worker that exited without one),
-with why a missing file was not copied to an ssh node (ops.notcopied); the trainer's faults.json (each failed attempt with its phase, step and the nodes whose
+with why a missing file was not copied to an ssh node (ops.env.notcopied); the trainer's faults.json (each failed attempt with its phase, step and the nodes whose
 ranks never reported the failure: cut off or dead), torchrun's rendezvous errors in the node
 logs, and last the nodes that failed on their own with their exit status.
 """
@@ -131,7 +131,7 @@ _CUDA_TEXT = re.compile(r"cuda|nvidia|nccl", re.I)
 
 
 def _no_cuda_hint(cause: WorkerError, run_dir: Path) -> str | None:
-    """A script that asks for a GPU on nodes whose torch has none (env.json, ops.nodeenv)."""
+    """A script that asks for a GPU on nodes whose torch has none (env.json, ops.env.nodeenv)."""
     if not _CUDA_TEXT.search(f"{cause.type} {cause.text}"):
         return None
     node = read_json(run_dir / ENV_FILE).get("nodes", {}).get(cause.node)

@@ -13,7 +13,6 @@ from fatpipe.infra.defaults import UNREACHABLE_TIMEOUT_S
 from fatpipe.infra.errors import FatpipeError
 
 from ..env.nodeenv import check_node_envs
-from ..rdzv.nodefiles import write_rendezvous
 from ..rdzv.noderun import (
     LaunchResult,
     Log,
@@ -23,7 +22,7 @@ from ..rdzv.noderun import (
     node_states,
     run_nodes,
 )
-from ..rdzv.rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, plan_rendezvous
+from ..rdzv.rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, new_rendezvous
 from ..reach.nodecall import forget_all
 from ..reach.transport import fan_out
 from .failure import describe_failure
@@ -176,6 +175,5 @@ def run_on_all_nodes(project, outputs, entry: list[str], *, run_dir: Path | None
         run_dir = Path(run_dir)
         run_dir.mkdir(parents=True, exist_ok=True)
         run_id = "-".join(run_dir.resolve().parts[-2:])
-    rdzv = plan_rendezvous(project, outputs, run_id, run_dir, entry=entry, options=options)
-    write_rendezvous(rdzv, run_dir)
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir, entry=entry, options=options)
     return launch(project, rdzv, run_dir, sink=sink, log=log, timeout_s=timeout_s)

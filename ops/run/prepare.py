@@ -40,14 +40,14 @@ def push_excludes(project, node: NodeRun) -> tuple[str, ...]:
     pull` brings back, the run folder."""
     # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
     # never shipped again, never deleted. Nor is the run folder, nor anything a run wrote
-    # (ops.projectsync deletes only what an earlier push sent and this project no longer has).
+    # (ops.env.projectsync deletes only what an earlier push sent and this project no longer has).
     excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
     return (*excludes, f"/{node.rdzv.run_rel}/")
 
 
 def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
     """Ship the project, the run's inputs and the trainer package to an ssh node (its Python:
-    prepare_envs, then the ops.nodeenv probe)."""
+    prepare_envs, then the ops.env.nodeenv probe)."""
     t, plan = node.transport, node.plan
     if t.shares_fs:
         return
@@ -67,7 +67,7 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     steps.append(("copy the trainer",
                   lambda: t.push(trainer_dir, f"{plan.workdir}/{TRAINER_DEST}", SYNC_EXCLUDES, made=True)))
     # A given interpreter (an image that ships torch) is not checked here: the node environment
-    # probe (ops.nodeenv) names a node without torch, and the run one whose torch does not import.
+    # probe (ops.env.nodeenv) names a node without torch, and the run one whose torch does not import.
     for what, step in steps:
         started = time.monotonic()
         result = step()

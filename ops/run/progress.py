@@ -3,8 +3,8 @@ the transport in one bounded step of the node program (ops/reach/nodecall.py).
 
 A run started with `--detach` on ssh nodes writes everything in the run folder on its nodes; the
 folder here stays empty until a followed launch or `fatpipe logs -f` pulls it. `status` and
-`runs` ask the node torch made group rank 0 (ops.leader), where rank 0 writes metrics.jsonl and
-summary.json, as `fatpipe top` does (ops.top): read-only, the tail only, with a timeout. The
+`runs` ask the node torch made group rank 0 (ops.run.leader), where rank 0 writes metrics.jsonl and
+summary.json, as `fatpipe top` does (ops.run.top): read-only, the tail only, with a timeout. The
 same command reads that node's record of its group rank: when it is not 0 (torch ranked the nodes
 otherwise than planned), the others are asked at once. Nothing here touches the training processes.
 """

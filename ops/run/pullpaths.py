@@ -4,7 +4,7 @@ results back").
 
 The path is checked on the node first (it exists and, links followed, lies inside the project
 folder), then rsync copies it over the node's own transport into a partial folder beside the
-destination (`ops.runsync.into_partial`, the run folders' pull), and only a complete copy is
+destination (`ops.run.runsync.into_partial`, the run folders' pull), and only a complete copy is
 renamed into place. An existing destination is replaced only when asked, and then only after the
 new copy is whole. The nodes keep everything: nothing there is deleted.
 """
@@ -94,7 +94,7 @@ def measure(source: NodeSource, rel: str) -> int:
     return int(lines[2].split()[0])
 
 
-def pull_path(source: NodeSource, rel: str, dest: Path, replace: bool = False,
+def copy_from_node(source: NodeSource, rel: str, dest: Path, replace: bool = False,
               progress: Progress | None = None) -> Fetched:
     """Copy `rel` (a file or folder, `infra.runspec.pull_path`'s form) from the node's project
     folder to `dest`; a FatpipeError in one line, with `dest` as it was, when it cannot."""
@@ -178,7 +178,7 @@ def pull_declared(project, node: NodeSource) -> list[tuple[bool, str]]:
     said = []
     for rel in project.spec.run.pull:
         try:
-            said.append((True, pull_path(node, rel, project.root / rel, replace=True).line(project.root)))
+            said.append((True, copy_from_node(node, rel, project.root / rel, replace=True).line(project.root)))
         except FatpipeError as e:
             said.append((False, str(e)))
     return said

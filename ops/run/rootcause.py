@@ -7,7 +7,7 @@ none; torchrun's own report in the node log (ChildFailedError: `rank`, `exitcode
 `error_file: <N/A>`) names it. Errors of the connection kind that follow a rank's failure (gloo's
 connectFullMesh, a refused or reset connection, the store or the rendezvous gone) are
 consequences: the cause is the earliest other error, else the earliest non-zero exit; with
-nothing but consequences this names nothing (ops.failure then reads faults.json and the logs).
+nothing but consequences this names nothing (ops.run.failure then reads faults.json and the logs).
 """
 
 from __future__ import annotations

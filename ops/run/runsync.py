@@ -28,7 +28,7 @@ from ..reach.transport import Result, fan_out
 
 # What a push of a run folder sends: the rendezvous, each node's env and script, and the link
 # measurement comm=auto reads. Everything else in a run folder is made on the nodes.
-# manifest.json: the input of a data-staging run (ops.stage), which goes through the same path.
+# manifest.json: the input of a data-staging run (ops.data.stage), which goes through the same path.
 RUN_INPUTS = (RENDEZVOUS_FILE, "node-*.env", "node-*.sh", NETCHECK_FILE, "manifest.json")
 CHECKPOINTS = "checkpoints"
 PULL_PREFIX = ".pull-"

@@ -86,4 +86,4 @@ def no_steps_hint(script: list[str], ok: bool, doc: dict) -> str | None:
     if not script:
         return None
     return (f"{script[0]} recorded no steps for fatpipe: three lines give it comm=auto, per-node "
-            "metrics, top and the report (README: Your own script)")
+            "metrics, top and the report (docs/own-script.md)")

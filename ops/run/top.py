@@ -83,7 +83,7 @@ def parse_tail(stdout: str) -> tuple[list[dict], list[dict], bool] | None:
 
 
 def _read_remote(nodes: list[NodeRun]) -> tuple[list[dict], list[dict], bool]:
-    """Rank 0 writes the files on its node: ask that node first (`nodes` has it first, ops.leader),
+    """Rank 0 writes the files on its node: ask that node first (`nodes` has it first, ops.run.leader),
     then the others at once."""
     def ask(node: NodeRun):
         result = node.transport.run(tail_command(node), timeout=READ_TIMEOUT_S)

@@ -3,7 +3,7 @@
 The API token comes from DIGITALOCEAN_TOKEN at apply time; it never enters the JSON. The resources
 are the core's generic TerraformProvider/TerraformResource holding Terraform's own attribute names,
 not prebuilt bindings: CDK Terrain has none for DigitalOcean, cdktf's must not be mixed with it, and
-one code path writes the same JSON with either toolkit (README, "Choosing the toolkit").
+one code path writes the same JSON with either toolkit (docs/toolkits.md).
 """
 
 from __future__ import annotations

@@ -67,7 +67,7 @@ class SshClusterConstruct(ClusterConstruct):
                                          interpreter=host_interpreter(), working_dir=ROOT_FROM_STACK_DIR,
                                          environment={**host_environment((*HOST_KEYS, "remote_dir")),
                                                       f"{HOST_ENV_PREFIX}UNIT": literal(UNIT),
-                                                      # whose folder `down` may remove (ops.projectdir)
+                                                      # whose folder `down` may remove (ops.reach.projectdir)
                                                       f"{HOST_ENV_PREFIX}CLUSTER": literal(cluster.name),
                                                       f"{HOST_ENV_PREFIX}PROJECT_ID": literal(project_id)}),
                 ],

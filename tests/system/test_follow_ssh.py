@@ -36,7 +36,7 @@ OPERATOR = f"10.{OCTET}.0.1"  # this machine's address on the cluster's bridge (
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-cm-fw-")
 TRAIN = ["--max-restarts", "0", "--remote-python", sys.executable, "--preset", "tiny", "--batch-size", "2",
          "--seq-len", "32", "--comm", "none", "--warmup-steps", "1"]
-KEEPALIVE_GIVES_UP_S = 15 * 4  # ops.transport: ServerAliveInterval x ServerAliveCountMax
+KEEPALIVE_GIVES_UP_S = 15 * 4  # ops.reach.transport: ServerAliveInterval x ServerAliveCountMax
 
 
 def env() -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The project folder's ownership snippets (`ops.projectdir`) run by real bash, on this machine.
+"""The project folder's ownership snippets (`ops.reach.projectdir`) run by real bash, on this machine.
 
 The end-to-end proofs over SSH (push refused, `down` keeps or removes; two projects on the same
 hosts) are in test_down_safe.py and test_node_folder.py.

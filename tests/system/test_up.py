@@ -20,7 +20,7 @@ from conftest import skip_or_fail
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import new_run
-from fatpipe.ops.rdzv.rendezvous import make_rendezvous
+from fatpipe.ops.rdzv.rendezvous import new_rendezvous
 
 pytestmark = pytest.mark.slow
 
@@ -131,7 +131,7 @@ def test_deployment_mismatch_and_netcheck_reuse(project_dir):
     assert deployment_mismatch(outputs, spec) is None
     assert "nodes is 2" in deployment_mismatch(outputs, spec.model_copy(update={"nodes": 3}))
     run_id, run_dir = new_run(project, "uplb")
-    make_rendezvous(project, outputs, run_id, run_dir)
+    new_rendezvous(project, outputs, run_id, run_dir)
     (run_dir / "netcheck.json").write_text(json.dumps({"gate": {"passed": False}}))
     assert reusable_netcheck(project, "uplb", 0) is None
     (run_dir / "netcheck.json").write_text(json.dumps({"gate": {"passed": True}}))

@@ -13,6 +13,7 @@ import torch
 
 from fatpipe.trainer.comm.autocomm import GradTraffic, HookCost, LinkEstimate, choose_comm
 from fatpipe.trainer.comm.commsetup import plain_steps
+from fatpipe.trainer.comm.decision import CommDecision, Switch
 from fatpipe.trainer.comm.redecide import MAX_SWITCHES, THRESHOLD, WARM_STEPS, WINDOW, AutoComm
 from fatpipe.trainer.config import TrainConfig
 
@@ -54,14 +55,14 @@ def test_plain_steps_count_from_when_powersgd_took_over():
     assert plain_steps(cfg, 0, None) == 20
     assert plain_steps(cfg, 30, None) == 2  # torch's minimum with error feedback
     assert plain_steps(cfg, 15, None) == 5
-    on = {"comm": "powersgd", "since_step": 10}
+    on = CommDecision("powersgd", "test", since_step=10)
     assert plain_steps(cfg, 12, on) == 8 and plain_steps(cfg, 40, on) == 0
 
 
 def _auto(comm: str = "none", predicted_step: float = 0.5, redecide: bool = True, **decision):
     cfg = TrainConfig(comm="auto", steps=100, warmup_steps=3, redecide=redecide)
     env = SimpleNamespace(world_size=4, is_main=True, device=torch.device("cpu"))
-    decision = {"comm": comm, "predicted": {comm: {"step_s": predicted_step}}, **decision}
+    decision = CommDecision(comm, "test", predicted={comm: {"step_s": predicted_step}}, **decision)
     return AutoComm(cfg, env, decision, 0)
 
 
@@ -100,7 +101,8 @@ def test_powersgd_is_measured_only_once_it_compresses():
 
 
 def test_switches_are_bounded():
-    auto = _auto(switches=[{"step": 5}] * MAX_SWITCHES)
+    switch = Switch(5, "none", "bf16", 1.0, 0.5, 1.0, 0.6, 0.1, 1e-3, 0.1, 0.2)
+    auto = _auto(switches=(switch,) * MAX_SWITCHES)
     _feed(auto, range(1, 20), 5.0)
     assert not auto.off()
 
@@ -108,7 +110,7 @@ def test_switches_are_bounded():
 def test_no_checking_without_auto():
     cfg = TrainConfig(comm="bf16")
     env = SimpleNamespace(world_size=4, is_main=True, device=torch.device("cpu"))
-    auto = AutoComm(cfg, env, {"comm": "bf16"}, 0)
+    auto = AutoComm(cfg, env, CommDecision("bf16", "set by --comm"), 0)
     assert auto.observe({"step": 1, "step_s": 1.0}) == {"step": 1, "step_s": 1.0}
     assert auto.summary([]) == {}
 

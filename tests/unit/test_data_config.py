@@ -102,7 +102,7 @@ def test_a_run_exports_the_data_path_and_the_project_sync_leaves_it_alone(projec
     from fatpipe.infra.outputs import parse_outputs
     from fatpipe.infra.runs import new_run
     from fatpipe.ops.data.datacheck import data_excludes
-    from fatpipe.ops.rdzv.rendezvous import make_rendezvous
+    from fatpipe.ops.rdzv.rendezvous import new_rendezvous
 
     project = load(project_dir, '[clusters.demo]\nprovider = "sim"\nnodes = 2\n'
                    '[data]\nsource = "/srv/my corpus"\npath = "data/my corpus"\n')
@@ -110,7 +110,7 @@ def test_a_run_exports_the_data_path_and_the_project_sync_leaves_it_alone(projec
                              "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}",
                                         "transport": "local"} for i in range(2)]})
     run_id, run_dir = new_run(project, "demo")
-    rdzv = make_rendezvous(project, outputs, run_id, run_dir)
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir)
     assert rdzv.data_path == "data/my corpus"
     script = (run_dir / "node-1.sh").read_text()
     line = next(line for line in script.splitlines() if "FATPIPE_DATA" in line)

@@ -1,4 +1,4 @@
-"""The follower is a view of the run, never its lifeline (ops.follow): a dropped connection is
+"""The follower is a view of the run, never its lifeline (ops.run.follow): a dropped connection is
 resumed from the byte offset already shown, an unreachable node is neither failed nor lost, the
 follow gives up past its bound and stops nothing, and a failed run names the node that was lost
 or failed first, never one fatpipe stopped. Stand-in scripts on local "nodes", no torch.

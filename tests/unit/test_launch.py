@@ -103,7 +103,7 @@ def test_stop_and_status_commands(run_cli, project_dir):
     from fatpipe.infra.project import load_project
     from fatpipe.infra.runs import new_run
     from fatpipe.ops.rdzv.noderun import node_runs
-    from fatpipe.ops.rdzv.rendezvous import make_rendezvous
+    from fatpipe.ops.rdzv.rendezvous import new_rendezvous
 
     project = load_project()
     outputs = parse_outputs({
@@ -112,7 +112,7 @@ def test_stop_and_status_commands(run_cli, project_dir):
                   for i in range(2)],
     })
     run_id, run_dir = new_run(project, "demo")
-    rdzv = make_rendezvous(project, outputs, run_id, run_dir)
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir)
     nodes = node_runs(rdzv, project.state_dir("demo"))
     for node in nodes:  # stand-ins for torchrun: the commands around it are what is tested
         (run_dir / f"node-{node.plan.rank}.sh").write_text("echo started; sleep 300\n")

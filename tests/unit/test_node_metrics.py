@@ -175,13 +175,13 @@ def test_top_reads_the_newest_view_and_events(project_dir, run_cli):
     from fatpipe.infra.project import load_project
     from fatpipe.infra.runs import mark_latest, new_run
     from fatpipe.ops.rdzv.noderun import node_runs
-    from fatpipe.ops.rdzv.rendezvous import make_rendezvous, read_rendezvous
+    from fatpipe.ops.rdzv.rendezvous import new_rendezvous, read_rendezvous
     from fatpipe.ops.run.top import parse_tail, snapshot, tail_command
 
     project = load_project()
     run_id, run_dir = new_run(project, "demo")
     nodes = [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}", "transport": "local"} for i in range(2)]
-    make_rendezvous(project, parse_outputs({"name": "demo", "provider": "sim", "tier_gbps": 1,
+    new_rendezvous(project, parse_outputs({"name": "demo", "provider": "sim", "tier_gbps": 1,
                                             "private_cidr": "10.42.0.0/24", "nodes": nodes}), run_id, run_dir)
     mark_latest(project, "demo", run_id)
     assert run_cli("top", "--once").exit_code == 1  # no node metrics yet: one line

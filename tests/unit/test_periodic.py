@@ -13,6 +13,7 @@ from pydantic import ValidationError
 from fatpipe.infra.clusters import SimCluster
 from fatpipe.infra.trainspec import TrainSpec
 from fatpipe.trainer.comm.autocomm import LinkEstimate
+from fatpipe.trainer.comm.decision import CommDecision
 from fatpipe.trainer.comm.periodic import (
     MAX_SYNC_EVERY,
     MIN_AUTO_SYNC_EVERY,
@@ -82,9 +83,9 @@ def test_auto_weighs_the_periodic_methods_after_the_hooks():
 
 
 def test_the_interval_comes_from_auto_or_the_flag():
-    auto = {"comm": "diloco", "predicted": {"diloco": {"sync_every": 37}}}
+    auto = CommDecision("diloco", "test", predicted={"diloco": {"sync_every": 37}})
     assert sync_interval(auto, 16) == 37
-    assert sync_interval({"comm": "diloco", "predicted": {}}, 16) == 16
+    assert sync_interval(CommDecision("diloco", "set by --comm"), 16) == 16
 
 
 def test_config_and_train_table_know_the_periodic_comms():

@@ -1,4 +1,4 @@
-"""The project push (`ops.projectsync`) replaces or deletes on a node only what came from this
+"""The project push (`ops.env.projectsync`) replaces or deletes on a node only what came from this
 machine: the real node program, rsync's real listing and a real `--files-from` copy, into a
 folder of this machine that stands for the node's project folder. The multi-node proof over
 SSH is tests/system/test_node_folder.py."""

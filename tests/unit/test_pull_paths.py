@@ -14,7 +14,7 @@ from fatpipe.infra.project import parse_project
 from fatpipe.infra.runspec import pull_path
 from fatpipe.ops.reach.transport import LocalTransport
 from fatpipe.ops.run.pullpaths import NodeSource
-from fatpipe.ops.run.pullpaths import pull_path as fetch
+from fatpipe.ops.run.pullpaths import copy_from_node as fetch
 
 SIM = "[clusters.demo]\nprovider = \"sim\"\nisolation = \"loopback\"\n"
 BAD = ["/etc/passwd", "../secrets", "out/../../x", ".", "./", "", ".fatpipe/demo/outputs.json", ".git/config",

@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from fatpipe.trainer.comm.decision import CommDecision, LinkEstimate, SwitchRefused
 from fatpipe.trainer.comm.redecide import (
     CHECK_SHARE,
     MAX_CHECK_EVERY,
@@ -26,9 +27,10 @@ from fatpipe.trainer.comm.redecide import (
 from fatpipe.trainer.config import TrainConfig
 
 
-def _decision(step_s: float = 0.5, latency_s: float = 1e-4, comm: str = "none") -> dict:
-    return {"comm": comm, "reason": "test", "predicted": {comm: {"step_s": step_s}},
-            "link": {"latency_s": latency_s}}
+def _decision(step_s: float = 0.5, latency_s: float = 1e-4, comm: str = "none",
+              **fields) -> CommDecision:
+    return CommDecision(comm, "test", LinkEstimate(1.0, latency_s, "test"),
+                        predicted={comm: {"step_s": step_s}}, **fields)
 
 
 def test_checks_are_at_least_a_window_apart_and_cost_a_small_share():
@@ -37,13 +39,13 @@ def test_checks_are_at_least_a_window_apart_and_cost_a_small_share():
     assert check_every(_decision(0.1, 0.05)) == MAX_CHECK_EVERY
     every = check_every(_decision(0.2, 0.02))  # 20 ms round trips, 0.2 s steps: every 20
     assert every == 20 and 0.02 / (every * 0.2) <= CHECK_SHARE
-    assert check_every({"comm": "none"}) == MAX_CHECK_EVERY  # nothing predicted: rarely
+    assert check_every(CommDecision("none", "test")) == MAX_CHECK_EVERY  # nothing predicted: rarely
 
 
 def _auto(steps: int = 100, redecide: bool = True, **decision) -> AutoComm:
     cfg = TrainConfig(comm="auto", steps=steps, warmup_steps=3, redecide=redecide)
     env = SimpleNamespace(world_size=2, is_main=True, device=torch.device("cpu"))
-    return AutoComm(cfg, env, {**_decision(), **decision}, 0)
+    return AutoComm(cfg, env, _decision(**decision), 0)
 
 
 def _asked(auto: AutoComm, steps, step_s: float) -> list[int]:
@@ -67,6 +69,7 @@ def test_a_script_asks_only_every_check_every_steps_and_not_after_the_last():
 # replaced by a recorder: which steps each rank re-probed at, and the collectives it issued.
 AGREE = """
 import json, os, sys, torch, torch.distributed as dist
+from fatpipe.trainer.comm.decision import CommDecision, LinkEstimate
 from fatpipe.trainer.comm.redecide import AutoComm
 from fatpipe.trainer.config import TrainConfig
 from fatpipe.trainer.distenv import DistEnv
@@ -75,8 +78,8 @@ rank = int(sys.argv[1])
 dist.init_process_group("gloo", init_method="file://" + sys.argv[2], rank=rank, world_size=2)
 env = DistEnv(rank=rank, local_rank=0, world_size=2, restarts=0, device=torch.device("cpu"),
               backend="gloo")
-decision = {"comm": "bf16", "reason": "t", "predicted": {"bf16": {"step_s": 0.5}},
-            "link": {"latency_s": 1e-4}}
+decision = CommDecision("bf16", "t", LinkEstimate(1.0, 1e-4, "test"),
+                        predicted={"bf16": {"step_s": 0.5}})
 auto = AutoComm(TrainConfig(comm="auto", steps=40, warmup_steps=3), env, decision, 0)
 reprobed, issued = [], []
 auto.reprobe = lambda model, step, apply, refuse: reprobed.append(step) or auto.decision
@@ -110,44 +113,49 @@ def test_every_rank_reprobes_at_the_step_rank_0_saw_off(tmp_path):
     assert first["issued"] == second["issued"] == [5, 10, 15, 20, 25, 30]
 
 
-def _reprobed(monkeypatch, refuse) -> tuple[AutoComm, dict, list[dict]]:
+def _reprobed(monkeypatch, refuse) -> tuple[AutoComm, CommDecision, list[CommDecision]]:
     """A re-probe at step 20 after which PowerSGD wins by far; the decisions `apply` got."""
     import fatpipe.trainer.comm.redecide as redecide
 
     def redecided(cfg, env, model, current, step):
-        return {"comm": "powersgd", "reason": "fastest", "link": {"busbw_gbps": 0.02,
-                                                                  "latency_s": 1e-3},
-                "predicted": {"none": {"step_s": 1.2, "run_step_s": 1.2, "share": 0.8},
-                              "powersgd": {"step_s": 0.3, "run_step_s": 0.3, "share": 0.1}}}
+        return CommDecision("powersgd", "fastest", LinkEstimate(0.02, 1e-3, "probe"),
+                            predicted={"none": {"step_s": 1.2, "run_step_s": 1.2, "share": 0.8},
+                                       "powersgd": {"step_s": 0.3, "run_step_s": 0.3,
+                                                    "share": 0.1}})
 
     monkeypatch.setattr(redecide, "redecide_comm", redecided)
     auto = _auto()
     for step in range(1, 21):
         auto.observe({"step": step, "step_s": 1.2})
-    applied: list[dict] = []
+    applied: list[CommDecision] = []
     return auto, auto.reprobe(None, 20, applied.append, refuse), applied
 
 
 def test_a_switch_the_script_cannot_take_is_refused_with_the_reason(monkeypatch):
     auto, kept, applied = _reprobed(monkeypatch, lambda name: "one DDP bucket needed")
-    assert applied == [] and kept["comm"] == "none" and kept["switches"] == []
-    assert kept["switch_refused"] == {"step": 20, "to": "powersgd", "why": "one DDP bucket needed"}
-    assert kept["reprobes"] == 1 and auto.reference == pytest.approx(1.2)  # no re-probe loop
+    assert applied == [] and kept.comm == "none" and kept.switches == ()
+    assert kept.switch_refused == SwitchRefused(20, "powersgd", "one DDP bucket needed")
+    assert kept.reprobes == 1 and auto.reference == pytest.approx(1.2)  # no re-probe loop
     assert auto.decision is kept
 
 
 def test_a_switch_the_script_can_take_is_applied_and_recorded(monkeypatch):
     auto, new, applied = _reprobed(monkeypatch, lambda name: None)
-    assert applied == [new] and new["comm"] == "powersgd" and new["since_step"] == 20
-    (switch,) = new["switches"]
-    assert (switch["from"], switch["to"], switch["step"]) == ("none", "powersgd", 20)
-    assert switch["pause_s"] >= switch["probe_s"] >= 0
+    # The hook applied is the one returned; the switch is recorded once it is done.
+    assert [(d.comm, d.since_step) for d in applied] == [(new.comm, new.since_step)]
+    assert new.comm == "powersgd" and new.since_step == 20
+    (switch,) = new.switches
+    assert (switch.from_comm, switch.to, switch.step) == ("none", "powersgd", 20)
+    assert switch.pause_s >= switch.probe_s >= 0
     assert auto.decision is new and auto.predicted == 0.3
     assert auto.summary([])["comm_switches"] == 1
 
 
 def test_a_named_hooks_decision_without_link_or_prediction_checks_at_the_longest_interval():
-    # decide_comm's answer for comm=none etc.: "link" and "predicted" present but None.
+    # decide_comm's answer for comm=none etc.: no link and nothing predicted.
+    from fatpipe.trainer.comm.decision import read_decision
     from fatpipe.trainer.comm.redecide import MAX_CHECK_EVERY, check_every
 
-    assert check_every({"comm": "none", "link": None, "predicted": None}) == MAX_CHECK_EVERY
+    named = read_decision({"comm": "none", "reason": "set by --comm", "link": None,
+                           "predicted": None})
+    assert check_every(named) == MAX_CHECK_EVERY

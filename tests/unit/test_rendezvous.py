@@ -15,7 +15,7 @@ from fatpipe.infra.runs import find_run, new_run
 from fatpipe.ops.rdzv.nodefiles import IFACE_AWK
 from fatpipe.ops.rdzv.rendezvous import (
     RunOptions,
-    make_rendezvous,
+    new_rendezvous,
     read_rendezvous,
     remote_dir,
 )
@@ -43,7 +43,7 @@ def test_files_for_loopback_nodes(project_dir):
     project = load_project()
     outputs = parse_outputs(sim_outputs(3))
     run_id, run_dir = new_run(project, "demo")
-    rdzv = make_rendezvous(project, outputs, run_id, run_dir, options=RunOptions(max_restarts=2))
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir, options=RunOptions(max_restarts=2))
 
     doc = json.loads((run_dir / "rendezvous.json").read_text())
     assert doc["rdzv_backend"] == "c10d" and doc["rdzv_endpoint"] == "127.42.0.10:29400"
@@ -71,7 +71,7 @@ def test_an_older_runs_rendezvous_still_reads(project_dir):
     """rendezvous.json of a run from before `ships_trainer` was dropped (always true then)."""
     project = load_project()
     run_id, run_dir = new_run(project, "demo")
-    rdzv = make_rendezvous(project, parse_outputs(sim_outputs()), run_id, run_dir)
+    rdzv = new_rendezvous(project, parse_outputs(sim_outputs()), run_id, run_dir)
     path = run_dir / "rendezvous.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {"ships_trainer": True}))
     assert read_rendezvous(run_dir) == rdzv
@@ -82,7 +82,7 @@ def test_ssh_nodes_get_remote_paths(project_dir, monkeypatch):
     project = load_project()
     outputs = parse_outputs(ssh_outputs())
     run_id, run_dir = new_run(project, "demo")
-    rdzv = make_rendezvous(project, outputs, run_id, run_dir)
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir)
     assert rdzv.nproc_per_node == 2 and rdzv.nodes[1].ssh_user == "ubuntu"
     assert rdzv.nodes[0].workdir == "fatpipe/demo" and rdzv.nodes[0].python == ".fatpipe/venv/bin/python"
     script = (run_dir / "node-1.sh").read_text()
@@ -93,13 +93,13 @@ def test_ssh_nodes_get_remote_paths(project_dir, monkeypatch):
         remote_dir("c", "c-1", "{where}")
 
     # A given interpreter replaces the venv; a script outside the project cannot be shipped.
-    rdzv = make_rendezvous(project, outputs, run_id, run_dir, options=RunOptions(remote_python="/opt/py/bin/python"))
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir, options=RunOptions(remote_python="/opt/py/bin/python"))
     assert rdzv.nodes[0].python == "/opt/py/bin/python"
     outside = project_dir.parent / f"{project_dir.name}-elsewhere.py"
     outside.write_text("")
     try:
         with pytest.raises(FatpipeError, match="outside the project folder"):
-            make_rendezvous(project, outputs, run_id, run_dir, script=[str(outside)])
+            new_rendezvous(project, outputs, run_id, run_dir, script=[str(outside)])
     finally:
         outside.unlink()
 

@@ -86,7 +86,7 @@ def test_an_exit_without_an_exception_comes_from_torchruns_report(tmp_path):
 def test_only_consequences_name_no_cause(tmp_path):
     error_file(tmp_path, 0, 0, 0, "RuntimeError", "Timed out waiting 8000ms for recv operation to complete", 9.0)
     assert first_cause(worker_errors(tmp_path, ["n-0", "n-1"])) is None
-    # ops.failure then goes on as before: the trainer's faults.json, the logs, the exit codes.
+    # ops.run.failure then goes on as before: the trainer's faults.json, the logs, the exit codes.
     assert describe_failure(failed(tmp_path), rendezvous(), 0) == "n-0 failed first: exit status 1"
 
 

@@ -1,5 +1,5 @@
 """How `fatpipe logs` tells an ended run: recorded exits first, then the nodes asked; a run
-fatpipe stopped is no failure (ops.runend)."""
+fatpipe stopped is no failure (ops.run.runend)."""
 
 from __future__ import annotations
 

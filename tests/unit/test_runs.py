@@ -12,7 +12,7 @@ from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runinfo import list_runs, prune_runs, run_info
 from fatpipe.infra.runs import find_run, latest_run_id, mark_latest, new_run
-from fatpipe.ops.rdzv.rendezvous import make_rendezvous
+from fatpipe.ops.rdzv.rendezvous import new_rendezvous
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +39,7 @@ def outputs(transport: str = "local"):
 
 def a_run(project, transport: str = "local", exits=(), steps: int = 0, summary: dict | None = None):
     run_id, run_dir = new_run(project, "demo")
-    make_rendezvous(project, outputs(transport), run_id, run_dir)
+    new_rendezvous(project, outputs(transport), run_id, run_dir)
     for rank, code in enumerate(exits):
         (run_dir / f"node-{rank}.log").write_text(f"node {rank} says hi\n")
         (run_dir / f"node-{rank}.exit").write_text(f"{code}\n")

@@ -113,8 +113,8 @@ def test_quick_and_netcheck_quick_are_both_documented():
     netcheck = {p.name: p for p in cli.get_command(ctx, "netcheck").params}
     assert "quick" in up["netcheck_mode"].type.choices and "quick" in up["netcheck_mode"].help
     assert "up --netcheck quick" in netcheck["quick"].help
-    readme = (REPO / "README.md").read_text()
-    assert "--netcheck quick" in readme and "netcheck --quick" in readme
+    docs = "".join(p.read_text() for p in [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))])
+    assert "--netcheck quick" in docs and "netcheck --quick" in docs
 
 
 def test_the_check_itself_catches_a_clash():

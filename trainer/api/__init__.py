@@ -13,7 +13,7 @@ trainer does (metrics.jsonl, nodes.jsonl, events.jsonl, faults.json; summary.jso
 which `fatpipe top`, `fatpipe report` and the run's summary read.
 
 The run is found through what `fatpipe launch` puts in every node's environment
-(FATPIPE_RUN_DIR, FATPIPE_TRAIN_ARGS: ops.rendezvous). Outside fatpipe (plain torchrun) `wrap`
+(FATPIPE_RUN_DIR, FATPIPE_TRAIN_ARGS: ops.rdzv.rendezvous). Outside fatpipe (plain torchrun) `wrap`
 is plain DDP and `step` records nothing, unless `run_dir` names a folder to record into; in one
 process without a process group `wrap` returns the model as it is.
 """

@@ -9,6 +9,7 @@ import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..bandwidth import MiB
+from ..comm.decision import CommDecision
 from ..comm.hooks import TimedCommHook, load_powersgd_state, make_powersgd_state
 from ..config import HOOK_NAMES, TrainConfig
 
@@ -34,18 +35,18 @@ def register_timed_hook(ddp: DDP, device: torch.device) -> TimedCommHook:
     return meter
 
 
-def use_comm(meter: TimedCommHook, cfg: TrainConfig, decision: dict,
+def use_comm(meter: TimedCommHook, cfg: TrainConfig, decision: CommDecision,
              saved_powersgd: dict | None = None) -> None:
     """Put the decided hook into `meter`; a periodic method's comm sends nothing per step.
 
     PowerSGD's warm-up counts from when it took over (`since_step`), so a switch and its resume
     agree; `saved_powersgd` is this rank's error feedback from a checkpoint.
     """
-    comm = decision["comm"]
+    comm = decision.comm
     state = None
     if comm == "powersgd":
-        state = make_powersgd_state(cfg.powersgd_rank,
-                                    cfg.warmup_steps - decision.get("since_step", 0), cfg.seed)
+        state = make_powersgd_state(cfg.powersgd_rank, cfg.warmup_steps - decision.since_step,
+                                    cfg.seed)
         if saved_powersgd:
             load_powersgd_state(state, saved_powersgd, meter.clock.device)
     meter.use(comm if comm in HOOK_NAMES else "none", state)

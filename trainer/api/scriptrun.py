@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import replace
 
 import torch
 import torch.distributed as dist
@@ -26,6 +27,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from ..comm.allreduce import slowest, sync
 from ..comm.commsetup import candidate_hooks, decide_comm, decide_measured
+from ..comm.decision import CommDecision, decision_payload
 from ..comm.periodic import periodic_method, sync_interval
 from ..comm.redecide import AutoComm
 from ..config import PERIODIC_NAMES, TrainConfig
@@ -77,15 +79,15 @@ class ScriptRun:
             raise RuntimeError("comm=powersgd on gloo needs one DDP bucket: leave bucket_cap_mb "
                                "to fatpipe's wrap()")
 
-    def _first_decision(self) -> dict | None:
+    def _first_decision(self) -> CommDecision | None:
         """The named hook, or None while comm=auto measures the script's first steps."""
         cfg, env = self.cfg, self.env
         if cfg.comm == "auto" and env.world_size > 1:
             return None
         return decide_comm(cfg, env, self.module, grad_bytes(self.module), None)
 
-    def _apply(self, decision: dict | None) -> None:
-        self.comm = decision["comm"] if decision else "none"
+    def _apply(self, decision: CommDecision | None) -> None:
+        self.comm = decision.comm if decision else "none"
         if self.comm in PERIODIC_NAMES:
             # Every replica keeps its own gradients (the hook sends nothing) until the method syncs.
             self.meter.passthrough = True
@@ -93,7 +95,7 @@ class ScriptRun:
                                             self.module, None, self.cfg.steps, self.device,
                                             self.step_no)
             return
-        use_comm(self.meter, self.cfg, decision or {"comm": "none"})
+        use_comm(self.meter, self.cfg, decision or CommDecision("none", "deciding"))
 
     def _step_begins(self, module, inputs) -> None:
         """DDP's forward pre-hook: the first forward of a step starts its clock (an evaluation
@@ -146,9 +148,9 @@ class ScriptRun:
         if self.taken < DECIDE_AT:
             return
         compute = slowest(min(self.compute), self.device)
-        self.decision = decide_measured(self.cfg, self.env, self.module, compute, step=step,
-                                        hooks=self.hooks)
-        self.decision["since_step"] = step
+        decided = decide_measured(self.cfg, self.env, self.module, compute, step=step,
+                                  hooks=self.hooks)
+        self.decision = replace(decided, since_step=step)
         self._apply(self.decision)
         self.auto = AutoComm(self.cfg, self.env, self.decision, step)
 
@@ -163,6 +165,7 @@ class ScriptRun:
             self.record.faults.save()
             return
         self.record.write_summary(
-            records, self.tokens_per_step, comm=self.comm, comm_decision=self.decision,
+            records, self.tokens_per_step, comm=self.comm,
+            comm_decision=decision_payload(self.decision) if self.decision else None,
             preset="script", params=sum(p.numel() for p in self.module.parameters()),
             **(self.auto.summary(records) if self.auto else {}))

@@ -20,7 +20,7 @@ from ..noderank import record_group_rank
 
 
 def run(argv: list[str]) -> None:
-    record_group_rank()  # before the script runs (it may chdir): which node is rank 0's (ops.leader)
+    record_group_rank()  # before the script runs (it may chdir): which node is rank 0's (ops.run.leader)
     if os.environ.get(ERROR_FILE_ENV):  # torchrun's path is relative: the script may chdir
         os.environ[ERROR_FILE_ENV] = os.path.abspath(os.environ[ERROR_FILE_ENV])
     if not argv:

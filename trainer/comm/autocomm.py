@@ -28,7 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
@@ -36,6 +36,7 @@ import torch
 from ..bandwidth import bus_factor
 from ..config import HOOK_NAMES
 from .allreduce import measure_allreduce, timed_allreduce
+from .decision import CommDecision, LinkEstimate
 from .periodic import MIN_AUTO_SYNC_EVERY, predict_periodic
 
 log = logging.getLogger(__name__)
@@ -51,53 +52,6 @@ _PROBE_HALF_BYTES = 1 << 20
 # grows (x4) until one takes this long, so a fast link gets a large message and a slow one (the
 # mid-run re-probe after a cut) is not made to carry megabytes several times over.
 _PROBE_TARGET_S = 0.1
-
-
-@dataclass(frozen=True)
-class LinkEstimate:
-    busbw_gbps: float
-    latency_s: float
-    source: str  # "netcheck.json" or "probe"
-    # bf16/fp16 all-reduce byte rate over float32's, measured (gloo sums half precision on the
-    # CPU element by element: on a busy node it can be slower than float32); missing: 1.0
-    half_rate: dict = field(default_factory=dict)
-
-
-@dataclass(frozen=True)
-class CommDecision:
-    comm: str
-    reason: str
-    link: LinkEstimate | None = None
-    compute_s: float = 0.0
-    grad_bytes: int = 0
-    buckets: int = 1
-    world_size: int = 1
-    # hook -> compute_s, hook_s, wire_bytes, comm_s, exposed_s, step_s, run_step_s, share
-    predicted: dict = field(default_factory=dict)
-    since_step: int = 0  # the step after which this hook took over (0: from the start)
-    switches: list = field(default_factory=list)  # mid-run switches so far, oldest first
-    reprobes: int = 0  # mid-run link probes so far
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    def describe(self) -> str:
-        lines = [f"comm=auto chose {self.comm}: {self.reason}"]
-        if self.link:
-            half = "".join(f", {k} x{v:.2f}" for k, v in (self.link.half_rate or {}).items())
-            lines.append(f"  link {self.link.busbw_gbps:.3f} Gbit/s busbw{half}, "
-                         f"{self.link.latency_s * 1e3:.2f} ms latency ({self.link.source}); "
-                         f"compute {self.compute_s * 1e3:.1f} ms/step; "
-                         f"grad {self.grad_bytes / 1e6:.1f} MB in {self.buckets} bucket(s); "
-                         f"{self.world_size} ranks")
-        for name, p in self.predicted.items():
-            lines.append(f"  {name:8s} wire {p['wire_bytes'] / 1e6:7.2f} MB  compute "
-                         f"{p['compute_s'] * 1e3:6.1f} + hook {p['hook_s'] * 1e3:6.1f} + exposed "
-                         f"{p['exposed_s'] * 1e3:7.1f} (comm {p['comm_s'] * 1e3:7.1f}) = step "
-                         f"{p['step_s'] * 1e3:7.1f} ms ({p['share']:.0%} overhead); "
-                         f"{p['run_step_s'] * 1e3:.1f} ms/step over the steps left"
-                         + (f", every {p['sync_every']} steps" if "sync_every" in p else ""))
-        return "\n".join(lines)
 
 
 def read_netcheck(run_dir: Path) -> LinkEstimate | None:

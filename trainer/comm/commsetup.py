@@ -21,10 +21,8 @@ from ..distenv import DistEnv
 from ..torchstate import autocast, fork_rng
 from .allreduce import slowest, sync
 from .autocomm import (
-    CommDecision,
     GradTraffic,
     HookCost,
-    LinkEstimate,
     choose_comm,
     powersgd_wire_elements,
     probe_half_rates,
@@ -32,6 +30,7 @@ from .autocomm import (
     probe_size,
     read_netcheck,
 )
+from .decision import CommDecision, DecisionUnreadable, LinkEstimate, read_decision
 from .hookcost import measure_hook_costs
 from .hooks import powersgd_available
 
@@ -39,25 +38,34 @@ log = logging.getLogger(__name__)
 
 
 def decide_comm(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, grad_bytes: int,
-                ckpt: dict | None) -> dict:
-    """The comm decision (CommDecision.to_dict()), the same on every rank."""
+                ckpt: dict | None) -> CommDecision:
+    """The comm decision, the same on every rank: --comm as named, else (comm=auto) the
+    checkpoint's, else one measured now. A checkpoint without one decides anew (as a run from
+    the start would); one this fatpipe cannot read is refused, since deciding anew could change
+    the comm the checkpoint's per-rank state (error feedback, a periodic replica) was made for."""
     if cfg.comm == "powersgd" and not powersgd_available():
         raise RuntimeError("comm=powersgd needs numpy (torch's PowerSGD uses it): "
                            "pip install numpy, or pick another --comm")
     if cfg.comm != "auto":
-        return CommDecision(cfg.comm, "set by --comm", world_size=env.world_size).to_dict()
+        return CommDecision(cfg.comm, "set by --comm", world_size=env.world_size)
     if ckpt and ckpt.get("comm_decision"):
         # A resumed run keeps its checkpoint's hook, switched or not: what it would have done.
-        log.info("comm=auto: keeping %s from the checkpoint", ckpt["comm_decision"]["comm"])
-        return ckpt["comm_decision"]
+        try:
+            kept = read_decision(ckpt["comm_decision"])
+        except DecisionUnreadable as e:
+            raise DecisionUnreadable(
+                f"cannot resume step {ckpt.get('step')} with comm=auto: {e}; resume with the "
+                f"comm it used named (--comm), or start a new run (another --out)") from None
+        log.info("comm=auto: keeping %s from the checkpoint", kept.comm)
+        return kept
     if env.world_size == 1:
-        return CommDecision("none", "single process, nothing to send").to_dict()
+        return CommDecision("none", "single process, nothing to send")
     compute_s = measure_compute(model, cfg, env.device)
     return decide_measured(cfg, env, model, compute_s)
 
 
 def decide_measured(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, compute_s: float,
-                    step: int = 0, hooks: tuple[str, ...] | None = None) -> dict:
+                    step: int = 0, hooks: tuple[str, ...] | None = None) -> CommDecision:
     """Collective: comm=auto's decision at `step` for a measured compute time (the built-in
     trainer measures its model's; a script using `trainer.api`, its own first steps): each
     hook's cost and the link (netcheck.json, else a short probe) are measured here."""
@@ -85,21 +93,22 @@ def candidate_hooks() -> tuple[str, ...]:
     return tuple(h for h in HOOK_NAMES if h != "powersgd" or powersgd_available())
 
 
-def plain_steps(cfg: TrainConfig, step: int, current: dict | None) -> int:
+def plain_steps(cfg: TrainConfig, step: int, current: CommDecision | None) -> int:
     """Steps PowerSGD would still send plain gradients for, counted from `step`.
 
     Its state compresses after max(2, warmup_steps - since_step) steps of its own (no compression
     during LR warmup; torch needs 2 with error feedback), `since_step` being when it took over.
     """
-    if current and current["comm"] == "powersgd":
-        since = current.get("since_step", 0)
+    if current and current.comm == "powersgd":
+        since = current.since_step
         return max(0, max(2, cfg.warmup_steps - since) - (step - since))
     return max(2, cfg.warmup_steps - step)
 
 
 def _decide(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, m: Measured, step: int,
-            current: dict | None = None, hooks: tuple[str, ...] | None = None) -> dict:
-    """The model applied to measured numbers at `step`; the same dict on every rank."""
+            current: CommDecision | None = None,
+            hooks: tuple[str, ...] | None = None) -> CommDecision:
+    """The model applied to measured numbers at `step`; the same record on every rank."""
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     shapes = [p.shape for p in model.parameters()]
     traffic = GradTraffic(
@@ -114,17 +123,17 @@ def _decide(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, m: Measured,
                            auto_periodic=cfg.auto_periodic)
     if env.is_main:
         log.info("%s", decision.describe())
-    return broadcast_object(decision.to_dict(), 0, env.device)  # one hook on every rank
+    return broadcast_object(decision, 0, env.device)  # one hook on every rank
 
 
-def redecide_comm(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, current: dict,
-                  step: int) -> dict:
+def redecide_comm(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module,
+                  current: CommDecision, step: int) -> CommDecision:
     """Collective: probe the link again and apply the model at `step`, keeping the compute and
     hook costs measured at setup (neither depends on the network). DDP hooks only: a periodic
     method's state is built at setup, not mid-run."""
-    link = probe_link(env.device, current["grad_bytes"])
-    hook_s = {name: p.get("hook_s", 0.0) for name, p in current["predicted"].items()}
-    return _decide(cfg, env, model, Measured(link, current["compute_s"], hook_s), step, current,
+    link = probe_link(env.device, current.grad_bytes)
+    hook_s = {name: p.get("hook_s", 0.0) for name, p in current.predicted.items()}
+    return _decide(cfg, env, model, Measured(link, current.compute_s, hook_s), step, current,
                    hooks=candidate_hooks())
 
 

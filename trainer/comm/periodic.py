@@ -40,6 +40,7 @@ from torch.distributed.algorithms.model_averaging.utils import (
 from ..bandwidth import bus_factor
 from ..config import PERIODIC_NAMES
 from .allreduce import sync
+from .decision import CommDecision
 from .hooks import StepComm
 
 log = logging.getLogger(__name__)
@@ -174,10 +175,9 @@ class DiLoCo(Periodic):
         super().restore(shared, mine)
 
 
-def sync_interval(decision: dict, configured: int) -> int:
+def sync_interval(decision: CommDecision, configured: int) -> int:
     """H: comm=auto's pick when auto chose the method, else --sync-every."""
-    predicted = (decision.get("predicted") or {}).get(decision["comm"]) or {}
-    return int(predicted.get("sync_every") or configured)
+    return int((decision.chosen or {}).get("sync_every") or configured)
 
 
 def periodic_method(comm: str, every: int, model, optimizer, steps: int, device: torch.device,

@@ -33,6 +33,7 @@ import math
 import time
 from collections import deque
 from collections.abc import Callable
+from dataclasses import replace
 
 from ..collectives import broadcast_flag
 from ..config import HOOK_NAMES, TrainConfig
@@ -40,6 +41,7 @@ from ..distenv import DistEnv
 from ..metrics import percentile
 from .autocomm import EXPOSED_BUDGET  # a less lossy hook within it may replace a faster one
 from .commsetup import plain_steps, redecide_comm
+from .decision import CommDecision, Switch, SwitchRefused
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +61,10 @@ CHECK_SHARE = 0.005
 MAX_CHECK_EVERY = 50
 
 
-def check_every(decision: dict) -> int:
+def check_every(decision: CommDecision) -> int:
     """Steps between a script's checks: the same on every rank, since the decision is."""
-    latency = (decision.get("link") or {}).get("latency_s") or 0.0  # a named hook has no link
-    pred = (decision.get("predicted") or {}).get(decision["comm"])
-    step_s = pred["step_s"] if pred else 0.0
+    latency = decision.link.latency_s if decision.link else 0.0  # a named hook has no link
+    step_s = decision.chosen["step_s"] if decision.chosen else 0.0
     if step_s <= 0:
         return MAX_CHECK_EVERY
     return min(MAX_CHECK_EVERY, max(WINDOW, math.ceil(latency / (CHECK_SHARE * step_s))))
@@ -72,22 +73,21 @@ def check_every(decision: dict) -> int:
 class AutoComm:
     """The prediction check and the mid-run re-decision of one run (rank 0 judges)."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, decision: dict, start_step: int):
+    def __init__(self, cfg: TrainConfig, env: DistEnv, decision: CommDecision, start_step: int):
         self.enabled = cfg.comm == "auto" and env.world_size > 1 and cfg.redecide
         self.checking = cfg.comm == "auto" and env.world_size > 1
         self.cfg, self.env = cfg, env
         self._reset(decision, start_step)
 
-    def _reset(self, decision: dict, step: int) -> None:
+    def _reset(self, decision: CommDecision, step: int) -> None:
         """Start a new measuring window for `decision`, taken at `step`."""
         self.decision = decision
         self.window: deque[float] = deque(maxlen=WINDOW)
-        since = decision.get("since_step", 0)
-        plain = plain_steps(self.cfg, since, None) if decision["comm"] == "powersgd" else 0
+        since = decision.since_step
+        plain = plain_steps(self.cfg, since, None) if decision.comm == "powersgd" else 0
         self.steady_from = since + plain + WARM_STEPS + 1  # for the summary: every attempt
         self.measure_from = max(step + WARM_STEPS + 1, self.steady_from)
-        pred = (decision.get("predicted") or {}).get(decision["comm"])
-        self.predicted = pred["step_s"] if pred else None
+        self.predicted = decision.chosen["step_s"] if decision.chosen else None
         self.reference = self.predicted
         self.every = check_every(decision)
 
@@ -113,8 +113,8 @@ class AutoComm:
             return False
         p50 = self.p50()
         return (all(abs(p50 / ref - 1) > THRESHOLD for ref in (self.predicted, self.reference))
-                and len(self.decision.get("switches", [])) < MAX_SWITCHES
-                and self.decision.get("reprobes", 0) < MAX_REPROBES)
+                and len(self.decision.switches) < MAX_SWITCHES
+                and self.decision.reprobes < MAX_REPROBES)
 
     def agreed_off(self) -> bool:
         """Collective: rank 0's `off` verdict, the same on every rank."""
@@ -123,22 +123,22 @@ class AutoComm:
     def at_checkpoint(self, trainer, step: int) -> None:
         """The built-in trainer, collective at a checkpoint boundary before the last: re-probe if
         rank 0 saw the step stay off, and switch by rebuilding DDP if another hook now wins."""
-        if not self.enabled or step >= self.cfg.steps or self.decision["comm"] not in HOOK_NAMES:
+        if not self.enabled or step >= self.cfg.steps or self.decision.comm not in HOOK_NAMES:
             return  # a periodic method (local SGD, DiLoCo) keeps the state it was set up with
         if self.agreed_off():
             trainer.decision = self.reprobe(trainer.model, step,
                                             lambda new: _rebuild_ddp(trainer, new))
 
-    def at_step(self, step: int, model, apply: Callable[[dict], None],
+    def at_step(self, step: int, model, apply: Callable[[CommDecision], None],
                 refuse: Callable[[str], str | None]) -> None:
         """A script's per-step call, every rank: every `every` steps rank 0's verdict, and a
         re-probe when it says so. Steps past the run's `steps` have none left to price."""
-        if (self.enabled and self.decision["comm"] in HOOK_NAMES and step < self.cfg.steps
+        if (self.enabled and self.decision.comm in HOOK_NAMES and step < self.cfg.steps
                 and step % self.every == 0 and self.agreed_off()):
             self.reprobe(model, step, apply, refuse)
 
-    def reprobe(self, model, step: int, apply: Callable[[dict], None],
-                refuse: Callable[[str], str | None] = lambda name: None) -> dict:
+    def reprobe(self, model, step: int, apply: Callable[[CommDecision], None],
+                refuse: Callable[[str], str | None] = lambda name: None) -> CommDecision:
         """Collective, at a step every rank agreed on: probe the link again, apply the model, and
         switch every rank (`apply(new decision)`) if another hook now wins and `refuse(name)`
         gives no reason this run cannot take it. Returns the decision the run goes on with."""
@@ -146,48 +146,42 @@ class AutoComm:
         current = self.decision
         new = redecide_comm(self.cfg, self.env, model, current, step)
         probed = time.perf_counter()
-        name, cur = new["comm"], current["comm"]
-        before, after = (new["predicted"][cur]["run_step_s"], new["predicted"][name]["run_step_s"])
+        name, cur = new.comm, current.comm
+        before, after = new.predicted[cur]["run_step_s"], new.predicted[name]["run_step_s"]
         # Only DDP hooks are switched to: a periodic method's state is built at setup.
         wins = name != cur and name in HOOK_NAMES and (after <= (1 - MARGIN) * before or (
             HOOK_NAMES.index(name) < HOOK_NAMES.index(cur)
-            and new["predicted"][name]["share"] <= EXPOSED_BUDGET))
+            and new.predicted[name]["share"] <= EXPOSED_BUDGET))
         refused = refuse(name) if wins else None
-        new["reprobes"] = current.get("reprobes", 0) + 1
-        new["switches"] = list(current.get("switches", []))
+        # The world as measured now, with what the run did so far carried over.
+        new = replace(new, reprobes=current.reprobes + 1, switches=current.switches)
         if not wins or refused:
             # Keep the hook; the world as measured now is the reference for the next change.
-            new["comm"], new["reason"] = cur, current["reason"]
-            new["since_step"] = current.get("since_step", 0)
-            if refused:
-                new["switch_refused"] = {"step": step, "to": name, "why": refused}
+            new = replace(new, comm=cur, reason=current.reason, since_step=current.since_step,
+                          switch_refused=SwitchRefused(step, name, refused) if refused else None)
             self._reset(new, step)
             self.reference = measured
             if self.env.is_main:
                 log.info("comm=auto at step %d: step p50 %.0f ms against %.0f ms predicted; "
                          "re-probed, keeping %s%s", step, measured * 1e3,
-                         current["predicted"][cur]["step_s"] * 1e3, cur,
+                         current.predicted[cur]["step_s"] * 1e3, cur,
                          f"; not switching to {name}: {refused}" if refused else "")
             return new
-        new["since_step"] = step
-        new["switches"].append({
-            "step": step, "from": cur, "to": name, "measured_step_s_p50": measured,
-            "predicted_step_s_before": current["predicted"][cur]["step_s"],
-            "repredicted_run_step_s": before, "predicted_run_step_s": after,
-            "busbw_gbps": new["link"]["busbw_gbps"], "latency_s": new["link"]["latency_s"],
-            "probe_s": probed - started})
+        new = replace(new, since_step=step)
         apply(new)
-        self._reset(new, step)
-        s = new["switches"][-1]
         # The re-probe and the switch: time the run spent outside any step's step_s.
-        s["pause_s"] = time.perf_counter() - started
+        s = Switch(step, cur, name, measured, current.predicted[cur]["step_s"], before, after,
+                   new.link.busbw_gbps, new.link.latency_s, probed - started,
+                   time.perf_counter() - started)
+        new = replace(new, switches=current.switches + (s,))
+        self._reset(new, step)
         if self.env.is_main:
             log.warning("comm=auto switched %s -> %s at step %d: step p50 %.0f ms (predicted "
                         "%.0f); link now %.3f Gbit/s busbw; predicted %.0f -> %.0f ms/step over "
                         "the steps left; re-probe %.1f s, re-probe and switch %.1f s", cur, name,
-                        step, s["measured_step_s_p50"] * 1e3, s["predicted_step_s_before"] * 1e3,
-                        s["busbw_gbps"], s["repredicted_run_step_s"] * 1e3,
-                        s["predicted_run_step_s"] * 1e3, s["probe_s"], s["pause_s"])
+                        step, s.measured_step_s_p50 * 1e3, s.predicted_step_s_before * 1e3,
+                        s.busbw_gbps, s.repredicted_run_step_s * 1e3,
+                        s.predicted_run_step_s * 1e3, s.probe_s, s.pause_s)
         return new
 
     def summary(self, records: list[dict]) -> dict:
@@ -199,21 +193,21 @@ class AutoComm:
         measured = percentile(steady, 50) if steady else None
         return {
             "comm_prediction": {
-                "comm": self.decision["comm"], "predicted_step_s": self.predicted,
+                "comm": self.decision.comm, "predicted_step_s": self.predicted,
                 "measured_step_s_p50": measured, "steps_measured": len(steady),
                 "error": measured / self.predicted - 1 if measured else None},
-            "comm_switches": len(self.decision.get("switches", [])),
-            "comm_reprobes": self.decision.get("reprobes", 0),
+            "comm_switches": len(self.decision.switches),
+            "comm_reprobes": self.decision.reprobes,
         }
 
 
-def _rebuild_ddp(trainer, new: dict) -> None:
+def _rebuild_ddp(trainer, new: CommDecision) -> None:
     """The built-in trainer's switch: DDP rebuilt exactly as setup does on a resume from this
     checkpoint (its bucket layout for the new hook, the layout warm-up, a fresh hook state)."""
     if trainer.meter.state is not None:
         norm = sum(float(e.norm()) ** 2 for e in trainer.meter.state.error_dict.values())
         log.info("leaving powersgd: its error feedback (norm %.3g) is dropped", norm ** 0.5)
-    trainer.decision, trainer.comm = new, new["comm"]
+    trainer.decision, trainer.comm = new, new.comm
     trainer.ddp = trainer.forward = trainer.meter = None
     gc.collect()  # the old reducer unregisters its autograd hooks when it is freed
     trainer._wrap_ddp(init_sync=False)  # the replicas are equal: nothing to broadcast

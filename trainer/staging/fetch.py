@@ -2,7 +2,7 @@
 
     python -m fatpipe.trainer.staging.fetch SPEC PROJECT_FOLDER
 
-SPEC is the JSON `ops.fetch` ships (source, path, chunk_size and the source's keys, a
+SPEC is the JSON `ops.data.fetch` ships (source, path, chunk_size and the source's keys, a
 `ca_bundle` relative to SPEC's folder; never a credential). The node lists the source (S3: every object under the prefix; https: the one file)
 with sizes and ETags, keeps a file whose size and ETag match its last fetch and whose sha256 still
 matches, and streams the others 1 MiB at a time into `<file>.fatpipe-partial`, renamed when
