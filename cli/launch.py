@@ -43,12 +43,14 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.runs import find_run, load_outputs
     from fatpipe.ops.rdzv.rendezvous import read_rendezvous
+    from fatpipe.ops.reach.nodecall import forget_all
     from fatpipe.ops.run.launch import refuse_if_running
+    from fatpipe.ops.run.runchecks import ask_launch_checks, latest_nodes, remove_fresh_run
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)
     with changing(project, name, "launch"):
-        refuse_if_running(project, name)
+        previous = latest_nodes(project, name)  # the run a second one must not collide with
         if run_id:
             if script_args() or overrides():
                 raise FatpipeError("--run starts a rendezvous as written; give no script or [train] overrides")
@@ -56,6 +58,17 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
             rdzv = read_rendezvous(run_dir)
         else:
             rdzv, run_dir = open_run(project, outputs)
-        result = train_on_cluster(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s, detach=detach,
-                              unreachable_s=unreachable_s)
+        try:  # one call per node answers every check below (ops/run/runchecks.py)
+            ask_launch_checks(project, outputs, rdzv, previous)
+            refuse_if_running(project, name, previous)
+        except BaseException:
+            forget_all()
+            if not run_id:
+                remove_fresh_run(run_dir)
+            raise
+        try:
+            result = train_on_cluster(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s,
+                                      detach=detach, unreachable_s=unreachable_s)
+        finally:
+            forget_all()
     sys.exit(result.exit_code)

@@ -47,10 +47,14 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
                   "its logs as kept here[/]")
         follow = False
     if not follow:
+        from fatpipe.ops.run.runend import read_logs
+
+        # Each ssh node's state and log in one round trip, all nodes at once.
+        read = read_logs([n for n in every_node if not n.transport.shares_fs and n.name not in gone])
         for node in nodes:
-            for line in _log_text(node, run_dir, gone).splitlines():
+            for line in _log_text(node, run_dir, gone, read).splitlines():
                 sink(node.name, line)
-        sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone))
+        sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone, read=read))
     try:
         followed = follow_nodes(nodes, sink, fail_grace_s=None, unreachable_s=unreachable_s)
     except NodesUnreachable as e:
@@ -64,14 +68,17 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
     sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone, followed))
 
 
-def _log_text(node, run_dir, gone: set[str]) -> str:
+def _log_text(node, run_dir, gone: set[str], read: dict) -> str:
     """The node's log: the copy here once it is final (or the node shares this machine's
-    files, or is gone), else read from the node."""
+    files, or is gone), else read from the node (`read`: its state and log, read already)."""
     from fatpipe.infra.errors import FatpipeError
 
     local = run_dir / f"node-{node.plan.rank}.log"
-    if node.transport.shares_fs or node.name in gone or (local.exists() and node.status() != "running"):
+    state, text = read.get(node.name, (None, None))
+    if node.transport.shares_fs or node.name in gone or (local.exists() and (state or node.status()) != "running"):
         return local.read_text(errors="replace") if local.exists() else ""
+    if state is not None:
+        return text or ""
     result = node.transport.run(node.follow_command(follow=False), timeout=60)
     if not result.ok:
         raise FatpipeError(f"{node.transport.describe()}: cannot read the log: {result.reason()}")
@@ -79,7 +86,7 @@ def _log_text(node, run_dir, gone: set[str]) -> str:
 
 
 def _how_it_ended(out, project, cluster: str, run_dir, nodes, gone: set[str],
-                  followed: dict | None = None) -> int:
+                  followed: dict | None = None, read: dict | None = None) -> int:
     """For a run that is over: pull what its ssh nodes wrote, then print what a followed launch
     prints when it ends (the exit table after -f, the failure line) and return its exit status.
     0 while it still runs, and for a run fatpipe stopped (`status` shows it as stopped).
@@ -90,7 +97,7 @@ def _how_it_ended(out, project, cluster: str, run_dir, nodes, gone: set[str],
     from fatpipe.ops.run.runend import ended_result, node_exits, stopped_by_fatpipe
 
     run_id = run_dir.name
-    codes = node_exits(run_dir, nodes, gone) or followed
+    codes = node_exits(run_dir, nodes, gone, read) or followed
     if codes is None:
         return 0  # still running (or a node cannot tell): nothing to judge yet
     unpulled = [n for n in nodes if not n.transport.shares_fs and n.name not in gone

@@ -26,16 +26,23 @@ def status(project, cluster: str | None, as_json: bool):
 
     spec = project.cluster(cluster)
     doc: dict = {"cluster": spec.name, "provider": spec.provider, "tier": spec.tier, "deployed": False}
-    if outputs_file(project, spec.name).exists():
-        outputs = load_outputs(project, spec.name)
-        doc["deployed"] = True
-        doc["nodes"] = _node_states(project, outputs)
+    from fatpipe.ops.reach.nodecall import forget_all
+    from fatpipe.ops.run.runchecks import ask_status_checks
+
     try:
-        doc["run"] = _run_state(project, spec.name)
-    except FatpipeError as e:
-        doc["run"] = None
-        if e.exit_code != 1:  # not "no runs yet": a run fatpipe cannot read, which the user must hear
-            doc["run_error"] = str(e)
+        if outputs_file(project, spec.name).exists():
+            outputs = load_outputs(project, spec.name)
+            doc["deployed"] = True
+            ask_status_checks(project, outputs)  # one call per node
+            doc["nodes"] = _node_states(project, outputs)
+        try:
+            doc["run"] = _run_state(project, spec.name)
+        except FatpipeError as e:
+            doc["run"] = None
+            if e.exit_code != 1:  # not "no runs yet": a run fatpipe cannot read, which the user must hear
+                doc["run_error"] = str(e)
+    finally:
+        forget_all()
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return

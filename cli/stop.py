@@ -31,8 +31,7 @@ def stop(project, cluster: str | None, run_id):
     run_id, run_dir, nodes = run_nodes(project, name, run_id)
     live = [n for n in nodes if not node_gone(n)]
     if live:
-        stop_nodes(live)
-        states = {n.name: n.status() for n in live}
+        states = stop_nodes(live)  # with each node's state after, in the same round trip
     else:
         states = {}
     if all(s.startswith("unreachable") for s in states.values()) and not outputs_file(project, name).exists():

@@ -21,9 +21,9 @@ from fatpipe.trainer.staging.names import UnsafeName, check_manifest
 
 from ..env.shipped import SYNC_EXCLUDES, trainer_package_dir
 from ..rdzv.rendezvous import remote_dir
-from ..reach.projectdir import TAG, adopted_line, answer_of, claim_and_say, claim_then, judge_claim
+from ..reach.projectdir import adopted_line, claim_and_say, judge_claim
 from ..reach.transport import Transport, fan_out, transports_for
-from .nodeprogram import boot_command, program_line
+from .nodeprogram import boot_command, claimed, program_line
 
 MANIFEST_DIR = ".fatpipe/data"  # on a node, inside its project folder: the manifest it is checked against
 CHECK_TIMEOUT_S = 3600  # hashing a large dataset on a slow disk
@@ -110,16 +110,15 @@ def check_node(project, outputs, node, t: Transport, python: str, rehash: bool =
     workdir = node_workdir(outputs, node)
     flags = (["--rehash"] if rehash else []) + (["--prune"] if prune else [])
     manifest_rel = f"{MANIFEST_DIR}/{LOCAL_MANIFEST}"
+    claim = (workdir, outputs.name, project.project_id)
     line = program_line("fatpipe.trainer.staging.check", ["check", *flags, manifest_rel, "."],
-                        {manifest_rel: local_manifest_path(project, outputs.name).read_text()})
-    done = t.run(claim_then(workdir, outputs.name, project.project_id, boot_command(python)),
-                 timeout=CHECK_TIMEOUT_S, stdin_text=line)
-    said = answer_of(done.stdout)
+                        {manifest_rel: local_manifest_path(project, outputs.name).read_text()}, claim=claim)
+    done = t.run(boot_command(python), timeout=CHECK_TIMEOUT_S, stdin_text=line)
+    said, lines = claimed(done.stdout)
     if said is None:
         raise FatpipeError(f"{t.describe()}: the project folder {workdir}: {done.reason()}")
     if judge_claim(t, workdir, outputs.name, project.project_id, said) == "adopted" and log:
         log(adopted_line(t, workdir, outputs.name, project.project_id))
-    lines = [line for line in done.stdout.strip().splitlines() if not line.startswith(TAG)]
     pruned = next((json.loads(line[len(PRUNED_PREFIX):]) for line in lines if line.startswith(PRUNED_PREFIX)), [])
     if done.ok:
         return NodeData(node.name, None, tuple(pruned))

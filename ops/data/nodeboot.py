@@ -2,7 +2,10 @@
 
 Its first line on the standard input is JSON: the modules (`fatpipe.trainer.staging.*`, their
 source), files to write first (relative to the working folder, each written aside then renamed),
-the environment to add, the module whose `main(argv)` runs and its argv. Nothing is installed or
+the environment to add, the module whose `main(argv)` runs and its argv; with `claim` (the
+project folder, the cluster, the project id) the folder is claimed first (`node_checks.claim`,
+sent among the modules), its answer said on one line, and the program runs inside it only when
+the folder is this project's. Nothing is installed or
 left on the node but those files, so the system Python of a fresh node runs it. With `watch`, the
 program ends as soon as its standard input does: the operator stopped (Ctrl-C) or is gone.
 Standard library only; this file is sent as text, never imported by fatpipe.
@@ -14,6 +17,8 @@ import json
 import os
 import sys
 import threading
+
+CLAIMED = "fatpipe-claimed: "  # the claim's answer line, before the program's own output
 
 if __name__ == "__main__":
     SENT = json.loads(sys.stdin.readline())
@@ -33,6 +38,12 @@ if __name__ == "__main__":
             exec(compile(SENT["modules"][module.__name__][1], f"<fatpipe>/{module.__name__}", "exec"), module.__dict__)
 
     sys.meta_path.insert(0, Sent())
+    if SENT.get("claim"):  # the project folder is this project's before anything is written in it
+        answer = importlib.import_module("node_checks").claim(*SENT["claim"])
+        print(CLAIMED + json.dumps(answer), flush=True)
+        if answer[0] not in ("made", "ours", "adopted"):
+            sys.exit(0)
+        os.chdir(SENT["claim"][0])
     for rel, text in SENT["files"].items():
         os.makedirs(os.path.dirname(rel) or ".", exist_ok=True)
         with open(rel + ".tmp", "w") as f:

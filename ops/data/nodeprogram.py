@@ -15,7 +15,10 @@ from pathlib import Path
 
 from fatpipe.trainer.staging import manifest as _manifest
 
+from ..reach.projectdir import NODE_CHECKS_FILE as NODE_CHECKS
+
 BOOT = Path(__file__).with_name("nodeboot.py")
+CLAIMED = "fatpipe-claimed: "  # as nodeboot.py says it
 STAGING = Path(_manifest.__file__).parent
 SENT_MODULES = ("names", "hashcache", "manifest", "tidy", "check", "chainfiles", "chainlink", "stage")
 
@@ -36,7 +39,19 @@ def boot_command(python: str) -> str:
 
 
 def program_line(main: str, argv: list[str], files: dict[str, str] | None = None, env: dict[str, str] | None = None,
-                 watch: bool = False) -> str:
-    """The one line on the program's standard input: what it imports, writes and runs."""
-    return json.dumps({"modules": modules(), "files": files or {}, "env": env or {}, "main": main,
-                       "argv": argv, "watch": watch}) + "\n"
+                 watch: bool = False, claim: tuple[str, str, str] | None = None) -> str:
+    """The one line on the program's standard input: what it imports, writes and runs; with
+    `claim` (folder, cluster, project id) the program first claims the folder and runs in it."""
+    sent = modules()
+    if claim:
+        sent["node_checks"] = (False, NODE_CHECKS.read_text())
+    return json.dumps({"modules": sent, "files": files or {}, "env": env or {}, "main": main,
+                       "argv": argv, "watch": watch, "claim": list(claim) if claim else None}) + "\n"
+
+
+def claimed(stdout: str) -> tuple[tuple[str, str] | None, list[str]]:
+    """The claim's (answer, rest) from a claiming program's output (None: it never said), and the
+    program's own lines after it."""
+    lines = stdout.strip().splitlines()
+    said = next((json.loads(line[len(CLAIMED):]) for line in lines if line.startswith(CLAIMED)), None)
+    return (tuple(said) if said else None), [line for line in lines if not line.startswith(CLAIMED)]

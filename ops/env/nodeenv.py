@@ -1,14 +1,14 @@
 """Before a launch, every node reports its Python, torch, CUDA/NCCL and numpy; all must agree.
 
-docs/ARCHITECTURE.md, "The node environment": one fixed `python -c` per node, through its
-transport and in parallel; the report lands in the run folder (`env.json`), and a node that
+docs/ARCHITECTURE.md, "The node environment": one fixed `python -c` per node (node_versions.py,
+which reads the versions without importing torch), a step of the launch's one call to each node,
+all nodes in parallel; the report lands in the run folder (`env.json`), and a node that
 differs from the others fails the launch in one line naming it and the difference.
 """
 
 from __future__ import annotations
 
 import json
-import shlex
 from collections import Counter
 from pathlib import Path
 
@@ -16,43 +16,32 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic
 
 from ..rdzv.noderun import NodeRun
-from ..reach.transport import fan_out
+from ..reach.nodecall import NodeCallError, Step, answer_of, step_value
+from ..reach.transport import Result, fan_out
+from .node_versions import MARK
 
 ENV_FILE = "env.json"
 COMPARED = ("python", "torch", "cuda", "nccl", "numpy")  # in the order a difference is named
-MARK = "FATPIPE_ENV "
-PROBE_TIMEOUT_S = 300  # a loaded machine imports torch slowly, several nodes at once
-# Fixed text: nothing of the node or the config enters it. torch.cuda.nccl.version() exists only
-# in CUDA builds.
-PROBE = f"""
-import json, platform
-r = {{"python": platform.python_version(), "machine": platform.machine()}}
-try:
-    import torch
-    r["torch"], r["cuda"] = torch.__version__, torch.version.cuda
-    try:
-        r["nccl"] = ".".join(map(str, torch.cuda.nccl.version()))
-    except Exception:
-        r["nccl"] = None
-except Exception as e:
-    r["torch"] = r["cuda"] = r["nccl"] = None
-    r["error"] = f"import torch: {{type(e).__name__}}: {{e}}"
-try:
-    import numpy
-    r["numpy"] = numpy.__version__
-except Exception:
-    r["numpy"] = None
-print({MARK!r} + json.dumps(r))
-"""
+PROBE_TIMEOUT_S = 120  # an interpreter's start on a loaded node; nothing heavy is imported
+PROBE = Path(__file__).with_name("node_versions.py").read_text()
+
+
+def probe_step(node: NodeRun) -> Step:
+    """The node program's step that reports the versions in the run's interpreter, from the project folder."""
+    return Step("run_python", (node.plan.python, PROBE, PROBE_TIMEOUT_S), node.plan.workdir)
 
 
 def probe_node(node: NodeRun) -> dict:
     """The node's versions, as its run's interpreter sees them from the project folder."""
-    command = node.sh(f"{shlex.quote(node.plan.python)} -c {shlex.quote(PROBE)}")
-    result = node.transport.run(command, timeout=PROBE_TIMEOUT_S)
-    lines = [line for line in result.stdout.splitlines() if line.startswith(MARK)]
-    if not result.ok or not lines:
-        raise FatpipeError(f"node {node.name}: cannot report its Python environment: {result.reason()}")
+    try:
+        answer = answer_of(node.transport, probe_step(node), timeout=PROBE_TIMEOUT_S + 30)
+    except NodeCallError as e:
+        raise FatpipeError(f"node {node.name}: cannot report its Python environment: {e.reason}") from None
+    ran = step_value(answer, "cannot report its Python environment", node.transport)
+    lines = [line for line in ran["out"].splitlines() if line.startswith(MARK)]
+    if ran["rc"] or not lines:
+        reason = Result(ran["rc"], ran["out"], ran["err"]).reason()
+        raise FatpipeError(f"node {node.name}: cannot report its Python environment: {reason}")
     return json.loads(lines[-1][len(MARK):])
 
 

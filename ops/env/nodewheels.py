@@ -25,6 +25,7 @@ from fatpipe.infra.node import REMOTE_VENV
 from fatpipe.infra.nodevenv import STAMP_FILE, NodeVenv
 
 from ..rdzv.noderun import NodeRun
+from ..reach.nodecall import NodeCallError, Step, answer_of, forget
 from ..reach.transport import fan_out
 
 WHEEL_DIR = ".fatpipe/wheels"  # on node 0, one folder per declaration stamp
@@ -117,11 +118,20 @@ def serve_command(stamp: str, private_ip: str) -> str:
     )
 
 
+def stamp_step(node: NodeRun) -> Step:
+    """The node program's step that reads the stamp of the declaration its venv was built from."""
+    return Step("read_line", (STAMP_FILE,), node.plan.workdir)
+
+
 def stale_nodes(nodes: list[NodeRun], stamp: str) -> list[NodeRun]:
-    """The nodes whose venv was not built from this declaration."""
-    check = f'{read_stamp()}[ "$have" = {stamp} ]'
-    answers = fan_out(lambda n: n.transport.run(n.sh(check), timeout=60), nodes)
-    return [n for n, answer in zip(nodes, answers, strict=True) if not answer.ok]
+    """The nodes whose venv was not built from this declaration (one that cannot say: stale)."""
+    def have(n: NodeRun):
+        try:
+            return answer_of(n.transport, stamp_step(n), timeout=60).get("ok")
+        except NodeCallError:
+            return None
+
+    return [n for n, found in zip(nodes, fan_out(have, nodes), strict=True) if found != stamp]
 
 
 def private_url(node: NodeRun, port: int) -> str:
@@ -141,6 +151,8 @@ def build_node_envs(nodes: list[NodeRun], venv: NodeVenv, stamp: str, log: Log) 
     stale = stale_nodes(nodes, stamp)
     if not stale:
         return
+    for node in stale:  # what the command's first call read of their venv is about to change
+        forget(node.transport)
     first, started = nodes[0], time.monotonic()
     peers = [n for n in stale if n is not first]
     if not peers:

@@ -35,6 +35,7 @@ from pathlib import Path, PurePosixPath
 
 from fatpipe.infra.errors import FatpipeError
 
+from ..reach.nodecall import Step, recall
 from ..reach.transport import GITIGNORE_FILTER, Result, Transport
 from .node_pushed import signature
 
@@ -138,8 +139,8 @@ def _relative(path: str) -> bool:
 class ProjectPush:
     """One node's project push: look, decide, delete and record, copy."""
 
-    def __init__(self, t: Transport, src: Path, dest: str, excludes: tuple[str, ...]):
-        self.t, self.src, self.dest, self.excludes = t, Path(src), dest, excludes
+    def __init__(self, t: Transport, src: Path, dest: str, excludes: tuple[str, ...], made: bool = False):
+        self.t, self.src, self.dest, self.excludes, self.made = t, Path(src), dest, excludes, made
 
     def node(self, action: str, given: dict) -> dict:
         command = f"python3 -c {shlex.quote(NODE_PROGRAM.read_text())} {action} {shlex.quote(self.dest)}"
@@ -151,14 +152,18 @@ class ProjectPush:
                 pass
         raise FatpipeError(f"{self.t.describe()}: reading what the last push sent failed: {done.reason()}")
 
+    def look(self, paths: list[str]) -> dict:
+        """What the node holds of `paths` and its push record: brought by the launch's first call, or asked."""
+        brought = recall(self.t, look_step(self.dest, paths))
+        return brought["ok"] if brought and "error" not in brought else self.node("look", {"paths": paths})
+
     def run(self) -> PushReport:
-        made = self.t.run(f"mkdir -p -- {shlex.quote(self.dest)}", timeout=60)
-        if not made.ok:
+        if not self.made and not (made := self.t.make_dir(self.dest)).ok:
             raise FatpipeError(f"{self.t.describe()}: cannot make {self.dest}: {made.reason()}")
         listed = local_listing(self.src, self.excludes)
         folders = [p.rstrip("/") for p in listed if p.endswith("/")]
         local = {p: signature(str(self.src / p)) for p in listed if not p.endswith("/")}
-        seen = self.node("look", {"paths": list(local)})
+        seen = self.look(list(local))
         plan = plan_push({p: s for p, s in local.items() if s}, folders, seen["record"], seen["node"],
                          lambda p: os.path.lexists(self.src / p))
         done = self.node("commit", {"record": plan.record, "delete": plan.delete})
@@ -166,6 +171,16 @@ class ProjectPush:
         if not copied.ok:
             raise FatpipeError(f"{self.t.describe()}: copy the project folder failed: {copied.reason()}")
         return PushReport(done.get("deleted", []), plan.kept, done.get("kept", []))
+
+
+def pushed_files(src: Path, excludes: tuple[str, ...]) -> list[str]:
+    """The files (not folders) a push of `src` with `excludes` lists, in the order the push asks for them."""
+    return [p for p in local_listing(Path(src), excludes) if not p.endswith("/")]
+
+
+def look_step(dest: str, paths: list[str]) -> Step:
+    """The node program's step that answers a push's look (node_pushed.look) in the project folder `dest`."""
+    return Step("node_pushed.look", (tuple(paths),), dest, (("node_pushed", NODE_PROGRAM),))
 
 
 def copy_listed(t: Transport, src: Path, dest: str, paths: list[str]) -> Result:
@@ -177,6 +192,6 @@ def copy_listed(t: Transport, src: Path, dest: str, paths: list[str]) -> Result:
         return t.copy_to(f"{src}/", f"{dest}/", [f"--files-from={listing.name}", "--from0"], timeout=900)
 
 
-def push_project(t: Transport, src: Path, dest: str, excludes: tuple[str, ...]) -> PushReport:
-    """Push the project folder `src` to `dest` on the node; what it deleted and kept."""
-    return ProjectPush(t, src, dest, excludes).run()
+def push_project(t: Transport, src: Path, dest: str, excludes: tuple[str, ...], made: bool = False) -> PushReport:
+    """Push the project folder `src` to `dest` on the node (`made`: it exists); what it deleted and kept."""
+    return ProjectPush(t, src, dest, excludes, made).run()

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..reach.nodecall import NodeCallError, Step, answer_of, ask
 from ..reach.transport import Transport, fan_out, transport_for
 from .nodefiles import group_rank_file
 from .rendezvous import NodePlan, Rendezvous, read_rendezvous
@@ -24,8 +25,10 @@ LOST = 255  # the status of a node whose process vanished without writing its ex
 # (sysexits' EX_TEMPFAIL: try again later, with `fatpipe logs -f`).
 UNFOLLOWED = 75
 STOP_WAIT_S = 10  # from SIGTERM to SIGKILL: torchrun stops its workers in this time
-# Checks a run's process and stops it on the node (`python3 -c`): runproc.py, standard library only.
-RUNPROC = Path(__file__).with_name("runproc.py").read_text()
+# Checks a run's process and stops it on the node: runproc.py, standard library only.
+RUNPROC_FILE = Path(__file__).with_name("runproc.py")
+RUNPROC = RUNPROC_FILE.read_text()
+RUNPROC_SOURCE = (("runproc", RUNPROC_FILE),)
 # torch 2.13: a torchrun that joins a running job (a new agent, in a later rendezvous round) waits
 # for the address of the store the workers share, which node 0's agent writes under the round's
 # key prefix only in its own first round; the new agent blocked until its read timeout. This copies
@@ -183,13 +186,43 @@ echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
         """`runproc` on the node with `action` and its arguments (already quoted)."""
         return f"python3 -c {shlex.quote(RUNPROC)} {action} {' '.join(quoted)}"
 
+    def status_step(self) -> Step:
+        """The node program's step that answers the run's state on the node (`runproc.status`)."""
+        return Step("runproc.status", self._files("pid", "ident", "exit"), self.plan.workdir, RUNPROC_SOURCE)
+
+    def stop_step(self) -> Step:
+        """The node program's step that stops the run's processes there, and nothing else."""
+        return Step("runproc.stop", (*self._files("pid", "ident", "exit", "stop"), STOP_WAIT_S),
+                    self.plan.workdir, RUNPROC_SOURCE)
+
+    def log_step(self, offset: int = 0) -> Step:
+        """The node program's step that reads the node's log from byte `offset` (None: no log yet)."""
+        return Step("read_from", (*self._files("log"), int(offset)), self.plan.workdir)
+
+    def _files(self, *exts: str) -> tuple[str, ...]:
+        return tuple(f"{self.rdzv.run_rel}/node-{self.plan.rank}.{ext}" for ext in exts)
+
     def status(self, timeout: float = 30) -> str:
-        result = self.transport.run(self.status_command(), timeout=timeout)
-        return result.stdout.strip() if result.ok else f"unreachable: {result.reason()}"
+        try:
+            return state_of(answer_of(self.transport, self.status_step(), timeout))
+        except NodeCallError as e:
+            return f"unreachable: {e.reason}"
+
+    def stop_and_status(self, timeout: float = STOP_WAIT_S + 30) -> str:
+        """Stop the run on the node and read its state after, in one round trip."""
+        try:
+            return state_of(ask(self.transport, [self.stop_step(), self.status_step()], timeout)[1])
+        except NodeCallError as e:
+            return f"unreachable: {e.reason}"
 
     def exit_code(self) -> int | None:
         text = self.status()
         return int(text) if text.lstrip("-").isdigit() else None
+
+
+def state_of(answer: dict) -> str:
+    """A run state from the node program's answer to `status_step`."""
+    return str(answer["ok"]).strip() if "error" not in answer else f"unreadable: {answer['error']}"
 
 
 def _tagged_pids(tag_pattern: str) -> str:

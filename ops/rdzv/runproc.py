@@ -12,8 +12,9 @@ waits is not hit either. The workers torchrun leaves behind (sessions of their o
 children once torchrun is killed) are found by their tag, AGENT_TAG_ENV, which holds the
 wrapper's pid and start time: no other wrapper's workers carry it.
 
-Standard library only, Python 3.8: `noderun` sends this file to the node as `python3 -c`, run
-from the project folder, with the action and the run's per-node file names as arguments:
+Standard library only, Python 3.8. `noderun` asks `status` and `stop` through the node program
+(ops/reach/nodecall.py), run from the project folder; a follower's `tail --pid` takes the pid from
+this file sent as `python3 -c`, with the action and the run's per-node file names as arguments:
     status PID IDENT EXIT          prints the exit status, running, lost or not-started
     pid PID IDENT                  prints the wrapper's pid while it is the run's, else nothing
     stop PID IDENT EXIT STOP WAIT_S
@@ -210,13 +211,18 @@ def stop(pid_file: str, ident_file: str, exit_file: str, stop_file: str, wait_s:
             f.write("137\n")
 
 
+def wrapper_pid(pid_file: str, ident_file: str) -> str:
+    """The wrapper's pid while it is the run's, else "": what a follower's `tail --pid` may wait on."""
+    wrapper = Wrapper(pid_file, ident_file)
+    return str(wrapper.pid) if wrapper.alive() else ""
+
+
 def main(argv: list[str]) -> int:
     action, files = argv[0], argv[1:]
     if action == "status":
         print(status(*files[:3]))
     elif action == "pid":  # what a follower's `tail --pid` may wait on: never a stranger
-        wrapper = Wrapper(*files[:2])
-        print(wrapper.pid if wrapper.alive() else "")
+        print(wrapper_pid(*files[:2]))
     elif action == "stop":
         stop(*files[:4], float(files[4]))
     else:

@@ -9,12 +9,13 @@ import re
 from fatpipe.infra.errors import FatpipeError
 
 from .node_firewall import CHAIN, SBIN, TABLE
-from .transport import Transport, fan_out, transports_for
+from .nodecall import NodeCallError, Step, answer_of
+from .projectdir import NODE_CHECKS
+from .transport import Result, Transport, fan_out, transports_for
 
-# Root lists the ruleset; another login through sudo -n (it has passwordless sudo: deploy needs it).
-PROBE = (f'PATH="$PATH:{SBIN}"; S=; [ "$(id -u)" = 0 ] || S="sudo -n"; '
-         f"if command -v nft >/dev/null; then $S nft list table inet {TABLE}; "
-         f"else $S iptables -w -S INPUT && $S iptables -w -S {CHAIN}; fi")
+# Root lists the ruleset; another login through sudo -n (it has passwordless sudo: deploy needs
+# it): node_checks.firewall_listing, a step of the command's one call to the node.
+LISTING = Step("node_checks.firewall_listing", (SBIN, TABLE, CHAIN), sources=NODE_CHECKS)
 
 
 def listing_problem(listing: str, ssh_port: int) -> str | None:
@@ -36,9 +37,16 @@ def listing_problem(listing: str, ssh_port: int) -> str | None:
     return f"no firewall: neither table inet {TABLE} nor chain {CHAIN} is there"
 
 
-def node_problem(transport: Transport, node, timeout: float = 30) -> str | None:
-    """Probe one node; what is wrong with its firewall, or None."""
-    result = transport.run(PROBE, timeout=timeout)
+def node_problem(transport: Transport, node, timeout: float = 30, answer: dict | None = None) -> str | None:
+    """Probe one node (unless its listing's `answer` came already); what is wrong with its firewall, or None."""
+    try:
+        answer = answer or answer_of(transport, LISTING, timeout)
+    except NodeCallError as e:
+        return f"its firewall cannot be read: {e.reason}"
+    if "error" in answer:
+        return f"its firewall cannot be read: {answer['error']}"
+    listed = answer["ok"]
+    result = Result(listed["rc"], listed["out"], listed["err"])
     if not result.ok and not result.stdout:
         text = f"{result.stderr}"
         if "a password is required" in text or "a terminal is required" in text:
@@ -52,7 +60,7 @@ def node_problem(transport: Transport, node, timeout: float = 30) -> str | None:
 def check_readiness(state, transport: Transport, node, outputs, timeout: float = 30):
     """`wait`: a node otherwise ready is not, while its firewall is missing (outputs.firewall)."""
     if outputs.firewall and state.ready:
-        problem = node_problem(transport, node, timeout)
+        problem = node_problem(transport, node, timeout, state.listing)
         if problem:
             state.firewall_ok, state.reason = False, problem
     return state

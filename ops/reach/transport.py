@@ -1,8 +1,8 @@
 """How fatpipe reaches a node: the OpenSSH client, `ip netns exec`, or this machine, behind one interface.
 
-Every command is a bash snippet run on the node with the node's home (ssh) or this process's
-folder (netns, local) as its working directory. `fan_out` runs one function per node in
-parallel threads, so a 64-node cluster costs one round trip, not 64.
+Every command is a bash snippet run on the node from the node's home (ssh) or this process's
+folder (netns, local). `fan_out` runs one function per node in parallel threads, so a 64-node
+cluster costs one round trip, not 64; ops/reach/nodecall.py makes a command's checks one.
 """
 
 from __future__ import annotations
@@ -40,9 +40,7 @@ class Result:
     stdout: str
     stderr: str
 
-    @property
-    def ok(self) -> bool:
-        return self.returncode == 0
+    ok = property(lambda self: self.returncode == 0)
 
     def reason(self) -> str:
         """The last non-empty line of stderr (or stdout): what a one-line report should say."""
@@ -85,6 +83,8 @@ class Transport:
         """Run `command` on the node; `stdin_text` is its standard input (else none)."""
         return _run(self.argv(command), timeout, stdin_text)
 
+    def make_dir(self, dest: str) -> Result:  # a round trip: a launch's claim makes them first
+        return self.run(f"mkdir -p -- {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
     def popen(self, command: str) -> subprocess.Popen:
         """Start `command` on the node with its stdout (and stderr) as one text pipe."""
         return subprocess.Popen(
@@ -93,11 +93,13 @@ class Transport:
             start_new_session=True,
         )
 
-    def push(self, src: Path, dest: str, excludes: Iterable[str] = (), timeout: float = 900) -> Result:
-        """Copy the folder `src` to `dest` on the node (relative to the node's home), deleting extras."""
+    def push(self, src: Path, dest: str, excludes: Iterable[str] = (), timeout: float = 900,
+             made: bool = False) -> Result:
+        """Copy the folder `src` to `dest` on the node (its home's), deleting extras; `made`: it exists."""
         raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
 
-    def push_files(self, src: Path, dest: str, patterns: Iterable[str], timeout: float = 900) -> Result:
+    def push_files(self, src: Path, dest: str, patterns: Iterable[str], timeout: float = 900,
+                   made: bool = False) -> Result:
         """Copy only the top-level files of `src` matching `patterns` to `dest` on the node;
         nothing else there is touched (no deletes)."""
         raise FatpipeError(f"{self.describe()} shares this machine's files; nothing to copy")
@@ -114,7 +116,6 @@ class Transport:
 
     def describe(self) -> str:
         return f"{self.node_name} ({self.kind})"
-
 
 class LocalTransport(Transport):
     """A node that is this machine (sim loopback nodes on 127.x addresses)."""
@@ -200,18 +201,18 @@ class SshTransport(Transport):
     def _rsync(self, src: str, dest: str, extra: list[str], timeout: float) -> Result:
         return _run(self.rsync_argv(src, dest, extra), timeout)
 
-    def push(self, src: Path, dest: str, excludes: Iterable[str] = (), timeout: float = 900) -> Result:
-        made = self.run(f"mkdir -p -- {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
-        if not made.ok:
+    def push(self, src: Path, dest: str, excludes: Iterable[str] = (), timeout: float = 900,
+             made: bool = False) -> Result:
+        if not made and not (made := self.make_dir(dest)).ok:
             return made
         filters = [f"--exclude={pattern}" for pattern in excludes]
         # Honour the project's .gitignore files too: nothing a repository leaves out is shipped.
         filters.append(GITIGNORE_FILTER)
         return self._rsync(f"{src}/", f"{self.remote_host()}:{dest}/", ["--delete", *filters], timeout)
 
-    def push_files(self, src: Path, dest: str, patterns: Iterable[str], timeout: float = 900) -> Result:
-        made = self.run(f"mkdir -p -- {shlex.quote(dest)}", timeout=CONNECT_TIMEOUT_S * 3)
-        if not made.ok:
+    def push_files(self, src: Path, dest: str, patterns: Iterable[str], timeout: float = 900,
+                   made: bool = False) -> Result:
+        if not made and not (made := self.make_dir(dest)).ok:
             return made
         return self._rsync(f"{src}/", f"{self.remote_host()}:{dest}/", only_filters(patterns), timeout)
 
@@ -226,8 +227,7 @@ class SshTransport(Transport):
             extra.append(f"--link-dest={Path(link_dest).resolve()}")
         return self._rsync(f"{self.remote_host()}:{src}/", f"{dest}/", extra, timeout)
 
-    def remote_host(self) -> str:
-        """The host as an rsync remote spec names it: an IPv6 address in brackets."""
+    def remote_host(self) -> str:  # as an rsync remote spec names it: an IPv6 address in brackets
         return f"[{self.host}]" if ":" in self.host else self.host
 
     def describe(self) -> str:

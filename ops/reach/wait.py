@@ -13,7 +13,9 @@ from fatpipe.infra.node import (
 )
 from fatpipe.infra.tiers import sysctl_mismatches, tier_name, tier_profile
 
-from .firewall_check import check_readiness
+from .firewall_check import LISTING, check_readiness
+from .nodecall import NodeCallError, Step, answer_of, ask
+from .projectdir import NODE_CHECKS
 from .transport import Transport, fan_out, transports_for
 
 MARK = "@@fatpipe"
@@ -36,6 +38,7 @@ class NodeReadiness:
     iface: str = ""
     mtu: int | None = None
     firewall_ok: bool = True  # machines fatpipe did not make: their host firewall is in place
+    listing: dict | None = field(default=None, repr=False)  # the firewall's, read with the probe
     reason: str = "not checked yet"
     marker: dict = field(default_factory=dict, repr=False)
 
@@ -45,7 +48,8 @@ class NodeReadiness:
 
 
 def probe_command(ready_file: str, names: list[str]) -> str:
-    """One round trip: the marker, then every declared sysctl read from /proc/sys on the node."""
+    """The probe as a shell command (what node_checks.readiness answers, in the same lines): the
+    marker, then every declared sysctl read from /proc/sys on the node."""
     reads = " ".join(
         f"printf '{MARK} sysctl %s %s\\n' {shlex.quote(n)} \"$(cat /proc/sys/{n.replace('.', '/')} 2>/dev/null)\";"
         for n in names
@@ -85,15 +89,32 @@ def parse_probe(stdout: str) -> tuple[bool, dict | None, dict[str, str]]:
     return reachable, marker, values
 
 
-def check_node(transport: Transport, node, declared: dict[str, str], timeout: float = 30) -> NodeReadiness:
-    """Probe one node once."""
+def readiness_step(node, declared: dict[str, str]) -> Step:
+    """The node program's step that reads what `probe_command` prints (node_checks.readiness)."""
+    ready_file = node.ready_file or CLOUD_READY_FILE
+    # A machine's own marker may sit below the node's $FATPIPE_ROOT (a sim node that shares its
+    # host's files): read there, on the node.
+    return Step("node_checks.readiness", (ready_file, ready_file == CLOUD_READY_FILE, tuple(sorted(declared)), MARK),
+                sources=NODE_CHECKS)
+
+
+def check_node(transport: Transport, node, declared: dict[str, str], timeout: float = 30,
+               firewall: bool = False) -> NodeReadiness:
+    """Probe one node once, in one round trip (with its firewall's listing when `firewall`)."""
     state = NodeReadiness(node.name, node.transport)
     ready_file = node.ready_file or CLOUD_READY_FILE
-    result = transport.run(probe_command(ready_file, sorted(declared)), timeout=timeout)
-    reachable, marker, values = parse_probe(result.stdout)
+    steps = [readiness_step(node, declared), *([LISTING] if firewall else [])]
+    try:
+        answers = [answer_of(transport, steps[0], timeout)] if not firewall else ask(transport, steps, timeout)
+    except NodeCallError as e:
+        state.reason = f"unreachable: {e.reason}"
+        return state
+    if firewall:
+        state.listing = answers[1]
+    reachable, marker, values = parse_probe(answers[0].get("ok") or "")
     state.reachable = reachable
     if not reachable:
-        state.reason = f"unreachable: {result.reason()}"
+        state.reason = f"unreachable: {answers[0].get('error')}"
         return state
     if marker is None:
         state.reason = f"booting: no ready marker {ready_file} yet (cloud-init not finished)"
@@ -156,8 +177,9 @@ def wait_for_nodes(project, outputs, timeout_s: float = 300, interval_s: float =
         todo = [i for i, s in enumerate(states) if not s.ready]
         probe_timeout = min(30.0, max(1.0, deadline - time.monotonic()))
         fresh = fan_out(
-            lambda i, t=probe_timeout: check_readiness(check_node(transports[i], outputs.nodes[i], declared, timeout=t),
-                                                       transports[i], outputs.nodes[i], outputs, timeout=t), todo
+            lambda i, t=probe_timeout: check_readiness(
+                check_node(transports[i], outputs.nodes[i], declared, timeout=t, firewall=bool(outputs.firewall)),
+                transports[i], outputs.nodes[i], outputs, timeout=t), todo
         )
         for i, state in zip(todo, fresh, strict=True):
             states[i] = state

@@ -28,6 +28,7 @@ from .summary import read_json
 # What torchrun's agent raises when the nodes never all meet (or the rendezvous was closed).
 RENDEZVOUS_ERRORS = ("RendezvousTimeoutError", "RendezvousClosedError")
 _MISSING = re.compile(r"No such file or directory:? '?([^']+)'?")  # ENOENT as text, e.g. from C++
+_TORCH_INIT = re.compile(r'File ".*[/\\]torch[/\\]__init__\.py", line \d+, in <module>')  # torch's import itself
 _ERROR_LINE = re.compile(r"^(?:\S+ \| )?([\w.]*(?:Error|Exception)): (\S.*)$")
 
 
@@ -63,6 +64,9 @@ def _describe(result: LaunchResult, rdzv: Rendezvous, since: float, project_root
         return _trainer_failure(failure, rdzv)
     names = [n.name for n in rdzv.nodes]
     logs = {name: _log(result.run_dir, rank) for rank, name in enumerate(names)}
+    broken = next(((n, e) for n in names if (e := torch_import_error(logs[n]))), None)
+    if broken:  # torchrun imports torch first: the node never started, its peers only waited for it
+        return f"{broken[0]}: torch does not import there ({broken[1]}); the run never started on it"
     waited = [n for n in names if any(e in logs[n] for e in RENDEZVOUS_ERRORS)]
     if waited:
         return (f"the run failed at the rendezvous: torchrun on {', '.join(waited)} gave up waiting "
@@ -135,6 +139,16 @@ def _no_cuda_hint(cause: WorkerError, run_dir: Path) -> str | None:
         return None
     return (f"{cause.node} has no CUDA (torch {node['torch']}): run the script on CPU "
             "(its device \"cpu\", the gloo backend, DDP without device_ids)")
+
+
+def torch_import_error(log: str) -> str:
+    """The error a traceback through torch's own `__init__.py` ended with (torch that does not
+    import: torchrun's or a worker's first line), else ""."""
+    lines = log.splitlines()
+    for i, line in enumerate(lines):
+        if _TORCH_INIT.search(line):
+            return _last_error("\n".join(lines[i:i + 200]).split("\nTraceback", 1)[0])
+    return ""
 
 
 def _log(run_dir: Path, rank: int) -> str:

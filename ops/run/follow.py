@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from fatpipe.infra.defaults import UNREACHABLE_TIMEOUT_S
 
-from ..rdzv.noderun import STOP_WAIT_S, UNFOLLOWED, NodeRun, Sink
+from ..rdzv.noderun import UNFOLLOWED, NodeRun, Sink
 from ..reach.transport import fan_out
 
 FAIL_GRACE_S = 10
@@ -156,9 +156,10 @@ class LogView:
             self.proc.kill()
 
 
-def stop_nodes(nodes: list[NodeRun]) -> None:
-    """Signal every node's process group, wait for torchrun to wind down, kill what is left."""
-    fan_out(lambda n: n.transport.run(n.stop_command(), timeout=STOP_WAIT_S + 30), nodes)
+def stop_nodes(nodes: list[NodeRun]) -> dict[str, str]:
+    """Signal every node's process group, wait for torchrun to wind down, kill what is left; each
+    node's run state after, read in the same round trip."""
+    return dict(zip([n.name for n in nodes], fan_out(lambda n: n.stop_and_status(), nodes), strict=True))
 
 
 def follow_nodes(nodes: list[NodeRun], sink: Sink | None, timeout_s: float | None = None,

@@ -23,6 +23,7 @@ from ..rdzv.noderun import (
     run_nodes,
 )
 from ..rdzv.rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, new_rendezvous
+from ..reach.nodecall import forget_all
 from ..reach.transport import fan_out
 from .failure import describe_failure
 from .follow import (
@@ -33,6 +34,7 @@ from .follow import (
     stop_nodes,
 )
 from .prepare import prepare_envs, prepare_node
+from .runchecks import ask_launch_checks
 from .runsync import pull_runs
 
 
@@ -59,6 +61,9 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
     result = LaunchResult(rdzv.run_id, Path(run_dir))
     started, since = time.monotonic(), time.time()
     try:
+        # Its callers checked the firewall and the running run; the rest of the checks: one call
+        # per node, unless the command asked it already (ops/run/runchecks.py).
+        ask_launch_checks(project, None, rdzv, firewall=False)
         fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
         prepare_envs(project, nodes, rdzv.gpus_per_node, log)  # after the project: its requirements file
         log(check_node_envs(nodes, run_dir))  # unequal nodes are refused before anything starts
@@ -96,6 +101,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
                            and (Path(run_dir) / f"node-{n.plan.rank}.stop").exists()]
         result.failure = describe_failure(result, rdzv, since, project.root)
     finally:
+        forget_all()  # what the first call brought is this launch's alone
         result.elapsed_s = time.monotonic() - started
     return result
 
@@ -125,22 +131,26 @@ def pull_ended(nodes: list[NodeRun], run_dir: Path, within_s: float, log: Log) -
     return pulled.failed
 
 
-def running_nodes(project, cluster: str) -> tuple[str, list[str]] | None:
-    """(run id, nodes still running it) for the cluster's latest run, or None when nothing runs.
-
-    A second run would collide with it on the rendezvous port and the CPUs.
+def running_nodes(project, cluster: str, nodes: list[NodeRun] | None = None) -> tuple[str, list[str]] | None:
+    """(run id, nodes still running it) for the cluster's latest run (its `nodes`, when read
+    already), or None when nothing runs. A second run would collide with it on the rendezvous
+    port and the CPUs.
     """
-    try:
-        run_id, _, nodes = run_nodes(project, cluster)
-    except FatpipeError:
+    if nodes is None:
+        try:
+            nodes = run_nodes(project, cluster)[2]
+        except FatpipeError:
+            return None
+    if not nodes:
         return None
+    run_id = nodes[0].rdzv.run_id
     states = node_states(nodes)
     busy = [n.name for n, state in zip(nodes, states, strict=True) if state == "running"]
     return (run_id, busy) if busy else None
 
 
-def refuse_if_running(project, cluster: str) -> None:
-    busy = running_nodes(project, cluster)
+def refuse_if_running(project, cluster: str, nodes: list[NodeRun] | None = None) -> None:
+    busy = running_nodes(project, cluster, nodes)
     if busy:
         run_id, names = busy
         raise FatpipeError(f"run {run_id} is still running on {', '.join(names)}: follow it with "

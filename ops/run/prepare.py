@@ -27,31 +27,47 @@ def pulled_excludes(project) -> tuple[str, ...]:
     return tuple(f"/{path}" for path in project.spec.run.pull)
 
 
+TRAINER_DEST = f"{REMOTE_PKG}/fatpipe/trainer"  # in the project folder
+
+
+def pushed_folders(node: NodeRun) -> tuple[str, ...]:
+    """The folders inside the node's project folder that a launch pushes into."""
+    return (node.rdzv.run_rel, TRAINER_DEST)
+
+
+def push_excludes(project, node: NodeRun) -> tuple[str, ...]:
+    """What the project push leaves out for `node`: never shipped, the staged data, what `[run]
+    pull` brings back, the run folder."""
+    # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
+    # never shipped again, never deleted. Nor is the run folder, nor anything a run wrote
+    # (ops.env.projectsync deletes only what an earlier push sent and this project no longer has).
+    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
+    return (*excludes, f"/{node.rdzv.run_rel}/")
+
+
 def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
     """Ship the project, the run's inputs and the trainer package to an ssh node (its Python:
     prepare_envs, then the ops.env.nodeenv probe)."""
     t, plan = node.transport, node.plan
     if t.shares_fs:
         return
-    claim_and_say(t, plan.workdir, node.rdzv.cluster, project.project_id, log)  # never another's folder
-    # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
-    # never shipped again, never deleted. Nor is the run folder, nor anything a run wrote
-    # (ops.env.projectsync deletes only what an earlier push sent and this project no longer has).
-    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
+    # Never another's folder; once it is this project's, the folders the pushes fill are made with
+    # it (in the command's first call: ops/run/runchecks.py), so no push asks for them again.
+    claim_and_say(t, plan.workdir, node.rdzv.cluster, project.project_id, log, pushed_folders(node))
     started = time.monotonic()
-    for line in push_project(t, project.root, plan.workdir, (*excludes, f"/{node.rdzv.run_rel}/")).lines():
+    for line in push_project(t, project.root, plan.workdir, push_excludes(project, node), made=True).lines():
         log(f"{node.name}: {line}")
     log(f"{node.name}: copy the project folder ({time.monotonic() - started:.1f} s)")
     steps: list[tuple[str, Callable[[], object]]] = [
         # The run's inputs only: what the node made there (checkpoints, logs, metrics) stays.
-        ("copy the run's inputs", lambda: push_run(node, run_dir)),
+        ("copy the run's inputs", lambda: push_run(node, run_dir, True)),
     ]
     # Every run: the built-in trainer is the package, and a script may import fatpipe.trainer.api.
     trainer_dir = trainer_package_dir()
     steps.append(("copy the trainer",
-                  lambda: t.push(trainer_dir, f"{plan.workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES)))
+                  lambda: t.push(trainer_dir, f"{plan.workdir}/{TRAINER_DEST}", SYNC_EXCLUDES, made=True)))
     # A given interpreter (an image that ships torch) is not checked here: the node environment
-    # probe that follows (ops.env.nodeenv) imports torch and names a node that cannot.
+    # probe (ops.env.nodeenv) names a node without torch, and the run one whose torch does not import.
     for what, step in steps:
         started = time.monotonic()
         result = step()

@@ -1,5 +1,5 @@
 """A run on ssh nodes as it stands: the leader's last step, loss, summary and state, read over
-the transport in one bounded command.
+the transport in one bounded step of the node program (ops/reach/nodecall.py).
 
 A run started with `--detach` on ssh nodes writes everything in the run folder on its nodes; the
 folder here stays empty until a followed launch or `fatpipe logs -f` pulls it. `status` and
@@ -12,12 +12,13 @@ otherwise than planned), the others are asked at once. Nothing here touches the 
 from __future__ import annotations
 
 import json
-import shlex
+from pathlib import Path
 
 from fatpipe.infra.defaults import GROUP_RANK_FILE, SUMMARY_FILE
 from fatpipe.infra.runinfo import RunInfo
 
-from ..rdzv.noderun import NodeRun, run_nodes
+from ..rdzv.noderun import RUNPROC_SOURCE, NodeRun, run_nodes
+from ..reach.nodecall import NodeCallError, Step, answer_of
 from ..reach.transport import fan_out
 from .leader import leader
 from .top import last_lines
@@ -26,22 +27,11 @@ METRICS_FILE = "metrics.jsonl"
 TAIL_BYTES = 64 * 1024  # enough of metrics.jsonl's end for its last record
 READ_TIMEOUT_S = 15
 _SEP = "\n--fatpipe-progress--\n"
-
-
-def progress_command(node: NodeRun) -> str:
-    """On the node: metrics.jsonl's size and tail, summary.json, the node's run state and the
-    group rank it recorded."""
-    folder = shlex.quote(node.rdzv.run_rel)
-    grank = f"{folder}/{GROUP_RANK_FILE.format(index=node.plan.rank)}"
-    metrics = (f"f={folder}/{METRICS_FILE}; stat -c %s $f 2>/dev/null || echo 0; "
-               f"tail -c {TAIL_BYTES} $f 2>/dev/null")
-    sep = f"printf {shlex.quote(_SEP)}"
-    return (f"({node.sh(metrics)}); {sep}; ({node.sh(f'cat {folder}/{SUMMARY_FILE} 2>/dev/null')}); "
-            f"{sep}; ({node.status_command()}); {sep}; ({node.sh(f'cat {grank} 2>/dev/null')}); true")
+NODE_PROGRESS = Path(__file__).with_name("node_progress.py")
 
 
 def parse_progress(stdout: str) -> dict | None:
-    """`progress_command`'s output: {last_step, final_loss, summary, state, group_rank}; None if
+    """The text `progress_step` answers (node_progress.py): {last_step, final_loss, summary, state, group_rank}; None if
     unreadable."""
     parts = stdout.split(_SEP)
     if len(parts) != 4:
@@ -62,10 +52,24 @@ def parse_progress(stdout: str) -> dict | None:
             "group_rank": int(grank) if grank.isdigit() else None}
 
 
+def progress_step(node: NodeRun) -> Step:
+    """The node program's step that reads the run's progress on the node (node_progress.py)."""
+    folder = node.rdzv.run_rel
+    files = node.status_step().args
+    return Step("node_progress.progress_text",
+                (_SEP, f"{folder}/{METRICS_FILE}", TAIL_BYTES, f"{folder}/{SUMMARY_FILE}",
+                 f"{folder}/{GROUP_RANK_FILE.format(index=node.plan.rank)}", *files),
+                node.plan.workdir, (*RUNPROC_SOURCE, ("node_progress", NODE_PROGRESS)))
+
+
 def read_progress(node: NodeRun) -> dict | None:
-    """The node's progress, or None when it does not answer in time (the caller keeps the folder's)."""
-    result = node.transport.run(progress_command(node), timeout=READ_TIMEOUT_S)
-    return parse_progress(result.stdout) if result.ok else None
+    """The node's progress (brought by status's first call, or asked), or None when it does not
+    answer in time (the caller keeps the folder's)."""
+    try:
+        answer = answer_of(node.transport, progress_step(node), timeout=READ_TIMEOUT_S)
+    except NodeCallError:
+        return None
+    return parse_progress(answer["ok"]) if "error" not in answer else None
 
 
 def leader_progress(nodes: list[NodeRun], first: NodeRun) -> tuple[NodeRun, dict | None]:

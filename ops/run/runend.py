@@ -13,16 +13,37 @@ from pathlib import Path
 
 from fatpipe.infra.runinfo import recorded_exits
 
-from ..rdzv.noderun import LaunchResult, NodeRun, node_states
+from ..rdzv.noderun import LaunchResult, NodeRun, node_states, state_of
+from ..reach.nodecall import NodeCallError, ask
+from ..reach.transport import fan_out
 
 
-def node_exits(run_dir: Path, nodes: list[NodeRun], gone: set[str]) -> dict[str, int | None] | None:
+def read_logs(nodes: list[NodeRun]) -> dict[str, tuple[str, str | None]]:
+    """{node: (its run state, its log or None)} of the nodes that answer, one round trip each,
+    all at once: what `fatpipe logs` reads of a node."""
+    def read(node: NodeRun):
+        try:
+            state, text = ask(node.transport, [node.status_step(), node.log_step()])
+        except NodeCallError:
+            return None
+        return (state_of(state), text.get("ok")) if "error" not in text else None
+
+    answers = dict(zip([n.name for n in nodes], fan_out(read, nodes), strict=True))
+    return {name: answer for name, answer in answers.items() if answer is not None}
+
+
+def node_exits(run_dir: Path, nodes: list[NodeRun], gone: set[str],
+               read: dict[str, tuple[str, str | None]] | None = None) -> dict[str, int | None] | None:
     """{node: exit status, None when its process was lost}, or None while the run is not over
     (a node still running it, not started, or not answering). `gone` nodes (a sim cluster
-    taken down) are not asked: their folder here is all there is."""
+    taken down) are not asked: their folder here is all there is, nor those whose state was
+    `read` already (`read_logs`)."""
+    read = read or {}
     recorded = recorded_exits(Path(run_dir))
     pending = [n for n in nodes if f"node-{n.plan.rank}" not in recorded and n.name not in gone]
-    asked = dict(zip([n.name for n in pending], node_states(pending), strict=True))
+    unread = [n for n in pending if n.name not in read]
+    asked = {name: state for name, (state, _) in read.items()}
+    asked.update(zip([n.name for n in unread], node_states(unread), strict=True))
     codes: dict[str, int | None] = {}
     for node in nodes:
         state = asked.get(node.name, "")

@@ -41,9 +41,10 @@ def remote_run(node: NodeRun) -> str:
     return f"{node.plan.workdir}/{node.rdzv.run_rel}"
 
 
-def push_run(node: NodeRun, run_dir: Path) -> Result:
-    """Send the run's inputs to the node; nothing the node made is deleted or replaced."""
-    return node.transport.push_files(Path(run_dir), remote_run(node), RUN_INPUTS)
+def push_run(node: NodeRun, run_dir: Path, made: bool = False) -> Result:
+    """Send the run's inputs to the node (`made`: its run folder exists); nothing the node made is
+    deleted or replaced."""
+    return node.transport.push_files(Path(run_dir), remote_run(node), RUN_INPUTS, made=made)
 
 
 def is_input(name: str) -> bool:

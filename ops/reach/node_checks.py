@@ -1,0 +1,125 @@
+"""On a node: the project folder's marker and the firewall's listing, read by Python (the node program's steps).
+
+Standard library only, Python 3.8; run by `node_call.py` (ops/reach/nodecall.py) from the
+command's starting folder, the login's home on an ssh node. Values (folders, names) arrive as
+arguments, never as program text. What the answers mean is ops/reach/projectdir.py's and
+firewall_check.py's.
+"""
+
+import os
+import shutil
+import subprocess
+
+PROJECT_MARKER = ".fatpipe-project"  # infra.node.PROJECT_MARKER (a test holds them equal)
+
+
+def _marker_lines(folder):
+    """(first line, second line) of the folder's marker, as `head -n 1` and `sed -n 2p` read them."""
+    with open(os.path.join(folder, PROJECT_MARKER), errors="replace") as f:
+        lines = f.read().split("\n")
+    return lines[0], lines[1] if len(lines) > 1 else ""
+
+
+def _owner(folder):
+    """`other <project or -> <cluster>`: whose marker it is, for the one-line refusal."""
+    cluster, project = _marker_lines(folder)
+    return ["other", f"{project.replace(' ', '')[:64] or '-'} {cluster[:200]}"]
+
+
+def _mine(folder, cluster, project_id):
+    return _marker_lines(folder) == (cluster, project_id)
+
+
+def _legacy(folder, cluster):
+    return _marker_lines(folder) == (cluster, "")
+
+
+def _write(folder, cluster, project_id):
+    marker = os.path.join(folder, PROJECT_MARKER)
+    with open(marker + ".tmp", "w") as f:
+        f.write(f"{cluster}\n{project_id}\n")
+    os.replace(marker + ".tmp", marker)
+
+
+def claim(folder, cluster, project_id, *inside):
+    """[answer, rest]: made, ours, adopted, not-a-folder, not-empty, or other (with whose); a
+    folder claimed (made, ours, adopted) gets the folders `inside` it that the pushes fill."""
+    answer = _claim(folder, cluster, project_id)
+    if answer[0] in ("made", "ours", "adopted"):
+        for sub in inside:
+            os.makedirs(os.path.join(folder, sub), exist_ok=True)
+    return answer
+
+
+def _claim(folder, cluster, project_id):
+    if os.path.lexists(folder):
+        if not os.path.isdir(folder):
+            return ["not-a-folder", ""]
+        if os.path.isfile(os.path.join(folder, PROJECT_MARKER)):
+            if _mine(folder, cluster, project_id):
+                return ["ours", ""]
+            if _legacy(folder, cluster):
+                _write(folder, cluster, project_id)
+                return ["adopted", ""]
+            return _owner(folder)
+        if os.listdir(folder):
+            return ["not-empty", ""]
+    os.makedirs(folder, exist_ok=True)
+    _write(folder, cluster, project_id)
+    return ["made", ""]
+
+
+def remove(folder, cluster, project_id):
+    """[answer, rest]: removed (it was this project's), kept (not fatpipe's), other, or absent."""
+    if os.path.isdir(folder) and os.path.isfile(os.path.join(folder, PROJECT_MARKER)):
+        if not (_mine(folder, cluster, project_id) or _legacy(folder, cluster)):
+            return _owner(folder)
+        if os.path.islink(folder):  # as `rm -rf -- folder` does: the link, not what it points to
+            os.unlink(folder)
+        else:
+            shutil.rmtree(folder)
+        return ["removed", ""]
+    return ["kept" if os.path.lexists(folder) else "absent", ""]
+
+
+def firewall_listing(sbin, table, chain):
+    """{rc, out, err} of listing the nft table, else the iptables chains (root, or `sudo -n`)."""
+    env = dict(os.environ, PATH=f"{os.environ.get('PATH', '')}:{sbin}")
+    sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
+    if shutil.which("nft", path=env["PATH"]):
+        commands = [[*sudo, "nft", "list", "table", "inet", table]]
+    else:
+        commands = [[*sudo, "iptables", "-w", "-S", "INPUT"], [*sudo, "iptables", "-w", "-S", chain]]
+    out, err, rc = "", "", 0
+    for argv in commands:
+        try:
+            done = subprocess.run(argv, capture_output=True, text=True, timeout=30, env=env)
+        except FileNotFoundError as e:
+            return {"rc": 127, "out": out, "err": err + f"{e.filename}: command not found\n"}
+        out, err, rc = out + done.stdout, err + done.stderr, done.returncode
+        if rc:
+            break
+    return {"rc": rc, "out": out, "err": err}
+
+
+def readiness(ready_file, under_root, names, mark):
+    """What `wait` reads of a node, as ops/reach/wait.py's probe prints it (`parse_probe` reads
+    it): reachable, the ready marker's text (none: no-marker), each sysctl from /proc/sys.
+    `under_root`: the marker lies below $FATPIPE_ROOT, the node's own (a sim node that shares its
+    host's files gets it in its sessions)."""
+    if under_root:
+        ready_file = os.environ.get("FATPIPE_ROOT", "") + ready_file
+    lines = [f"{mark} reachable"]
+    try:
+        with open(ready_file, errors="replace") as f:
+            lines += [f"{mark} marker", f.read()]
+    except OSError:
+        lines.append(f"{mark} no-marker")
+    for name in names:
+        try:
+            with open("/proc/sys/" + name.replace(".", "/"), errors="replace") as f:
+                value = f.read().strip()
+        except OSError:
+            value = ""
+        lines.append(f"{mark} sysctl {name} {value}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,129 @@
+"""One round trip per node per command: every check a command makes of a node, in one remote command.
+
+docs/ARCHITECTURE.md, "Inside ops". A command builds its steps for each node (`Step`: a function
+of a node-side module, its arguments, the folder it runs in), `ask` sends them with
+`node_call.py` and those modules as the program of `python3 -c` (one argument, never shell
+text nor a file on the node) and reads back one answer per step, all nodes at once with
+`fan_out`. Node-side modules are standard library only; process identity, exit codes
+and folders are read there by Python, not by shell text. A later stage of the same command that
+needs an answer the first call already brought takes it with `recall` instead of asking again.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+import threading
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from fatpipe.infra.errors import FatpipeError
+
+from .transport import Transport
+
+NODE_PROGRAM = Path(__file__).with_name("node_call.py")
+MARK = "FATPIPE_NODECALL "
+CALL_TIMEOUT_S = 120
+
+
+@dataclass(frozen=True)
+class Step:
+    """`module.function(*args)` on the node, run from `cwd` (relative to the command's start:
+    the login's home on ssh); `module` is the name of a source in `sources` (empty: node_call's own)."""
+
+    call: str
+    args: tuple = ()
+    cwd: str = ""
+    sources: tuple[tuple[str, Path], ...] = field(default=(), compare=False)
+
+    def request(self) -> dict:
+        return {"call": self.call, "args": list(self.args), "cwd": self.cwd}
+
+
+class NodeCallError(FatpipeError):
+    """The node program could not run or answer on a node (the node is out of reach, no python3)."""
+
+    def __init__(self, transport: Transport, reason: str):
+        super().__init__(f"{transport.describe()}: {reason}")
+        self.reason = reason
+
+
+def program(steps: list[Step]) -> str:
+    """The program `python3 -c` runs: node_call.py, the modules the steps name, the request."""
+    modules: dict[str, Path] = {}
+    for step in steps:
+        modules.update(dict(step.sources))
+    loads = "".join(f"load({name!r}, {path.read_text()!r})\n" for name, path in modules.items())
+    request = json.dumps([step.request() for step in steps])
+    return f"{NODE_PROGRAM.read_text()}\n{loads}serve(json.loads({request!r}))\n"
+
+
+def ask(transport: Transport, steps: list[Step], timeout: float = CALL_TIMEOUT_S) -> list[dict]:
+    """Run `steps` on the node in one remote command; one answer per step (`{"ok": value}` or
+    `{"error": text}`). Raises NodeCallError naming the node when no answer came back."""
+    result = transport.run(f"python3 -c {shlex.quote(program(steps))}", timeout=timeout)
+    lines = [line for line in result.stdout.splitlines() if line.startswith(MARK)]
+    if not lines:
+        raise NodeCallError(transport, result.reason())
+    answers = json.loads(lines[-1][len(MARK):])
+    if len(answers) != len(steps):
+        raise NodeCallError(transport, f"{len(answers)} answer(s) to {len(steps)} check(s)")
+    return answers
+
+
+def step_value(answer: dict, what: str, transport: Transport):
+    """The step's value, or FatpipeError naming the node and `what` failed there."""
+    if "error" in answer:
+        raise FatpipeError(f"{transport.describe()}: {what}: {answer['error']}")
+    return answer.get("ok")
+
+
+# Answers a command's first call brought for its later stages: (node, step) -> answer, each taken once.
+_brought: dict[tuple[str, Step], dict] = {}
+_lock = threading.Lock()
+
+
+def ask_ahead(transport: Transport, steps: list[Step], timeout: float = CALL_TIMEOUT_S) -> None:
+    """A command's first call to the node: every step's answer kept for the stage that needs it.
+    A node that does not answer keeps nothing: each stage asks it again and says why it failed."""
+    try:
+        remember(transport, steps, ask(transport, steps, timeout))
+    except NodeCallError:
+        pass
+
+
+def remember(transport: Transport, steps: list[Step], answers: list[dict]) -> None:
+    with _lock:
+        for step, answer in zip(steps, answers, strict=True):
+            _brought[(transport.describe(), step)] = answer
+
+
+def recall(transport: Transport, step: Step) -> dict | None:
+    """The answer the command's first call already brought for `step` on this node (once), else None."""
+    with _lock:
+        return _brought.pop((transport.describe(), step), None)
+
+
+def brought_for(transport: Transport) -> bool:
+    """Whether the command's first call already brought answers for this node."""
+    where = transport.describe()
+    with _lock:
+        return any(key[0] == where for key in _brought)
+
+
+def forget(transport: Transport) -> None:
+    """Drop what the first call brought for this node (what it answered has changed since)."""
+    where = transport.describe()
+    with _lock:
+        for key in [key for key in _brought if key[0] == where]:
+            del _brought[key]
+
+
+def forget_all() -> None:
+    with _lock:
+        _brought.clear()
+
+
+def answer_of(transport: Transport, step: Step, timeout: float = CALL_TIMEOUT_S) -> dict:
+    """`step`'s answer: the one already brought, else asked now (a round trip of its own)."""
+    return recall(transport, step) or ask(transport, [step], timeout)[0]

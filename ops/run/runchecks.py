@@ -1,0 +1,101 @@
+"""A launch's checks of each node, in one call per node before anything moves (docs/ARCHITECTURE.md, "Inside ops").
+
+Whether the previous run still runs there, whether its firewall is in place, the project folder
+claimed with the folders the pushes fill, the venv's stamp and the node's versions: one node
+program per node (ops/reach/nodecall.py), all nodes at once. Each stage then takes its answer
+(`refuse_if_running`, `require_firewall`, `prepare_node`, `build_node_envs`, `check_node_envs`)
+instead of asking the node itself; a node whose venv is built again is asked for its versions
+after the build.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.node import REMOTE_VENV
+
+from ..env.nodeenv import probe_step
+from ..env.nodewheels import stamp_step
+from ..env.projectsync import look_step, pushed_files
+from ..rdzv.noderun import NodeRun, node_runs, run_nodes
+from ..rdzv.rendezvous import Rendezvous
+from ..reach.firewall_check import LISTING
+from ..reach.nodecall import Step, ask_ahead, brought_for
+from ..reach.projectdir import claim_step
+from ..reach.transport import fan_out
+from .prepare import push_excludes, pushed_folders
+
+# The project push's look travels in the first call while its paths fit well inside one
+# argument of `python3 -c` (the kernel's limit for one is 128 KiB).
+LOOK_BYTES = 64 * 1024
+
+
+def launch_steps(node: NodeRun, project, firewall: bool, previous: NodeRun | None) -> list[Step]:
+    """What a launch will ask `node`, in the order the stages ask it."""
+    steps = [previous.status_step()] if previous is not None else []
+    if firewall:
+        steps.append(LISTING)
+    if not node.transport.shares_fs:
+        steps.append(claim_step(node.plan.workdir, node.rdzv.cluster, project.project_id, pushed_folders(node)))
+        files = pushed_files(project.root, push_excludes(project, node))
+        if len(repr(json.dumps(files))) < LOOK_BYTES:  # a larger project asks on its own
+            steps.append(look_step(node.plan.workdir, files))
+        if node.plan.python == f"{REMOTE_VENV}/bin/python":
+            steps.append(stamp_step(node))
+    steps.append(probe_step(node))
+    return steps
+
+
+def ask_launch_checks(project, outputs, rdzv: Rendezvous, previous: list[NodeRun] = (),
+                      firewall: bool | None = None) -> None:
+    """Ask every node of `rdzv` everything its launch checks, once; the stages take the answers.
+
+    `previous`: the nodes of the cluster's latest run, whose state decides whether a launch is
+    refused (`refuse_if_running`); `firewall` False: checked already (netcheck's gate)."""
+    before = {n.name: n for n in previous}
+    nodes = node_runs(rdzv, project.state_dir(rdzv.cluster))
+    firewall = bool(outputs.firewall) if firewall is None else firewall
+    # A node asked already in this command (`fatpipe launch` asks before its rendezvous is used)
+    # is not asked again.
+    fan_out(lambda n: brought_for(n.transport) or ask_ahead(
+        n.transport, launch_steps(n, project, firewall, before.get(n.name))), nodes)
+
+
+def latest_nodes(project, cluster: str) -> list[NodeRun]:
+    """The nodes of the cluster's latest run (none yet: [])."""
+    try:
+        return run_nodes(project, cluster)[2]
+    except FatpipeError:
+        return []
+
+
+def remove_fresh_run(run_dir: Path) -> None:
+    """A run folder this launch made, refused before anything started: no clutter left."""
+    import shutil
+
+    shutil.rmtree(run_dir, ignore_errors=True)
+
+
+def ask_status_checks(project, outputs) -> None:
+    """`fatpipe status`'s one call per node: its readiness, the latest run's state there and, on
+    its leader, the run's progress (ops/run/progress.py)."""
+    from ..reach.transport import transports_for
+    from ..reach.wait import declared_sysctls, readiness_step
+    from .leader import leader
+    from .progress import progress_step
+
+    declared = declared_sysctls(outputs)
+    try:
+        _, run_dir, run = run_nodes(project, outputs.name)
+    except FatpipeError:
+        run_dir, run = None, []
+    states = {n.name: [n.status_step()] for n in run}
+    if run and not run[0].transport.shares_fs:
+        head = leader(run, run_dir)
+        states[head.name].append(progress_step(head))
+    transports = transports_for(outputs, project.state_dir(outputs.name))
+    fan_out(lambda i: ask_ahead(transports[i], [readiness_step(outputs.nodes[i], declared),
+                                                *states.get(outputs.nodes[i].name, [])]),
+            list(range(len(outputs.nodes))))
