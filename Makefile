@@ -85,8 +85,9 @@ lint: install
 
 # Everything: lint, the unit tests (seconds, no real processes) and the system tests (real
 # terraform, namespaces, sshd, torchrun; minutes).
-# Two lanes side by side, so the suite fits CI's time on 2 cores: the VMs, the unit tests and the
-# terraform-bound tests (CPU work, no timing) in one; the sim nodes, sshd and torchrun in the other.
+# Two lanes side by side, so the suite fits CI's time on 2 cores: the VMs, the unit tests, the
+# terraform-bound tests (CPU work, no timing) and a few sim tests that even the lanes out in one;
+# the rest of the sim nodes, sshd and torchrun in the other.
 # Every test file uses clusters, namespaces and networks of its own, so the lanes never meet. The
 # first lane's output is printed once the second has ended; either lane failing fails the run.
 LANE_ONE ?= tests/unit tests/system/test_vm.py tests/system/test_aws_emulator.py \
