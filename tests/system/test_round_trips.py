@@ -105,3 +105,24 @@ def test_each_command_makes_at_most_one_check_round_trip_per_node(cluster):
     assert all(len(hosts) >= 1 for name, hosts in per_command.items() if name != "pull"), per_command
     over = {name: hosts for name, hosts in per_command.items() if any(n > 1 for n in hosts.values())}
     assert not over, f"more than one check round trip to a node: {over}"
+
+
+def test_a_second_launch_with_nothing_changed_sends_no_project(cluster):
+    """A warm launch: the node holds exactly what the project push would send, so neither the
+    push's record nor its rsync goes; the run's inputs and the trainer still travel."""
+    launch = ("launch", CLUSTER, "--detach", "--max-restarts", "0", "--remote-python", sys.executable, "--", "job.py")
+    per_launch = []
+    for _ in range(2):
+        done, sessions = cluster.run(*launch)
+        assert done.returncode == 0, done.stdout[-3000:]
+        stopped, _ = cluster.run("stop", CLUSTER)
+        assert stopped.returncode == 0, stopped.stdout[-3000:]
+        per_launch.append((sessions, done.stdout))
+        print(dict(sessions))
+    (first, _), (second, said) = per_launch
+    hosts = {host for host, _ in first}
+    assert len(hosts) == NODES
+    transfers = {h: second[(h, "transfer")] for h in hosts}
+    assert all(first[(h, "transfer")] == transfers[h] + 1 for h in hosts), (first, second)  # the project's
+    assert not any(second[(h, "push-record")] for h in hosts), second
+    assert said.count("the project folder is in place") == NODES, said[-3000:]
