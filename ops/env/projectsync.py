@@ -19,7 +19,8 @@ What is sent is rsync's own listing with the push's filters (the excludes, the .
 so the record and the copy agree on every rule. The record is written before the copy with both
 the old and the new signature of each replaced file, so an interrupted copy leaves nothing that
 the next push would take for the run's. A folder without a record (pushed by an earlier fatpipe)
-is updated as before, deleting nothing, and recorded from then on.
+is updated as before, deleting nothing, and recorded from then on. A node that already holds
+exactly what the push would leave (`in_place`) gets neither the record nor the copy.
 """
 
 from __future__ import annotations
