@@ -144,6 +144,7 @@ class Up(DownAfter):
 
     def run(self, train, script: list[str]) -> int:
         from fatpipe.infra.runs import new_run
+        from fatpipe.ops.reach.nodecall import keeping
         from fatpipe.ops.run.launch import refuse_if_running
 
         outputs, outputs_path = self.deployment()
@@ -152,9 +153,10 @@ class Up(DownAfter):
         run_id, run_dir = new_run(self.project, name)
         self.report["run_id"], self.report["run_dir"] = run_id, run_dir
         self.out.print(f"run [bold]{run_id}[/] in {run_dir.relative_to(self.project.root)}")
-        self.netcheck(outputs, outputs_path, run_dir)
-        stage_data(self.project, outputs, self.phases, self.out)
-        return self.train(outputs, (run_id, run_dir), train, script)
+        with keeping():  # the nodes' versions read by netcheck's launch serve the training's
+            self.netcheck(outputs, outputs_path, run_dir)
+            stage_data(self.project, outputs, self.phases, self.out)
+            return self.train(outputs, (run_id, run_dir), train, script)
 
     def deployment(self):
         """The cluster's outputs and their file: reused when deployed as declared and ready, else made."""

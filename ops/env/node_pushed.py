@@ -2,7 +2,8 @@
 push sent there. Standard library only: it travels as `python3 -c` text with the action and the
 project folder as arguments, its input as JSON on stdin, its answer as JSON on stdout.
 
-`look`: the push record (None: no push recorded it yet) and each asked path's signature.
+`look`: the push record (None: no push recorded it yet), each asked path's signature and, for a
+file, its time to the nanosecond and its mode (whether a push would change anything at all).
 `commit`: delete the files that left the project, each only while it is still what a push sent
 (a run that changed it keeps it) and only inside the project folder (links followed); then
 write the new record, atomically.
@@ -42,10 +43,19 @@ def read_record() -> dict | None:
     return files if isinstance(files, dict) else {}
 
 
+def exact(path: str) -> list | None:
+    """[mtime in ns, mode] of a regular file (what rsync -a would also carry over); None otherwise."""
+    try:
+        info = os.lstat(path)
+    except OSError:
+        return None
+    return [info.st_mtime_ns, info.st_mode] if stat.S_ISREG(info.st_mode) else None
+
+
 def look(paths: list[str]) -> dict:
     record = read_record()
     asked = set(paths) | set(record or {})
-    return {"record": record, "node": {p: signature(p) for p in asked}}
+    return {"record": record, "node": {p: signature(p) for p in asked}, "exact": {p: exact(p) for p in paths}}
 
 
 def inside(root: str, path: str) -> bool:

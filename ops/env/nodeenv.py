@@ -16,7 +16,7 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic
 
 from ..rdzv.noderun import NodeRun
-from ..reach.nodecall import NodeCallError, Step, answer_of, step_value
+from ..reach.nodecall import NodeCallError, Step, answer_of, keep, step_value
 from ..reach.transport import Result, fan_out
 from .node_versions import MARK
 
@@ -42,6 +42,9 @@ def probe_node(node: NodeRun) -> dict:
     if ran["rc"] or not lines:
         reason = Result(ran["rc"], ran["out"], ran["err"]).reason()
         raise FatpipeError(f"node {node.name}: cannot report its Python environment: {reason}")
+    # The command's next launch (`up`: netcheck's, then the training's) takes it while nothing is
+    # built or copied on the node in between (ops.env.nodewheels and ops.run.prepare drop it then).
+    keep(node.transport, probe_step(node), answer)
     return json.loads(lines[-1][len(MARK):])
 
 

@@ -19,7 +19,8 @@ What is sent is rsync's own listing with the push's filters (the excludes, the .
 so the record and the copy agree on every rule. The record is written before the copy with both
 the old and the new signature of each replaced file, so an interrupted copy leaves nothing that
 the next push would take for the run's. A folder without a record (pushed by an earlier fatpipe)
-is updated as before, deleting nothing, and recorded from then on.
+is updated as before, deleting nothing, and recorded from then on. A node that already holds
+exactly what the push would leave (`in_place`) gets neither the record nor the copy.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ from fatpipe.infra.errors import FatpipeError
 
 from ..reach.nodecall import Step, recall
 from ..reach.transport import GITIGNORE_FILTER, Result, Transport
-from .node_pushed import signature
+from .node_pushed import exact, signature
 
 NODE_PROGRAM = Path(__file__).with_name("node_pushed.py")
 SHOWN = 5  # file names a line names before "and N more"
@@ -61,6 +62,7 @@ class PushReport:
     deleted: list[str] = field(default_factory=list)
     kept: list[str] = field(default_factory=list)  # here and there, the node's differs: not sent
     kept_gone: list[str] = field(default_factory=list)  # gone from here, changed there: not deleted
+    copied: bool = True  # False: the node held exactly what the push would send; nothing went
 
     def lines(self) -> list[str]:
         said = []
@@ -163,9 +165,11 @@ class ProjectPush:
         listed = local_listing(self.src, self.excludes)
         folders = [p.rstrip("/") for p in listed if p.endswith("/")]
         local = {p: signature(str(self.src / p)) for p in listed if not p.endswith("/")}
-        seen = self.look(list(local))
+        seen = self.look(look_paths(listed))
         plan = plan_push({p: s for p, s in local.items() if s}, folders, seen["record"], seen["node"],
                          lambda p: os.path.lexists(self.src / p))
+        if in_place(plan, seen, local, self.src):
+            return PushReport(kept=plan.kept, copied=False)
         done = self.node("commit", {"record": plan.record, "delete": plan.delete})
         copied = copy_listed(self.t, self.src, self.dest, plan.send)
         if not copied.ok:
@@ -173,9 +177,28 @@ class ProjectPush:
         return PushReport(done.get("deleted", []), plan.kept, done.get("kept", []))
 
 
-def pushed_files(src: Path, excludes: tuple[str, ...]) -> list[str]:
-    """The files (not folders) a push of `src` with `excludes` lists, in the order the push asks for them."""
-    return [p for p in local_listing(Path(src), excludes) if not p.endswith("/")]
+def look_paths(listed: list[str]) -> list[str]:
+    """What a push's look asks the node about: every path the push lists, folders without their `/`."""
+    return [p.rstrip("/") for p in listed]
+
+
+def pushed_paths(src: Path, excludes: tuple[str, ...]) -> list[str]:
+    """The paths (folders too) a push of `src` with `excludes` asks the node about, in its order."""
+    return look_paths(local_listing(Path(src), excludes))
+
+
+def in_place(plan: PushPlan, seen: dict, local: dict[str, list | None], src: Path) -> bool:
+    """Whether the node already holds exactly what this push would leave: every folder there,
+    every file with this machine's signature (size and time, as rsync's own check compares them),
+    the record as the push would write it and nothing to delete. Then neither the record nor the
+    copy is sent: a warm launch with nothing changed makes no transfer for the project."""
+    node, there = seen["node"], seen.get("exact") or {}
+    if plan.delete or seen["record"] != plan.record:
+        return False
+    # A signature has whole seconds: a same-size edit within the second of the pushed copy is
+    # caught by the time in ns (rsync -a carries it over), a chmod by the mode.
+    return all(node.get(p) == local[p] and (local[p][0] != "f" or there.get(p) == exact(src / p))
+               if p in local else node.get(p) == ["d"] for p in plan.send)
 
 
 def look_step(dest: str, paths: list[str]) -> Step:

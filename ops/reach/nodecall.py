@@ -6,7 +6,8 @@ of a node-side module, its arguments, the folder it runs in), `ask` sends them w
 text nor a file on the node) and reads back one answer per step, all nodes at once with
 `fan_out`. Node-side modules are standard library only; process identity, exit codes
 and folders are read there by Python, not by shell text. A later stage of the same command that
-needs an answer the first call already brought takes it with `recall` instead of asking again.
+needs an answer the first call already brought takes it with `recall` instead of asking again;
+one that several launches of a command need (the environment's versions) is `keep`'s.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import json
 import shlex
 import threading
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -112,11 +114,48 @@ def brought_for(transport: Transport) -> bool:
 
 
 def forget(transport: Transport) -> None:
-    """Drop what the first call brought for this node (what it answered has changed since)."""
+    """Drop what the first call brought (or `keeping` kept) for this node: its answers changed since."""
     where = transport.describe()
+    drop_kept(transport)
     with _lock:
         for key in [key for key in _brought if key[0] == where]:
             del _brought[key]
+
+
+# Answers kept across the launches of one command (`fatpipe up`: netcheck's launch, then the
+# training's) while nothing changed on the node in between; None: not keeping.
+_kept: dict[tuple[str, Step], dict] | None = None
+
+
+@contextmanager
+def keeping():
+    """Within it, `keep`'s answers serve every later launch of the command until `forget`/`drop_kept`."""
+    global _kept
+    _kept = {}
+    try:
+        yield
+    finally:
+        _kept = None
+
+
+def keep(transport: Transport, step: Step, answer: dict) -> None:
+    with _lock:
+        if _kept is not None and "error" not in answer:
+            _kept[(transport.describe(), step)] = answer
+
+
+def kept(transport: Transport, step: Step) -> dict | None:
+    """The answer `keep` kept for `step` on this node in this command, else None."""
+    with _lock:
+        return None if _kept is None else _kept.get((transport.describe(), step))
+
+
+def drop_kept(transport: Transport) -> None:
+    """Drop what `keep` kept for this node (something it answered about has changed)."""
+    where = transport.describe()
+    with _lock:
+        for key in [key for key in _kept or {} if key[0] == where]:
+            del _kept[key]
 
 
 def forget_all() -> None:
@@ -125,5 +164,5 @@ def forget_all() -> None:
 
 
 def answer_of(transport: Transport, step: Step, timeout: float = CALL_TIMEOUT_S) -> dict:
-    """`step`'s answer: the one already brought, else asked now (a round trip of its own)."""
-    return recall(transport, step) or ask(transport, [step], timeout)[0]
+    """`step`'s answer: the one already brought or kept, else asked now (a round trip of its own)."""
+    return recall(transport, step) or kept(transport, step) or ask(transport, [step], timeout)[0]

@@ -18,6 +18,7 @@ from ..env.nodewheels import build_node_envs
 from ..env.projectsync import push_project
 from ..env.shipped import SYNC_EXCLUDES, trainer_package_dir
 from ..rdzv.noderun import Log, NodeRun
+from ..reach.nodecall import drop_kept
 from ..reach.projectdir import claim_and_say
 from .runsync import push_run
 
@@ -55,9 +56,14 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
     # it (in the command's first call: ops/run/runchecks.py), so no push asks for them again.
     claim_and_say(t, plan.workdir, node.rdzv.cluster, project.project_id, log, pushed_folders(node))
     started = time.monotonic()
-    for line in push_project(t, project.root, plan.workdir, push_excludes(project, node), made=True).lines():
+    pushed = push_project(t, project.root, plan.workdir, push_excludes(project, node), made=True)
+    for line in pushed.lines():
         log(f"{node.name}: {line}")
-    log(f"{node.name}: copy the project folder ({time.monotonic() - started:.1f} s)")
+    if not pushed.copied:
+        log(f"{node.name}: the project folder is in place, nothing to copy ({time.monotonic() - started:.1f} s)")
+    else:
+        drop_kept(t)  # what the node answered of its environment may differ with the new files
+        log(f"{node.name}: copy the project folder ({time.monotonic() - started:.1f} s)")
     steps: list[tuple[str, Callable[[], object]]] = [
         # The run's inputs only: what the node made there (checkpoints, logs, metrics) stays.
         ("copy the run's inputs", lambda: push_run(node, run_dir, True)),

@@ -18,11 +18,11 @@ from fatpipe.infra.node import REMOTE_VENV
 
 from ..env.nodeenv import probe_step
 from ..env.nodewheels import stamp_step
-from ..env.projectsync import look_step, pushed_files
+from ..env.projectsync import look_step, pushed_paths
 from ..rdzv.noderun import NodeRun, node_runs, run_nodes
 from ..rdzv.rendezvous import Rendezvous
 from ..reach.firewall_check import LISTING
-from ..reach.nodecall import Step, ask_ahead, brought_for
+from ..reach.nodecall import Step, ask_ahead, brought_for, kept
 from ..reach.projectdir import claim_step
 from ..reach.transport import fan_out
 from .prepare import push_excludes, pushed_folders
@@ -39,12 +39,13 @@ def launch_steps(node: NodeRun, project, firewall: bool, previous: NodeRun | Non
         steps.append(LISTING)
     if not node.transport.shares_fs:
         steps.append(claim_step(node.plan.workdir, node.rdzv.cluster, project.project_id, pushed_folders(node)))
-        files = pushed_files(project.root, push_excludes(project, node))
-        if len(repr(json.dumps(files))) < LOOK_BYTES:  # a larger project asks on its own
-            steps.append(look_step(node.plan.workdir, files))
+        paths = pushed_paths(project.root, push_excludes(project, node))
+        if len(repr(json.dumps(paths))) < LOOK_BYTES:  # a larger project asks on its own
+            steps.append(look_step(node.plan.workdir, paths))
         if node.plan.python == f"{REMOTE_VENV}/bin/python":
             steps.append(stamp_step(node))
-    steps.append(probe_step(node))
+    if not kept(node.transport, probe_step(node)):  # `up`'s netcheck launch read it already
+        steps.append(probe_step(node))
     return steps
 
 

@@ -105,3 +105,27 @@ def test_each_command_makes_at_most_one_check_round_trip_per_node(cluster):
     assert all(len(hosts) >= 1 for name, hosts in per_command.items() if name != "pull"), per_command
     over = {name: hosts for name, hosts in per_command.items() if any(n > 1 for n in hosts.values())}
     assert not over, f"more than one check round trip to a node: {over}"
+
+
+def test_a_second_launch_with_nothing_changed_sends_no_project(cluster):
+    """A warm launch: the node holds exactly what the project push would send, so neither the
+    push's record nor its rsync goes; the run's inputs and the trainer still travel."""
+    launch = ("launch", CLUSTER, "--detach", "--max-restarts", "0", "--remote-python", sys.executable, "--", "job.py")
+    per_launch = []
+    (cluster.folder / "notes.txt").write_text(f"changed at {time.time()}\n")  # the first launch sends it
+    for _ in range(2):
+        done, sessions = cluster.run(*launch)
+        assert done.returncode == 0, done.stdout[-3000:]
+        stopped, _ = cluster.run("stop", CLUSTER)
+        assert stopped.returncode == 0, stopped.stdout[-3000:]
+        per_launch.append((sessions, done.stdout))
+        print(dict(sessions))
+    (first, _), (second, said) = per_launch
+
+    def total(sessions: Counter, kind: str) -> int:  # rsync's ssh names no host where the log reads it
+        return sum(n for (_, k), n in sessions.items() if k == kind)
+
+    assert total(first, "push-record") == NODES, first  # the changed project went, record and copy
+    assert total(second, "push-record") == 0, second
+    assert total(first, "transfer") == total(second, "transfer") + NODES, (first, second)  # one rsync less a node
+    assert said.count("the project folder is in place") == NODES, said[-3000:]

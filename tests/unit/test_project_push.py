@@ -243,3 +243,80 @@ def test_the_node_program_deletes_nothing_outside_its_folder_whatever_it_is_told
     done = node_pushed.commit({}, {"../x.txt": [sig], str(outside): [sig]})
     assert done == {"deleted": [], "kept": ["../x.txt", str(outside)]} and outside.read_text() == "outside"
     assert json.loads((folder / PUSH_RECORD).read_text()) == {"version": 1, "files": {}}
+
+
+class CountingFolder(FolderTransport):
+    """A FolderTransport that counts its copies and the node program's record writes."""
+
+    def __init__(self, home: Path):
+        super().__init__(home)
+        self.copies = self.commits = 0
+
+    def copy_to(self, src, dest, extra=(), timeout=900) -> Result:
+        self.copies += 1
+        return super().copy_to(src, dest, extra, timeout)
+
+    def run(self, command, timeout=60, stdin_text=None) -> Result:
+        self.commits += " commit " in command
+        return super().run(command, timeout, stdin_text)
+
+
+@pytest.fixture
+def counted_sides(tmp_path):
+    """(the local project, the node's project folder, the counting node, a push)."""
+    here, home = tmp_path / "project", tmp_path / "home"
+    home.mkdir()
+    node = CountingFolder(home)
+    write(here / "train.py", "v1", age_s=100)
+    write(here / "pkg" / "util.py", "u", age_s=100)
+    (here / "empty").mkdir()
+    write(here / ".gitignore", "logs/\n")
+    return here, home / "proj", node, lambda: push_project(node, here, "proj", (".fatpipe",))
+
+
+def test_a_push_with_nothing_changed_copies_nothing_and_writes_no_record(counted_sides):
+    here, there, node, push = counted_sides
+    assert push().copied and (node.copies, node.commits) == (1, 1)
+    write(there / "ckpt" / "step-1.pt", "the run's")  # what a run writes changes nothing of ours
+    again = push()
+    assert not again.copied and again.lines() == [] and (node.copies, node.commits) == (1, 1)
+    assert (there / "train.py").read_text() == "v1" and (there / "ckpt" / "step-1.pt").is_file()
+
+
+@pytest.mark.parametrize("change", ["edit", "same size, same second", "chmod", "new file", "removed",
+                                    "folder gone there", "file gone there", "new empty folder"])
+def test_any_change_a_push_would_carry_is_still_sent(counted_sides, change):
+    here, there, node, push = counted_sides
+    push()
+    if change == "edit":
+        write(here / "train.py", "v2 longer")
+    elif change == "same size, same second":  # a signature has whole seconds; the copy's time has ns
+        then = (here / "train.py").stat().st_mtime_ns
+        (here / "train.py").write_text("v2")
+        os.utime(here / "train.py", ns=(then + 1000, then + 1000))
+    elif change == "chmod":
+        (here / "train.py").chmod(0o755)
+    elif change == "new file":
+        write(here / "eval.py", "e")
+    elif change == "removed":
+        (here / "pkg" / "util.py").unlink()
+    elif change == "folder gone there":
+        (there / "empty").rmdir()
+    elif change == "file gone there":
+        (there / "pkg" / "util.py").unlink()
+    else:
+        (here / "more").mkdir()
+    report = push()
+    assert report.copied or change == "removed", change
+    assert node.copies == 2 or change == "removed", change
+    assert node.commits == 2, change  # the record (and a delete) is written
+    if change == "edit":  # (the same size in the same second: rsync's own check decides, as before)
+        assert (there / "train.py").read_text() == (here / "train.py").read_text()
+    if change == "chmod":
+        assert os.access(there / "train.py", os.X_OK)
+    if change == "removed":
+        assert not (there / "pkg" / "util.py").exists()
+    if change == "folder gone there":
+        assert (there / "empty").is_dir()
+    if change == "file gone there":
+        assert (there / "pkg" / "util.py").read_text() == "u"

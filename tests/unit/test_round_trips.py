@@ -72,19 +72,10 @@ class HomeNode(LocalTransport):
         return ["bash", "-c", f"cd {self.home} && {command}"]
 
 
-def test_a_launchs_checks_of_a_node_are_one_call(tmp_path, counted, monkeypatch):
-    """The run state of the previous run, the firewall, the folder's claim, the project push's
-    look and the versions: one remote command per node, whichever stage reads them."""
-    from fatpipe.ops.env.nodeenv import check_node_envs
-    from fatpipe.ops.env.projectsync import ProjectPush
+def two_home_nodes(tmp_path: Path):
+    """Two nodes with homes of their own under `tmp_path` (one run, rendezvous r1) and a project."""
     from fatpipe.ops.rdzv.noderun import NodeRun
     from fatpipe.ops.rdzv.rendezvous import NodePlan, Rendezvous
-    from fatpipe.ops.reach.firewall_check import node_problem
-    from fatpipe.ops.reach.nodecall import forget_all
-    from fatpipe.ops.reach.projectdir import claim_project_dir
-    from fatpipe.ops.run import runchecks
-    from fatpipe.ops.run.launch import running_nodes
-    from fatpipe.ops.run.prepare import push_excludes, pushed_folders
 
     project_root = tmp_path / "project"
     project_root.mkdir()
@@ -101,6 +92,23 @@ def test_a_launchs_checks_of_a_node_are_one_call(tmp_path, counted, monkeypatch)
     project = type("Project", (), {"root": project_root, "project_id": "0a1b2c3d",
                                    "spec": type("Spec", (), {"run": type("Run", (), {"pull": []})()})(),
                                    "state_dir": lambda self, name: tmp_path / "state"})()
+    return nodes, project
+
+
+def test_a_launchs_checks_of_a_node_are_one_call(tmp_path, counted, monkeypatch):
+    """The run state of the previous run, the firewall, the folder's claim, the project push's
+    look and the versions: one remote command per node, whichever stage reads them."""
+    from fatpipe.ops.env.nodeenv import check_node_envs
+    from fatpipe.ops.env.projectsync import ProjectPush
+    from fatpipe.ops.reach.firewall_check import node_problem
+    from fatpipe.ops.reach.nodecall import forget_all
+    from fatpipe.ops.reach.projectdir import claim_project_dir
+    from fatpipe.ops.run import runchecks
+    from fatpipe.ops.run.launch import running_nodes
+    from fatpipe.ops.run.prepare import push_excludes, pushed_folders
+
+    nodes, project = two_home_nodes(tmp_path)
+    project_root, rdzv = project.root, nodes[0].rdzv
     outputs = type("Outputs", (), {"firewall": True})()
     monkeypatch.setattr(runchecks, "node_runs", lambda r, state_dir: nodes)
     monkeypatch.setattr("fatpipe.ops.run.prepare.data_excludes", lambda *args: ())
@@ -116,7 +124,7 @@ def test_a_launchs_checks_of_a_node_are_one_call(tmp_path, counted, monkeypatch)
     finally:
         forget_all()
     assert dict(counted) == {"n0": 1, "n1": 1}
-    assert all((home / "proj" / ".fatpipe/c/runs/r1").is_dir() for home in homes)  # made with the claim
+    assert all((tmp_path / f"home-{i}" / "proj" / ".fatpipe/c/runs/r1").is_dir() for i in range(2))  # with the claim
 
 
 def test_the_node_programs_names_are_the_models():
@@ -159,3 +167,35 @@ def test_wait_reads_the_marker_below_the_nodes_own_root(tmp_path, monkeypatch):
                           "nodes": [{"name": "c-0", "private_ip": "127.42.0.10", "transport": "local"}]}).nodes[0]
     state = check_node(RootedNode("c-0"), node, {})
     assert state.ready, state.reason
+
+
+def test_ups_training_launch_takes_the_versions_netchecks_launch_read(tmp_path, counted, monkeypatch):
+    """Within one `fatpipe up` (nodecall.keeping) the environment is read once: the training's
+    launch asks no version probe while nothing was built or copied on a node; one that was is
+    asked again, and outside `up` every launch asks."""
+    from fatpipe.ops.env.nodeenv import check_node_envs, probe_step
+    from fatpipe.ops.reach.nodecall import drop_kept, forget_all, keeping
+    from fatpipe.ops.run.runchecks import launch_steps
+
+    nodes, project = two_home_nodes(tmp_path)
+    monkeypatch.setattr("fatpipe.ops.run.prepare.data_excludes", lambda *args: ())
+    for i in range(2):
+        (tmp_path / f"home-{i}" / "proj").mkdir()
+    with keeping():
+        reports = []
+        for run in ("netcheck", "train"):
+            counted.clear()
+            reports.append(check_node_envs(nodes, tmp_path / run))
+            forget_all()  # a launch's end
+            assert (tmp_path / run / "env.json").is_file()
+        assert dict(counted) == {}, dict(counted)  # the training's: nothing asked
+        assert reports[0] == reports[1]
+        assert all(probe_step(n) not in launch_steps(n, project, False, None) for n in nodes)
+        drop_kept(nodes[0].transport)  # its project folder got new files
+        counted.clear()
+        check_node_envs(nodes, tmp_path / "again")
+        assert dict(counted) == {"n0": 1}
+    counted.clear()
+    check_node_envs(nodes, tmp_path / "outside")
+    assert dict(counted) == {"n0": 1, "n1": 1}
+    assert all(probe_step(n) in launch_steps(n, project, False, None) for n in nodes)
