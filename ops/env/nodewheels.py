@@ -18,6 +18,7 @@ import re
 import shlex
 import time
 from collections.abc import Callable
+from pathlib import Path
 from urllib.parse import urlsplit
 
 from fatpipe.infra.errors import FatpipeError
@@ -34,6 +35,7 @@ PIP_ENV = "export PIP_CONFIG_FILE=/dev/null PIP_DISABLE_PIP_VERSION_CHECK=1 PIP_
 BUILD_TIMEOUT_S = 1800
 SERVE_TIMEOUT_S = 300  # a loaded node starts an interpreter slowly
 PORT_LINE = re.compile(r"port (\d+)")
+SERVE_PY = Path(__file__).with_name("node_wheels.py").read_text()  # serves the folder, on node 0
 
 Log = Callable[[str], None]
 
@@ -106,16 +108,9 @@ def peer_command(stamp: str, venv: NodeVenv, url: str) -> str:
 
 def serve_command(stamp: str, private_ip: str) -> str:
     """Node 0: serve the folder on its private address (a free port); print the server's process
-    group (setsid: the interpreter and any wrapper that starts it) and its port."""
-    folder, log = wheel_folder(stamp), f"{wheel_folder(stamp)}.serve.log"
-    return (
-        # In braces: `cd ... && {...}` would otherwise background the whole list, a subshell
-        # that keeps ssh's pipes open and whose pid is not the server's.
-        f"{{ setsid python3 -u -m http.server 0 --bind {shlex.quote(private_ip)} --directory {folder} "
-        f"> {log} 2>&1 < /dev/null & }}; pid=$!; "
-        f"for _ in $(seq {SERVE_TIMEOUT_S * 5}); do grep -q 'port [0-9]' {log} && break; sleep 0.2; done; "
-        f"echo pid $pid; cat {log}"
-    )
+    group and its port (node_wheels.py, on the node)."""
+    args = shlex.join([wheel_folder(stamp), private_ip, str(SERVE_TIMEOUT_S)])
+    return f"python3 -c {shlex.quote(SERVE_PY)} {args}"
 
 
 def stamp_step(node: NodeRun) -> Step:
