@@ -42,8 +42,11 @@ def _write(folder, cluster, project_id):
 
 
 def claim(folder, cluster, project_id, *inside):
-    """[answer, rest]: made, ours, adopted, not-a-folder, not-empty, or other (with whose); a
-    folder claimed (made, ours, adopted) gets the folders `inside` it that the pushes fill."""
+    """[answer, rest]: made, ours, adopted, not-a-folder, not-empty, other (with whose), or
+    no-firewall (a listing in this call showed none: nothing is made); a folder claimed (made,
+    ours, adopted) gets the folders `inside` it that the pushes fill."""
+    if _no_firewall:
+        return ["no-firewall", _no_firewall[0]]
     answer = _claim(folder, cluster, project_id)
     if answer[0] in ("made", "ours", "adopted"):
         for sub in inside:
@@ -82,8 +85,20 @@ def remove(folder, cluster, project_id):
     return ["kept" if os.path.lexists(folder) else "absent", ""]
 
 
+# What this program's firewall listings showed: a claim that follows one in the same call makes
+# nothing on a node the listing shows without a firewall (the operator then refuses the node).
+_no_firewall = []
+
+
 def firewall_listing(sbin, table, chain):
     """{rc, out, err} of listing the nft table, else the iptables chains (root, or `sudo -n`)."""
+    listed = _list_firewall(sbin, table, chain)
+    if not (f"table inet {table}" in listed["out"] or f"-N {chain}" in listed["out"]):
+        _no_firewall.append(f"no firewall: neither table inet {table} nor chain {chain} is there")
+    return listed
+
+
+def _list_firewall(sbin, table, chain):
     env = dict(os.environ, PATH=f"{os.environ.get('PATH', '')}:{sbin}")
     sudo = [] if os.geteuid() == 0 else ["sudo", "-n"]
     if shutil.which("nft", path=env["PATH"]):

@@ -65,6 +65,8 @@ def judge_claim(transport: Transport, folder: str, cluster: str, project_id: str
     """The claim's answer (`made`, `ours`, `adopted`), or its refusal raised naming the node and folder."""
     answer, rest = said
     where = f"{transport.describe()}: {folder}"
+    if answer == "no-firewall":
+        raise FatpipeError(f"{where}: {rest}; nothing was pushed")
     if answer == "not-a-folder":
         raise FatpipeError(f"{where} exists and is not a folder; choose another remote_dir for this host")
     if answer == "other":

@@ -37,13 +37,17 @@ def launch_steps(node: NodeRun, project, firewall: bool, previous: NodeRun | Non
     steps = [previous.status_step()] if previous is not None else []
     if firewall:
         steps.append(LISTING)
-    if not node.transport.shares_fs:
+    # Where the host firewall is required, nothing is made on any node until every node's
+    # firewall is in place: the claim (and the look inside the folder it makes) wait for the
+    # verdict, one round trip more for the ssh provider's nodes (docs/ARCHITECTURE.md, "The node
+    # firewall").
+    if not node.transport.shares_fs and not firewall:
         steps.append(claim_step(node.plan.workdir, node.rdzv.cluster, project.project_id, pushed_folders(node)))
         paths = pushed_paths(project.root, push_excludes(project, node))
         if len(repr(json.dumps(paths))) < LOOK_BYTES:  # a larger project asks on its own
             steps.append(look_step(node.plan.workdir, paths))
-        if node.plan.python == f"{REMOTE_VENV}/bin/python":
-            steps.append(stamp_step(node))
+    if not node.transport.shares_fs and node.plan.python == f"{REMOTE_VENV}/bin/python":
+        steps.append(stamp_step(node))
     if not kept(node.transport, probe_step(node)):  # `up`'s netcheck launch read it already
         steps.append(probe_step(node))
     return steps

@@ -1,0 +1,30 @@
+"""A launch's one call lists the firewall and claims the project folder together: on a node whose
+listing shows no firewall the claim makes nothing, so a refused node is never prepared
+(tests/system/test_firewall.py holds the same on sim nodes)."""
+
+from __future__ import annotations
+
+from fatpipe.ops.reach.node_firewall import SBIN
+from fatpipe.ops.reach.nodecall import Step, ask
+from fatpipe.ops.reach.projectdir import NODE_CHECKS, claim_step
+from fatpipe.ops.reach.transport import LocalTransport
+
+
+def absent_listing() -> Step:
+    # A table and chain no host has: the listing shows no firewall, as on a node without one.
+    return Step("node_checks.firewall_listing", (SBIN, "fp-absent-table", "FP-ABSENT"), sources=NODE_CHECKS)
+
+
+def test_a_claim_after_a_listing_without_a_firewall_makes_nothing(tmp_path):
+    folder = tmp_path / "project"
+    listing, claimed = ask(LocalTransport("n0"), [absent_listing(), claim_step(str(folder), "c", "p1", ("runs",))])
+    assert "ok" in listing
+    assert claimed["ok"][0] == "no-firewall" and "no firewall" in claimed["ok"][1]
+    assert not folder.exists()
+
+
+def test_without_a_listing_the_claim_makes_the_folder(tmp_path):
+    folder = tmp_path / "project"
+    [claimed] = ask(LocalTransport("n0"), [claim_step(str(folder), "c", "p1", ("runs",))])
+    assert claimed["ok"][0] == "made"
+    assert (folder / "runs").is_dir() and (folder / ".fatpipe-project").read_text().split() == ["c", "p1"]
