@@ -102,12 +102,19 @@ def contents_key(folder: Path) -> str:
 
 
 def _download(folder: Path, requirements: list[str], index: list[str], log) -> None:
-    """pip download for the guests' Python and platform; files already there are kept."""
+    """pip download for the guests' Python and platform into a fresh folder, the files already
+    downloaded offered first (`--find-links`), which then replaces `folder`: it holds exactly
+    what this resolution chose, never an older version beside a newer one (a disk built from
+    both would not install)."""
     folder.mkdir(exist_ok=True)
+    fresh = folder.with_name(folder.name + ".new")
+    shutil.rmtree(fresh, ignore_errors=True)
     argv = [sys.executable, "-m", "pip", "download", "-q", "--only-binary=:all:", *_guest_args(),
-            "-d", str(folder), *index, *requirements]
+            "-d", str(fresh), "--find-links", str(folder), *index, *requirements]
     log(f"vm: wheels for the guests' Python {GUEST_PYTHON}: {' '.join(requirements)}")
     _run("pip download", argv)
+    shutil.rmtree(folder)
+    os.replace(fresh, folder)
 
 
 def _run(what: str, argv: list[str]) -> None:
