@@ -25,9 +25,11 @@ from pathlib import Path
 import pytest
 
 from fatpipe.infra.defaults import GROUP_RANK_FILE
+from fatpipe.trainer.staging.chainlink import TOKEN_ENV
 from fatpipe.trainer.staging.manifest import build_manifest, first_difference
 
 from .conftest import fatpipe_cli, free_port, require_ssh_sim
+from .test_stage_chain import chain_args
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
@@ -187,26 +189,25 @@ def test_rank_0s_duties_follow_the_node_torch_made_rank_0(cluster):
 
 
 def test_the_data_chain_starts_at_node_0_whatever_rank_it_got(tmp_path):
-    """trainer.staging.stage alone, three processes on gloo over loopback with torch's ranks of
-    the cluster above: node 0 (rank 2) waits for the uplink's copy and is the chain's source."""
+    """trainer.staging.stage alone, three processes over loopback placed as the operator places
+    them, by node index (torch's group ranks, which sort the cluster above otherwise, play no
+    part): node 0 waits for the uplink's copy and is the chain's source."""
     data = os.urandom(3 * CHUNK + 11)
     (tmp_path / "src").mkdir()
     (tmp_path / "src" / "c.bin").write_bytes(data)
     manifest = build_manifest(tmp_path / "src" / "c.bin", CHUNK, "data/c.bin")
     (tmp_path / "manifest.json").write_text(json.dumps(manifest))
-    ready, port = ".fatpipe/data/source-ready-rk", free_port()
+    ready, ports = ".fatpipe/data/source-ready-rk", [free_port() for _ in range(NODES)]
     for i in range(NODES):
         (tmp_path / f"node{i}" / ".fatpipe" / "data").mkdir(parents=True)
     (tmp_path / "node2" / "data").mkdir()
     (tmp_path / "node2" / "data" / "c.bin.fatpipe-partial").write_bytes(data[:CHUNK + 3])  # an earlier push
     procs = []
-    for i, rank in enumerate(TORCH_RANKS):
-        env = {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(NODES), "MASTER_ADDR": "127.0.0.1",
-               "MASTER_PORT": str(port), "LOCAL_RANK": "0", "GLOO_SOCKET_IFNAME": "lo",
-               "FATPIPE_NODE_RANK": str(i), "FATPIPE_NODE_NAME": f"n{i}"}
+    for i in range(NODES):
+        env = {**os.environ, TOKEN_ENV: "t0ken", "FATPIPE_NODE_NAME": f"n{i}"}
         procs.append(subprocess.Popen(
             [sys.executable, "-m", "fatpipe.trainer.staging.stage", "--manifest", str(tmp_path / "manifest.json"),
-             "--timeout-s", "120", "--source-ready", ready, "--wait-s", "120"],
+             "--timeout-s", "120", "--source-ready", ready, "--wait-s", "120", *chain_args(i, NODES, ports)],
             cwd=tmp_path / f"node{i}", env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
     try:
         time.sleep(3)  # every node is up and waiting; node 0's copy lands, then its word
