@@ -24,7 +24,7 @@ from .netgate import (
     shared_node,
     worst_link,
 )
-from .netoptions import NetcheckOptions, quick_size  # noqa: F401 - both are imported from here too
+from .netoptions import NetcheckOptions
 
 RESULT_PREFIX = "NETBENCH_JSON "  # netbench's rank 0 prints its result on one such line
 
