@@ -10,7 +10,7 @@ from fatpipe.infra.errors import FatpipeError
 
 from .node_firewall import CHAIN, SBIN, TABLE
 from .nodecall import NodeCallError, Step, answer_of
-from .projectdir import NODE_CHECKS
+from .projectdir import NODE_CHECKS, undo_fresh_claims
 from .transport import Result, Transport, fan_out, transports_for
 
 # Root lists the ruleset; another login through sudo -n (it has passwordless sudo: deploy needs
@@ -76,6 +76,8 @@ def require_firewall(project, outputs) -> list[str]:
                 "the training ports are open to whoever reaches its nodes"]
     transports = transports_for(outputs, project.state_dir(outputs.name))
     problems = fan_out(lambda i: node_problem(transports[i], outputs.nodes[i]), range(len(outputs.nodes)))
+    if any(problems):  # what the command's first call made on the nodes goes again
+        fan_out(undo_fresh_claims, transports)
     for node, problem in zip(outputs.nodes, problems, strict=True):
         if problem:
             raise FatpipeError(f"node {node.name}: {problem}; the run is refused (`fatpipe deploy "

@@ -42,9 +42,9 @@ def _write(folder, cluster, project_id):
 
 
 def claim(folder, cluster, project_id, *inside):
-    """[answer, rest]: made, ours, adopted, not-a-folder, not-empty, other (with whose), or
-    no-firewall (a listing in this call showed none: nothing is made); a folder claimed (made,
-    ours, adopted) gets the folders `inside` it that the pushes fill."""
+    """[answer, rest]: made (with the top-most folder it made), ours, adopted, not-a-folder,
+    not-empty, other (with whose), or no-firewall (a listing in this call showed none: nothing is
+    made); a folder claimed (made, ours, adopted) gets the folders `inside` it that the pushes fill."""
     if _no_firewall:
         return ["no-firewall", _no_firewall[0]]
     answer = _claim(folder, cluster, project_id)
@@ -67,9 +67,38 @@ def _claim(folder, cluster, project_id):
             return _owner(folder)
         if os.listdir(folder):
             return ["not-empty", ""]
+    # The top-most folder this claim makes ("": the folder was there, empty, and stays).
+    top = "" if os.path.lexists(folder) else folder
+    while top and not os.path.lexists(os.path.dirname(os.path.abspath(top))):
+        top = os.path.dirname(os.path.abspath(top))
     os.makedirs(folder, exist_ok=True)
     _write(folder, cluster, project_id)
-    return ["made", ""]
+    return ["made", top]
+
+
+def unclaim(folder, top, cluster, project_id):
+    """Undo a claim that made `folder` (and its parents up to `top`; "": it only filled an empty
+    folder that was there): what it made goes if the folder is still this project's, then each
+    parent it made while it is empty. `remove`'s answer."""
+    if not top:  # as empty as it was: what is in it goes, the folder (or its link) stays
+        if not (os.path.isfile(os.path.join(folder, PROJECT_MARKER)) and _mine(folder, cluster, project_id)):
+            return ["kept", ""]
+        for entry in os.scandir(folder):
+            if entry.is_dir(follow_symlinks=False):
+                shutil.rmtree(entry.path)
+            else:
+                os.unlink(entry.path)
+        return ["removed", ""]
+    answer = remove(folder, cluster, project_id)
+    if answer[0] == "removed":
+        parent, top = os.path.abspath(folder), os.path.abspath(top)
+        while parent != top and parent.startswith(top + os.sep):
+            parent = os.path.dirname(parent)
+            try:
+                os.rmdir(parent)
+            except OSError:  # something else is in it now: kept
+                break
+    return answer
 
 
 def remove(folder, cluster, project_id):

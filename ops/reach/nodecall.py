@@ -106,11 +106,18 @@ def recall(transport: Transport, step: Step) -> dict | None:
         return _brought.pop((transport.describe(), step), None)
 
 
-def brought_for(transport: Transport) -> bool:
-    """Whether the command's first call already brought answers for this node."""
+def take_all(transport: Transport, call: str) -> list[tuple[Step, dict]]:
+    """Every (step, answer) of `call` brought for this node and not yet taken; taken now."""
     where = transport.describe()
     with _lock:
-        return any(key[0] == where for key in _brought)
+        keys = [key for key in _brought if key[0] == where and key[1].call == call]
+        return [(key[1], _brought.pop(key)) for key in keys]
+
+
+def brought(transport: Transport, step: Step) -> bool:
+    """Whether an earlier call of this command brought `step`'s answer on this node, still untaken."""
+    with _lock:
+        return (transport.describe(), step) in _brought
 
 
 def forget(transport: Transport) -> None:

@@ -17,7 +17,7 @@ from pathlib import Path
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER
 
-from .nodecall import NodeCallError, Step, answer_of, step_value
+from .nodecall import NodeCallError, Step, answer_of, ask, step_value, take_all
 from .transport import Transport
 
 NODE_CHECKS_FILE = Path(__file__).with_name("node_checks.py")
@@ -32,6 +32,15 @@ def claim_step(folder: str, cluster: str, project_id: str, inside: tuple[str, ..
 
 def remove_step(folder: str, cluster: str, project_id: str) -> Step:
     return Step("node_checks.remove", (folder, cluster, project_id), sources=NODE_CHECKS)
+
+
+def undo_fresh_claims(transport: Transport) -> None:
+    """A command refused after its first call claimed folders (a node's firewall missing): the
+    folders that call made on this node go again, parents it made included; nothing else."""
+    for step, answer in take_all(transport, "node_checks.claim"):
+        word, top = answer.get("ok") or ("", "")
+        if word == "made":
+            ask(transport, [Step("node_checks.unclaim", (step.args[0], top, *step.args[1:3]), sources=NODE_CHECKS)])
 
 
 def _answer(transport: Transport, step: Step) -> tuple[str, str]:

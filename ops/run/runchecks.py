@@ -22,7 +22,7 @@ from ..env.projectsync import look_step, pushed_paths
 from ..rdzv.noderun import NodeRun, node_runs, run_nodes
 from ..rdzv.rendezvous import Rendezvous
 from ..reach.firewall_check import LISTING
-from ..reach.nodecall import Step, ask_ahead, brought_for, kept
+from ..reach.nodecall import Step, ask_ahead, brought, kept
 from ..reach.projectdir import claim_step
 from ..reach.transport import fan_out
 from .prepare import push_excludes, pushed_folders
@@ -36,18 +36,17 @@ def launch_steps(node: NodeRun, project, firewall: bool, previous: NodeRun | Non
     """What a launch will ask `node`, in the order the stages ask it."""
     steps = [previous.status_step()] if previous is not None else []
     if firewall:
+        # The claim after the listing makes nothing on a node the listing shows without a
+        # firewall, and a launch the verdict refuses removes what the claims made on the other
+        # nodes (firewall_check.require_firewall): one call still, nothing left behind.
         steps.append(LISTING)
-    # Where the host firewall is required, nothing is made on any node until every node's
-    # firewall is in place: the claim (and the look inside the folder it makes) wait for the
-    # verdict, one round trip more for the ssh provider's nodes (docs/ARCHITECTURE.md, "The node
-    # firewall").
-    if not node.transport.shares_fs and not firewall:
+    if not node.transport.shares_fs:
         steps.append(claim_step(node.plan.workdir, node.rdzv.cluster, project.project_id, pushed_folders(node)))
         paths = pushed_paths(project.root, push_excludes(project, node))
         if len(repr(json.dumps(paths))) < LOOK_BYTES:  # a larger project asks on its own
             steps.append(look_step(node.plan.workdir, paths))
-    if not node.transport.shares_fs and node.plan.python == f"{REMOTE_VENV}/bin/python":
-        steps.append(stamp_step(node))
+        if node.plan.python == f"{REMOTE_VENV}/bin/python":
+            steps.append(stamp_step(node))
     if not kept(node.transport, probe_step(node)):  # `up`'s netcheck launch read it already
         steps.append(probe_step(node))
     return steps
@@ -62,10 +61,14 @@ def ask_launch_checks(project, outputs, rdzv: Rendezvous, previous: list[NodeRun
     before = {n.name: n for n in previous}
     nodes = node_runs(rdzv, project.state_dir(rdzv.cluster))
     firewall = bool(outputs.firewall) if firewall is None else firewall
-    # A node asked already in this command (`fatpipe launch` asks before its rendezvous is used)
-    # is not asked again.
-    fan_out(lambda n: brought_for(n.transport) or ask_ahead(
-        n.transport, launch_steps(n, project, firewall, before.get(n.name))), nodes)
+    # A step asked already in this command (`fatpipe launch` asks before its rendezvous is used)
+    # is not asked again; a node with nothing left to ask is not called.
+    def ask_rest(n: NodeRun) -> None:
+        rest = [s for s in launch_steps(n, project, firewall, before.get(n.name)) if not brought(n.transport, s)]
+        if rest:
+            ask_ahead(n.transport, rest)
+
+    fan_out(ask_rest, nodes)
 
 
 def latest_nodes(project, cluster: str) -> list[NodeRun]:

@@ -22,7 +22,7 @@ from .conftest import fatpipe_cli, free_port, rented_sim_toml
 pytestmark = pytest.mark.slow
 
 HOSTS, RENTED = "dsafe-hosts", "dsafe-rented"
-OCTET = 167
+OCTET = 253
 NODES = 2
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-ds-")
 USER_FILE = "notes.txt"

@@ -20,7 +20,7 @@ import torch
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
-NAME, OCTET = "fl-link", 94
+NAME, OCTET = "fl-link", 252
 STEPS, EVERY = 30, 5
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--seq-len", "64",
          "--warmup-steps", "3", "--comm", "none"]

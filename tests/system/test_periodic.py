@@ -128,7 +128,7 @@ def test_a_worker_killed_between_syncs_resumes_bitwise(straight, tmp_path):
                        f"{differ}\n{log}"
 
 
-NAME, OCTET = "sd-link", 83
+NAME, OCTET = "sd-link", 249
 
 
 def test_link_gbps_shapes_a_deployed_sim_cluster(needs_netns, tmp_path):

@@ -30,7 +30,7 @@ from .vmhelpers import BOOT_TIMEOUT_S, consoles, leftovers, on_node, vm_image_ca
 # The image build (once, cached), TCG boots and a short run on a loaded 2-core machine: minutes each.
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
 
-CLUSTER, OCTET = "vmboot", 181
+CLUSTER, OCTET = "vmboot", 248
 DO_CLUSTER, DO_OCTET = "vmbootdo", 185
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-vm-")
 # The AWS pair as two regions: each VM delays its far peer by half of CROSS_RTT_MS and anything
