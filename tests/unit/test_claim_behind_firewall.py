@@ -33,42 +33,36 @@ def test_without_a_listing_the_claim_makes_the_folder(tmp_path):
 def test_a_refused_launch_takes_back_the_folders_its_claims_made(tmp_path):
     """The verdict came after the call: what the claim made goes, parents it made included, and
     nothing that was there before (nor anything put in a parent since)."""
-    from fatpipe.ops.reach.nodecall import forget_all, remember
-    from fatpipe.ops.reach.projectdir import undo_fresh_claims
-
     node = LocalTransport("n0")
     (tmp_path / "kept").mkdir()
     made = tmp_path / "kept" / "a" / "b" / "project"
     steps = [claim_step(str(made), "c", "p1", ("runs",))]
-    remember(node, steps, ask(node, steps))
-    try:
-        undo_fresh_claims(node)
-    finally:
-        forget_all()
+    claim_then_undo(node, steps)
     assert not (tmp_path / "kept" / "a").exists() and (tmp_path / "kept").is_dir()
 
     (tmp_path / "kept" / "a").mkdir()
     (tmp_path / "kept" / "a" / "theirs.txt").write_text("x")
     steps = [claim_step(str(made), "c", "p1")]
-    remember(node, steps, ask(node, steps))
-    try:
-        undo_fresh_claims(node)
-    finally:
-        forget_all()
+    claim_then_undo(node, steps)
     assert not (tmp_path / "kept" / "a" / "b").exists() and (tmp_path / "kept" / "a" / "theirs.txt").is_file()
 
 
 def test_a_folder_that_was_there_is_never_taken_back(tmp_path):
-    from fatpipe.ops.reach.nodecall import forget_all, remember
-    from fatpipe.ops.reach.projectdir import undo_fresh_claims
-
     node = LocalTransport("n0")
     there = tmp_path / "project"
     there.mkdir()
     steps = [claim_step(str(there), "c", "p1")]
+    claim_then_undo(node, steps)
+    assert there.is_dir() and not any(there.iterdir())  # as empty as it was, never removed
+
+
+def claim_then_undo(node, steps) -> None:
+    """The claims as a command's first call brings them, then the refusal's undo."""
+    from fatpipe.ops.reach.nodecall import forget_all, remember
+    from fatpipe.ops.reach.projectdir import undo_fresh_claims
+
     remember(node, steps, ask(node, steps))
     try:
         undo_fresh_claims(node)
     finally:
         forget_all()
-    assert there.is_dir() and not any(there.iterdir())  # as empty as it was, never removed
