@@ -29,7 +29,7 @@ def octets(path: Path) -> set[int]:
             for target in node.targets:
                 names = target.elts if isinstance(target, ast.Tuple) else [target]
                 values = node.value.elts if isinstance(node.value, ast.Tuple) else [node.value]
-                for name, value in zip(names, values):
+                for name, value in zip(names, values, strict=False):
                     if isinstance(name, ast.Name) and "OCTET" in name.id and isinstance(value, ast.Constant):
                         found.add(int(value.value))
         elif isinstance(node, ast.keyword) and node.arg == "octet" and isinstance(node.value, ast.Constant):
