@@ -57,15 +57,19 @@ def run_netcheck(project, outputs, *, run_dir: Path | None = None, options: Netc
     preload()
     options = options or NetcheckOptions()
     log = log or (lambda _: None)
-    if run_dir is None:
-        from ..run.launch import refuse_if_running
-
-        refuse_if_running(project, outputs.name)  # it would share the links and the CPUs
-        # A run folder of its own, not marked `latest`: that stays the last training run.
+    fresh = run_dir is None
+    if fresh:  # a run folder of its own, not marked `latest`: that stays the last training run
         run_dir = runs_dir(project, outputs.name) / new_run_id()
         run_dir.mkdir(parents=True)
     run_dir = Path(run_dir)
-    bench = launch_netbench(project, outputs, run_dir, options, log, sink, remote_python)
+    try:
+        bench = launch_netbench(project, outputs, run_dir, options, log, sink, remote_python, refuse_running=fresh)
+    except BaseException:
+        if fresh and not (run_dir / "netcheck" / "node-0.log").exists():  # refused: no clutter
+            import shutil
+
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
     doc = netcheck_doc(bench, outputs, options, run_dir.name)
     write_json_atomic(run_dir / NETCHECK_FILE, doc)
     plot_busbw(doc, run_dir / NETCHECK_PLOT)
@@ -75,10 +79,16 @@ def run_netcheck(project, outputs, *, run_dir: Path | None = None, options: Netc
 
 
 def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, log: Log,
-                    sink: Sink | None = None, remote_python: str | None = None) -> dict:
-    """Run netbench on every node through the launch path; return rank 0's result."""
-    from ..rdzv.rendezvous import RunOptions
-    from ..run.launch import run_on_all_nodes
+                    sink: Sink | None = None, remote_python: str | None = None, refuse_running: bool = False) -> dict:
+    """Run netbench on every node through the launch path; return rank 0's result.
+
+    One call per node asks what the launch checks, the firewall and (`refuse_running`: a
+    netcheck of its own, which would share the links and the CPUs) the latest run's state."""
+    from ..rdzv.rendezvous import RunOptions, new_rendezvous
+    from ..reach.firewall_check import require_firewall
+    from ..reach.nodecall import forget_all
+    from ..run.launch import launch, refuse_if_running, run_id_of
+    from ..run.runchecks import ask_launch_checks, latest_nodes
 
     bench_dir = run_dir / "netcheck"
     bench_dir.mkdir(parents=True, exist_ok=True)
@@ -97,11 +107,22 @@ def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, l
         elif sink:
             sink(node, line)
 
+    run_options = RunOptions(max_restarts=BENCH_MAX_RESTARTS, remote_python=remote_python)
+    rdzv = new_rendezvous(project, outputs, run_id_of(bench_dir), bench_dir,
+                          entry=options.netbench_args(outputs, out_rel), options=run_options)
+    previous = latest_nodes(project, outputs.name) if refuse_running else []
+    try:
+        ask_launch_checks(project, outputs, rdzv, previous)
+        if refuse_running:
+            refuse_if_running(project, outputs.name, previous)
+        for warning in require_firewall(project, outputs):
+            log(f"warning: {warning}")
+    except BaseException:
+        forget_all()
+        raise
     timeout = options.timeout_s or options.estimate_s(len(outputs.nodes), outputs.tier_gbps)
     log(f"netcheck: {len(outputs.nodes)} nodes at {outputs.tier_gbps:g} Gbit/s, up to {timeout:.0f} s")
-    run_options = RunOptions(max_restarts=BENCH_MAX_RESTARTS, remote_python=remote_python)
-    result = run_on_all_nodes(project, outputs, options.netbench_args(outputs, out_rel), run_dir=bench_dir,
-                              options=run_options, timeout_s=timeout, sink=catch, log=log)
+    result = launch(project, rdzv, bench_dir, sink=catch, log=log, timeout_s=timeout)
     if not found and (bench_dir / "netbench.json").exists():
         found.append(json.loads((bench_dir / "netbench.json").read_text()))
     if not result.ok or not found:

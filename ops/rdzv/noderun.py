@@ -185,6 +185,15 @@ class NodeRun:
         except NodeCallError as e:
             return f"unreachable: {e.reason}"
 
+    def end_and_rest(self, offset: int, timeout: float = 30) -> tuple[str, str | None]:
+        """The run's state on the node and its log from byte `offset` on, in one round trip:
+        (state, the rest: "" when there is no log, None when it could not be read)."""
+        try:
+            state, rest = ask(self.transport, [self.status_step(), self.log_step(offset)], timeout)
+        except NodeCallError as e:
+            return f"unreachable: {e.reason}", None
+        return state_of(state), None if "error" in rest else rest.get("ok") or ""
+
     def stop_and_status(self, timeout: float = STOP_WAIT_S + 30) -> str:
         """Stop the run on the node and read its state after, in one round trip."""
         try:

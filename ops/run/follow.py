@@ -54,7 +54,11 @@ class NodeEnd:
 
 def read_end(node: NodeRun, timeout: float = 30) -> NodeEnd:
     """Ask the node how its run stands. A transport that fails is `unreachable`, never an end."""
-    text = node.status(timeout=timeout)
+    return settle(node, node.status(timeout=timeout), timeout)
+
+
+def settle(node: NodeRun, text: str, timeout: float = 30) -> NodeEnd:
+    """The node's end from the state it answered (`text`), asking once more after a `lost`."""
     if text.lstrip("-").isdigit():
         return NodeEnd("ended", int(text))
     if text == "lost":  # the process vanished; a wrapper exiting right now may not have: again
@@ -114,6 +118,17 @@ class LogView:
             self.offset += len(pending)
         return clean
 
+    def show_rest(self, rest: str | None) -> bool:
+        """Show the log's rest read with the node's end (the final read: a last line without a
+        newline is whole); whether there was one to show (None: it could not be read)."""
+        if rest is None:
+            return False
+        lines = rest.split("\n")
+        for line in lines if lines[-1] else lines[:-1]:
+            self.show(line.encode())
+        self.offset += len(rest.encode())
+        return True
+
     def show(self, line: bytes) -> None:
         # Once halted nothing more is shown, even lines already read: whatever the caller does
         # next (stopping the nodes, their tracebacks) is never printed as the run's output.
@@ -133,11 +148,12 @@ class LogView:
                 self.stream(follow=True)
                 if self.halt.is_set():
                     return
-                end = read_end(self.node)
-                # The rest, read once the end is known; a node that answers its status but not
-                # its log (its folder gone) ends without it.
+                # The node's end and the rest of its log, in one call; a node that answers its
+                # status but not its log (its folder gone) ends without it.
+                state, rest = self.node.end_and_rest(self.offset)
+                end = settle(self.node, state)
                 drains += end.ended
-                if end.ended and (self.stream(follow=False) or drains >= DRAIN_TRIES):
+                if end.ended and (self.show_rest(rest) or drains >= DRAIN_TRIES):
                     self.unreachable_since, self.end = None, end
                     return
             except Exception as e:  # noqa: BLE001 - this machine failed (a process limit, a sink):

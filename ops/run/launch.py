@@ -1,7 +1,7 @@
 """Start a rendezvous'd run on every node, stream the per-node logs, stop it, collect exit codes.
 
-Ctrl-C signals every node's process group. `run_on_all_nodes` is the one call other parts use
-(netcheck runs its sweep through it).
+Ctrl-C signals every node's process group. `launch` is the one call other parts use (netcheck
+runs its sweep through it, after the same one call per node: ops/run/runchecks.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from ..rdzv.noderun import (
     node_states,
     run_nodes,
 )
-from ..rdzv.rendezvous import DEFAULT_RUN, Rendezvous, RunOptions, new_rendezvous
+from ..rdzv.rendezvous import Rendezvous
 from ..reach.nodecall import forget_all
 from ..reach.transport import fan_out
 from .failure import describe_failure
@@ -157,23 +157,6 @@ def refuse_if_running(project, cluster: str, nodes: list[NodeRun] | None = None)
                            f"`fatpipe logs {cluster} -f` or end it with `fatpipe stop {cluster}`")
 
 
-def run_on_all_nodes(project, outputs, entry: list[str], *, run_dir: Path | None = None,
-                     options: RunOptions = DEFAULT_RUN, timeout_s: float | None = 600,
-                     sink: Sink | None = None, log: Log = lambda _: None) -> LaunchResult:
-    """Run a torchrun entry on every node of `outputs` and wait for it: the call netcheck uses.
-
-    `entry` is what follows torchrun's options, e.g. `["-m", "fatpipe.trainer.net.netbench", ...]`
-    or `["train.py", "--lr", "1e-3"]`. Without `run_dir` a new run is made under
-    `.fatpipe/<cluster>/runs/`; a given `run_dir` (inside the project folder) gets the
-    rendezvous files, logs and exit files, and its last two path parts name the run.
-    """
-    from fatpipe.infra.runs import new_run
-
-    if run_dir is None:
-        run_id, run_dir = new_run(project, outputs.name)
-    else:
-        run_dir = Path(run_dir)
-        run_dir.mkdir(parents=True, exist_ok=True)
-        run_id = "-".join(run_dir.resolve().parts[-2:])
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir, entry=entry, options=options)
-    return launch(project, rdzv, run_dir, sink=sink, log=log, timeout_s=timeout_s)
+def run_id_of(run_dir: Path) -> str:
+    """The run id of a run folder given by a caller (netcheck's, inside `up`'s run): its last two path parts."""
+    return "-".join(Path(run_dir).resolve().parts[-2:])

@@ -291,3 +291,17 @@ def test_once_the_follow_returns_no_line_is_shown_even_one_already_read(tmp_path
     finally:
         nodes[0].transport.run(nodes[0].stop_command(), timeout=40)
     assert shown_at and all(t < returned for t in shown_at)
+
+
+def test_the_rest_read_with_the_end_is_shown_whole_lines_and_the_last_one_too():
+    """The node's end and the rest of its log come in one call; the rest is the final read, so a
+    last line without a newline is whole, and a rest that could not be read is not an end."""
+    from fatpipe.ops.run.follow import LogView
+
+    seen: list[tuple[str, str]] = []
+    view = LogView(type("Node", (), {"name": "n0"})(), lambda node, line: seen.append((node, line)),
+                   threading.Event())
+    view.offset = 10
+    assert view.show_rest("step 1\r\nstep 2\n\nlast") and view.offset == 10 + len("step 1\r\nstep 2\n\nlast")
+    assert [line for _, line in seen] == ["step 1", "step 2", "", "last"]
+    assert view.show_rest("") and not view.show_rest(None) and len(seen) == 4

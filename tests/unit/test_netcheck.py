@@ -289,7 +289,7 @@ def deployed(project_dir, monkeypatch):
     seen = {}
 
     def use(result):
-        def fake(project, outs, run_dir, options, log, sink=None, remote_python=None):
+        def fake(project, outs, run_dir, options, log, sink=None, remote_python=None, refuse_running=False):
             seen["options"] = options
             return result
         monkeypatch.setattr("fatpipe.ops.net.netcheck.launch_netbench", fake)

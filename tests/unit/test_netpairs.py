@@ -198,7 +198,7 @@ def test_cli_flag_reaches_the_options(run_cli, project_dir, monkeypatch):
     (state / "outputs.json").write_text(json.dumps(outputs().model_dump(mode="json")))
     seen = {}
 
-    def fake(project, outs, run_dir, options, log, sink=None, remote_python=None):
+    def fake(project, outs, run_dir, options, log, sink=None, remote_python=None, refuse_running=False):
         seen["options"] = options
         return bench()
 
