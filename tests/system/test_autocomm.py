@@ -88,7 +88,7 @@ def test_a_run_resumed_from_a_switch_ends_as_the_uninterrupted_run(tmp_path):
 
 # -- the mid-run cut on a netns sim cluster -------------------------------------------------
 
-NAME, OCTET = "accut", 83
+NAME, OCTET = "accut", 118
 NODES, STEPS, EVERY, CUT_AFTER = 3, 30, 5, 7
 
 

@@ -159,7 +159,7 @@ def processes_in(folder: Path) -> list[str]:
     return found
 
 
-@pytest.mark.parametrize("cluster", [("t-int-dep", 61)], indirect=True)
+@pytest.mark.parametrize("cluster", [("t-int-dep", 114)], indirect=True)
 def test_ctrl_c_during_deploy(cluster, project_dir):
     up = Up(project_dir, "--netcheck", "off", "-v", *TRAIN)
     up.wait_for(r"Provisioning with 'local-exec'")  # terraform is creating the nodes
@@ -169,7 +169,7 @@ def test_ctrl_c_during_deploy(cluster, project_dir):
     assert_clean(project_dir, cluster, up.text)
 
 
-@pytest.mark.parametrize("cluster", [("t-int-net", 62)], indirect=True)
+@pytest.mark.parametrize("cluster", [("t-int-net", 115)], indirect=True)
 def test_ctrl_c_during_netcheck(cluster, project_dir):
     up = Up(project_dir, "--netcheck", "quick", "--no-gate", *TRAIN)
     up.wait_for(r"started run \S+-netcheck on 2 node")
@@ -182,7 +182,7 @@ def test_ctrl_c_during_netcheck(cluster, project_dir):
     assert not (project_dir / ".fatpipe" / cluster / "runs" / "latest").exists()
 
 
-@pytest.mark.parametrize("cluster", [("t-int-lau", 63)], indirect=True)
+@pytest.mark.parametrize("cluster", [("t-int-lau", 116)], indirect=True)
 def test_ctrl_c_during_launch(cluster, project_dir):
     up = Up(project_dir, "--netcheck", "off", *TRAIN)
     up.wait_for(r"\] launch: ")
@@ -194,7 +194,7 @@ def test_ctrl_c_during_launch(cluster, project_dir):
     assert_clean(project_dir, cluster, up.text)
 
 
-@pytest.mark.parametrize("cluster", [("t-int-term", 64)], indirect=True)
+@pytest.mark.parametrize("cluster", [("t-int-term", 117)], indirect=True)
 def test_sigterm_then_ctrl_c_during_the_teardown_without_a_terminal(cluster, project_dir):
     up = Up(project_dir, "--netcheck", "off", *TRAIN)
     up.wait_for(r"started run \S+ on 2 node")
