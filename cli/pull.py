@@ -32,8 +32,8 @@ def pull(project, names, node_names, all_nodes, to, force, outputs_file):
     from fatpipe.infra.runs import load_outputs
     from fatpipe.infra.runspec import pull_path
     from fatpipe.ops.run.leader import latest_leader
+    from fatpipe.ops.run.pullpaths import ask_sizes, sources_of
     from fatpipe.ops.run.pullpaths import copy_from_node as fetch
-    from fatpipe.ops.run.pullpaths import sources_of
 
     cluster, paths = split_cluster(project, names)
     rels = [pull_path(p) for p in paths]
@@ -45,6 +45,7 @@ def pull(project, names, node_names, all_nodes, to, force, outputs_file):
     base = Path(to).absolute() if to else project.root
     per_node = all_nodes or len(sources) > 1
     out = console()
+    ask_sizes(sources, rels)  # every path measured on every node: one call per node
     for source in sources:
         for rel in rels:
             dest = base / source.name / rel if per_node else base / rel

@@ -114,6 +114,21 @@ def remove(folder, cluster, project_id):
     return ["kept" if os.path.lexists(folder) else "absent", ""]
 
 
+def size(rel):
+    """[bytes, ""] of `rel` (a file or folder, links not followed inside it) in this folder, as
+    `du -sb` counts them; [None, why] when it is not there or resolves (links followed) outside
+    this folder: a pull refuses it before any copy."""
+    root, real = os.path.realpath("."), os.path.realpath(rel)
+    if not os.path.exists(real):
+        return [None, f"realpath: {rel}: No such file or directory"]
+    if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
+        return [None, f"{rel} resolves to {real}, outside the project folder {root}; not pulled"]
+    total = os.lstat(real).st_size
+    for folder, dirs, files in os.walk(real):
+        total += sum(os.lstat(os.path.join(folder, name)).st_size for name in dirs + files)
+    return [total, ""]
+
+
 # What this program's firewall listings showed: a claim that follows one in the same call makes
 # nothing on a node the listing shows without a firewall (the operator then refuses the node).
 _no_firewall = []

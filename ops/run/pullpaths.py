@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import os
 import re
-import shlex
 import shutil
 import subprocess
 import tempfile
@@ -26,7 +25,9 @@ from fatpipe.infra.runinfo import human_size
 
 from ..data.datacheck import node_workdir
 from ..rdzv.noderun import NodeRun
-from ..reach.transport import Result, Transport, transports_for
+from ..reach.nodecall import NodeCallError, Step, answer_of, ask_ahead, step_value
+from ..reach.projectdir import NODE_CHECKS
+from ..reach.transport import Result, Transport, fan_out, transports_for
 from .runsync import PULL_PREFIX, into_partial
 
 Progress = Callable[[str], None]  # one of rsync's --info=progress2 lines
@@ -78,20 +79,29 @@ def source_of_run(node: NodeRun) -> NodeSource:
     return NodeSource(node.name, node.transport, node.plan.workdir)
 
 
+def size_step(source: NodeSource, rel: str) -> Step:
+    """The node program's step that measures `rel` in the node's project folder (`node_checks.size`)."""
+    return Step("node_checks.size", (rel,), source.workdir, NODE_CHECKS)
+
+
+def ask_sizes(sources: list[NodeSource], rels: list[str]) -> None:
+    """Measure every path on every node in one call per node, before the copies (each `measure`
+    then takes its answer)."""
+    if rels:
+        fan_out(lambda s: ask_ahead(s.transport, [size_step(s, rel) for rel in rels], MEASURE_TIMEOUT_S), sources)
+
+
 def measure(source: NodeSource, rel: str) -> int:
     """Bytes of `rel` on the node. A FatpipeError naming the node and the path when it is not
     there, or resolves (links followed) outside the project folder."""
-    q = shlex.quote
-    done = source.transport.run(f"cd -- {q(source.workdir)} && pwd -P && realpath -e -- {q(rel)} && "
-                                f"du -sb -- {q(rel)}", timeout=MEASURE_TIMEOUT_S)
-    lines = done.stdout.splitlines()
-    if not done.ok or len(lines) < 3 or not lines[2].split()[:1] or not lines[2].split()[0].isdigit():
-        raise FatpipeError(f"{source.describe()}: cannot pull {rel}: {done.reason()}")
-    root, real = lines[0].rstrip("/"), lines[1]
-    if real != root and not real.startswith(root + "/"):
-        raise FatpipeError(f"{source.describe()}: {rel} resolves to {real}, outside the project folder "
-                           f"{root}; not pulled")
-    return int(lines[2].split()[0])
+    try:
+        answer = answer_of(source.transport, size_step(source, rel), MEASURE_TIMEOUT_S)
+    except NodeCallError as e:
+        raise FatpipeError(f"{source.describe()}: cannot pull {rel}: {e.reason}") from None
+    size, why = step_value(answer, f"cannot pull {rel}", source.transport)
+    if size is None:
+        raise FatpipeError(f"{source.describe()}: {why if why.startswith(rel) else f'cannot pull {rel}: {why}'}")
+    return int(size)
 
 
 def copy_from_node(source: NodeSource, rel: str, dest: Path, replace: bool = False,
@@ -176,6 +186,7 @@ def pull_declared(project, node: NodeSource) -> list[tuple[bool, str]]:
     (pulled, one line with its size or why not) per path. A failure is said, never raised: the
     run's own outcome stands."""
     said = []
+    ask_sizes([node], list(project.spec.run.pull))
     for rel in project.spec.run.pull:
         try:
             said.append((True, copy_from_node(node, rel, project.root / rel, replace=True).line(project.root)))

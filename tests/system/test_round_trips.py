@@ -93,7 +93,7 @@ def test_each_command_makes_at_most_one_check_round_trip_per_node(cluster):
                   "--", "job.py"),
                  ("status", CLUSTER),
                  ("logs", CLUSTER),
-                 ("pull", CLUSTER, "out/result.txt", "--to", "got"),
+                 ("pull", CLUSTER, "out/result.txt", "job.py", "--to", "got"),  # two paths, one call
                  ("stop", CLUSTER)):
         if args[0] == "pull":  # once the job wrote it (its start imports torch: seconds on a loaded machine)
             written = on_node(cluster.folder, 0, "out/result.txt")
