@@ -16,7 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..reach.nodecall import NodeCallError, Step, answer_of, ask
+from ..reach.nodecall import NodeCallError, Step, answer_of, ask, program_running
 from ..reach.transport import Transport, fan_out, transport_for
 from .nodefiles import group_rank_file
 from .rendezvous import NodePlan, Rendezvous, read_rendezvous
@@ -31,11 +31,9 @@ RUNPROC_FILE = Path(__file__).with_name("runproc.py")
 RUNPROC = RUNPROC_FILE.read_text()
 RUNPROC_SOURCE = (("runproc", RUNPROC_FILE),)
 # The node's supervisor: runs, restarts and records one node's side of a run (node_supervisor.py).
-# runproc loaded as the module it imports, then the supervisor itself.
-SUPERVISOR = (
-    "import sys, types\nrunproc = sys.modules['runproc'] = types.ModuleType('runproc')\n"
-    f"exec(compile({RUNPROC!r}, 'runproc.py', 'exec'), runproc.__dict__)\n"
-    f"{Path(__file__).with_name('node_supervisor.py').read_text()}\nsys.exit(main(sys.argv[1:]))\n")
+SUPERVISOR = program_running(
+    (*RUNPROC_SOURCE, ("node_supervisor", Path(__file__).with_name("node_supervisor.py"))),
+    "sys.exit(sys.modules['node_supervisor'].main(sys.argv[1:]))")
 # torch 2.13: a torchrun that joins a running job (a new agent, in a later rendezvous round) waits
 # for the address of the store the workers share, which node 0's agent writes under the round's
 # key prefix only in its own first round; the new agent blocked until its read timeout. This copies
