@@ -1,8 +1,7 @@
 """One node's side of a run: the shell commands that start, watch and stop it there, and how it ended.
 
-Each node's supervisor (node_supervisor.py, in a session of its own) runs
-`bash <run>/node-<rank>.sh`, its output in `<run>/node-<rank>.log`, the supervisor's pid (its
-session id) in `node-<rank>.pid` (who that process is, its boot
+Each node runs `bash <run>/node-<rank>.sh` detached (`setsid`), its output in
+`<run>/node-<rank>.log`, the session id in `node-<rank>.pid` (who that process is, its boot
 and start time, in `node-<rank>.ident`: `runproc`) and torchrun's exit status in
 `node-<rank>.exit`, all in the run folder on that node. So `fatpipe launch` may die and
 `fatpipe logs` reattach.
@@ -10,16 +9,16 @@ and start time, in `node-<rank>.ident`: `runproc`) and torchrun's exit status in
 
 from __future__ import annotations
 
-import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..reach.nodecall import NodeCallError, Step, answer_of, ask, program_running
+from ..reach.nodecall import NodeCallError, Step, answer_of, ask
 from ..reach.transport import Transport, fan_out, transport_for
 from .nodefiles import group_rank_file
 from .rendezvous import NodePlan, Rendezvous, read_rendezvous
+from .runproc import AGENT_TAG_ENV, AGENT_TAG_PREFIX
 
 LOST = 255  # the status of a node whose process vanished without writing its exit status
 # fatpipe stopped following a run whose node stayed out of reach: the run goes on on its nodes
@@ -30,10 +29,6 @@ STOP_WAIT_S = 10  # from SIGTERM to SIGKILL: torchrun stops its workers in this 
 RUNPROC_FILE = Path(__file__).with_name("runproc.py")
 RUNPROC = RUNPROC_FILE.read_text()
 RUNPROC_SOURCE = (("runproc", RUNPROC_FILE),)
-# The node's supervisor: runs, restarts and records one node's side of a run (node_supervisor.py).
-SUPERVISOR = program_running(
-    (*RUNPROC_SOURCE, ("node_supervisor", Path(__file__).with_name("node_supervisor.py"))),
-    "sys.exit(sys.modules['node_supervisor'].main(sys.argv[1:]))")
 # torch 2.13: a torchrun that joins a running job (a new agent, in a later rendezvous round) waits
 # for the address of the store the workers share, which node 0's agent writes under the round's
 # key prefix only in its own first round; the new agent blocked until its read timeout. This copies
@@ -103,8 +98,10 @@ class NodeRun:
     def __init__(self, rdzv: Rendezvous, plan: NodePlan, transport: Transport):
         self.rdzv, self.plan, self.transport = rdzv, plan, transport
         stem = f"{rdzv.run_rel}/node-{plan.rank}"
-        self.log, self.pid, self.exit, self.stop, self.ident = (
-            shlex.quote(f"{stem}.{ext}") for ext in ("log", "pid", "exit", "stop", "ident"))
+        self.script, self.log, self.pid, self.exit, self.stop, self.earlier, self.ident = (
+            shlex.quote(f"{stem}.{ext}")
+            for ext in ("sh", "log", "pid", "exit", "stop", "earlier.log", "ident")
+        )
         self.name = plan.name
 
     def sh(self, snippet: str) -> str:
@@ -112,27 +109,55 @@ class NodeRun:
         return f"cd {shlex.quote(self.plan.workdir)} && {snippet}"
 
     def start_command(self) -> str:
-        """Starts the node's supervisor (node_supervisor.py) detached, from the project folder: it
-        runs torchrun (node-<rank>.sh), restarts it under the run's policy and records its pid,
-        identity and last status; the command returns once the pid is recorded."""
-        return self.sh(f"python3 -c {shlex.quote(SUPERVISOR)} {shlex.quote(json.dumps(self._settings()))}")
+        inner = self._wrapper()
+        return self.sh(
+            # A run started again (`launch --run ID`) keeps the earlier attempts' log beside it.
+            f"rm -f {self.exit} {self.pid} {self.stop} {self.ident} && "
+            f"{{ [ ! -s {self.log} ] || cat {self.log} >> {self.earlier}; }} && : > {self.log} && "
+            f"setsid -f bash -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 && "
+            f"for i in $(seq 100); do [ -s {self.pid} ] && exit 0; sleep 0.1; done; "
+            'echo "fatpipe: the node process did not start" >&2; exit 1'
+        )
 
-    def _settings(self) -> dict:
-        """What the supervisor needs of the run: its files on the node, restarts, the rejoin step."""
+    def _wrapper(self) -> str:
+        """The node's process: runs torchrun (node-<rank>.sh), restarts it when it was killed,
+        and records its last status.
+
+        It traps TERM/INT/HUP so that, when the group is signalled, it outlives torchrun (which
+        shuts its workers down) and records torchrun's status. A torchrun killed by a signal
+        that `fatpipe stop` did not send (stop leaves a marker first) is started again, up to
+        the run's max_restarts times: its peers' agents see the new node in the rendezvous and
+        restart the whole worker group, which resumes from the checkpoint. Node 0's is not: it
+        hosts the rendezvous store, which died with it. Nor is the one torch made group rank 0
+        (its record, `nodefiles.group_rank_file`, says 0): its agent hosted the store the workers
+        share, and the other agents would keep sending their workers to its old address.
+        torchrun exits 1 after a TERM it handled, so its own "got signal" line in this attempt's
+        log tells that case apart.
+        Each attempt's workers carry a tag, since they outlive a killed torchrun (each runs in
+        a session of its own) and must go before the next attempt starts. Before its pid, the
+        wrapper records who it is (boot id, start time: `runproc`), which the tag holds too.
+        """
+        restarts = self.rdzv.max_restarts if self.plan.rank != 0 else 0
+        leads = f'[ "$(cat {shlex.quote(group_rank_file(self.rdzv, self.plan.rank))} 2>/dev/null)" = 0 ]'
+        log = self.log
         host, _, port = self.rdzv.rdzv_endpoint.rpartition(":")
-        stem = f"{self.rdzv.run_rel}/node-{self.plan.rank}"
-        return {
-            "files": {name: f"{stem}.{ext}" for name, ext in (
-                ("script", "sh"), ("log", "log"), ("pid", "pid"), ("exit", "exit"), ("stop", "stop"),
-                ("earlier", "earlier.log"), ("ident", "ident"))},
-            # Node 0 hosts the rendezvous store, which dies with its torchrun: never restarted.
-            "restarts": self.rdzv.max_restarts if self.plan.rank != 0 else 0,
-            "group_rank_file": group_rank_file(self.rdzv, self.plan.rank),
-            "name": self.name,
-            "python": self.plan.python,
-            "rejoin": [REJOIN_PY, host, port, self.rdzv.run_id],
-            "rejoin_timeout_s": REJOIN_TIMEOUT_S,
-        }
+        rejoin = shlex.join([REJOIN_PY, host, port, self.rdzv.run_id])
+        python = f'"${{FATPIPE_PYTHON:-{self.plan.python}}}"'
+        return f"""read -r boot < /proc/sys/kernel/random/boot_id; st=$(< /proc/$$/stat); st=(${{st##*") "}})
+start=${{st[19]}}; echo "$boot $start" > {self.ident}; echo $$ > {self.pid}; trap true TERM INT HUP; n=0
+while :; do
+  from=$(stat -c %s {log} 2>/dev/null || echo 0); tag={AGENT_TAG_PREFIX}$$-$start-$n
+  {AGENT_TAG_ENV}=$tag bash {self.script} >> {log} 2>&1 < /dev/null; rc=$?
+  [ -e {self.stop} ] || [ $n -ge {restarts} ] || {leads} && break
+  if [ $rc -gt 128 ] && [ $rc -lt 192 ]; then sig=$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))
+  elif [ $rc -ne 0 ] && sig=$(tail -c +$((from + 1)) {log} | grep -o 'SignalException: Process [0-9]* got signal: [0-9A-Za-z.]*' | tail -n 1 | sed 's/.*: //') && [ -n "$sig" ]; then :
+  else break; fi
+  left=$({_tagged_pids('$tag')}); [ -n "$left" ] && kill -KILL $left 2>/dev/null
+  n=$((n + 1))
+  echo "fatpipe: torchrun on {self.name} ended by signal $sig, not by fatpipe stop: starting it again (restart $n of {restarts})" >> {log}
+  timeout {REJOIN_TIMEOUT_S} {python} -c {rejoin} >> {log} 2>&1 || echo "fatpipe: could not prepare the rendezvous for the new torchrun" >> {log}
+done
+echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
 
     def follow_command(self, follow: bool = True, offset: int = 0) -> str:
         """The node's log from byte `offset` on: to its end, or (`follow`) until its process has
@@ -207,6 +232,13 @@ class NodeRun:
 def state_of(answer: dict) -> str:
     """A run state from the node program's answer to `status_step`."""
     return str(answer["ok"]).strip() if "error" not in answer else f"unreadable: {answer['error']}"
+
+
+def _tagged_pids(tag_pattern: str) -> str:
+    """A shell command listing the pids whose environment holds AGENT_TAG_ENV=`tag_pattern`
+    (a grep pattern; may hold shell variables)."""
+    return (f'grep -lzx "{AGENT_TAG_ENV}={tag_pattern}" /proc/[0-9]*/environ 2>/dev/null '
+            "| cut -d/ -f3")
 
 
 def node_runs(rdzv: Rendezvous, state_dir: Path) -> list[NodeRun]:

@@ -3,7 +3,7 @@ without signalling any other process.
 
 A pid names a process only while that process lives: once the wrapper is gone (the node
 rebooted, the process was killed) the kernel may give its pid to any other process, root's by
-default. So the wrapper (node_supervisor.py) records who it is before its pid: the
+default. So the wrapper (`noderun.NodeRun._wrapper`) records who it is before its pid: the
 kernel's boot id and its own start time (field 22 of /proc/<pid>/stat, clock ticks since boot)
 in node-<rank>.ident. A pid counts as the run's only while its process has that start time in
 that boot; otherwise the run's process is gone ("lost") and nothing is signalled. Every signal

@@ -55,14 +55,9 @@ def program(steps: list[Step]) -> str:
     modules: dict[str, Path] = {}
     for step in steps:
         modules.update(dict(step.sources))
+    loads = "".join(f"load({name!r}, {path.read_text()!r})\n" for name, path in modules.items())
     request = json.dumps([step.request() for step in steps])
-    return program_running(tuple(modules.items()), f"serve(json.loads({request!r}))")
-
-
-def program_running(sources: tuple[tuple[str, Path], ...], call: str) -> str:
-    """node_call.py, the node-side modules `sources` loaded in order, then the statement `call`."""
-    loads = "".join(f"load({name!r}, {path.read_text()!r})\n" for name, path in sources)
-    return f"{NODE_PROGRAM.read_text()}\n{loads}{call}\n"
+    return f"{NODE_PROGRAM.read_text()}\n{loads}serve(json.loads({request!r}))\n"
 
 
 def ask(transport: Transport, steps: list[Step], timeout: float = CALL_TIMEOUT_S) -> list[dict]:
