@@ -29,7 +29,9 @@ def skip_or_fail(reason: str):
 def netns_available() -> bool:
     if os.geteuid() != 0 or not shutil.which("ip"):
         return False
-    probe = "fatpipe-probe-ns"
+    # A name of this process's own: the lanes of `make test` probe at the same time, and one's
+    # `del` of a shared name made another's `add` fail (a test then failed in CI for "no netns").
+    probe = f"fatpipe-probe-{os.getpid()}"
     ok = subprocess.run(["ip", "netns", "add", probe], capture_output=True).returncode == 0
     subprocess.run(["ip", "netns", "del", probe], capture_output=True)
     return ok
