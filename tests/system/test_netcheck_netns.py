@@ -127,10 +127,11 @@ def test_sim_cluster_at_1g_passes_with_real_numbers(sim_cluster):
     assert doc["busbw_size"] == 256 << 20 and doc["world_size"] == 4 and doc["backend"] == "gloo"
     # TCP over a 1500-byte MTU carries at most 1448/1514 = 0.956 of the wire rate; plain gloo
     # gets ~0.95 on an idle machine. Other processes on these 2 cores cost all-reduce a few %
-    # (0.87-0.93 measured at a load average of 4-7, 0.90 just after another test's load), and
-    # the load average lags, so the bar is the one a busy machine meets; bench/netcheck_sim.py
-    # measures the real figure.
-    bar = 0.85
+    # (0.85-0.93 measured under the suite's two lanes; 0.849 once), and the load average lags.
+    # This bar tells real numbers from a wrong formula (algbw for busbw would read 2/3 of the
+    # figure at 4 nodes, about 0.63), not the machine's load: bench/netcheck_sim.py measures the
+    # real figure.
+    bar = 0.75
     assert doc["busbw_gbps"] >= bar, f"{report}; load average {load_before:.1f} before the run"
     assert all(p["best_gbps"] >= 0.9 for p in doc["p2p"]["pairs"]), report
     assert doc["busbw_gbps"] <= 1.0  # tbf cannot be beaten: a larger number means a wrong formula
