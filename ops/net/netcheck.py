@@ -9,6 +9,7 @@ as training will. Its rendezvous files and logs go to `<run>/netcheck/`; the ver
 from __future__ import annotations
 
 import json
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -66,8 +67,6 @@ def run_netcheck(project, outputs, *, run_dir: Path | None = None, options: Netc
         bench = launch_netbench(project, outputs, run_dir, options, log, sink, remote_python, refuse_running=fresh)
     except BaseException:
         if fresh and not (run_dir / "netcheck" / "node-0.log").exists():  # refused: no clutter
-            import shutil
-
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     doc = netcheck_doc(bench, outputs, options, run_dir.name)

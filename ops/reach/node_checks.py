@@ -116,11 +116,11 @@ def remove(folder, cluster, project_id):
 
 def size(rel):
     """[bytes, ""] of `rel` (a file or folder, links not followed inside it) in this folder, as
-    `du -sb` counts them; [None, why] when it is not there or resolves (links followed) outside
+    `du -sb` counts them; [None, why (the whole line)] when it is not there or resolves (links followed) outside
     this folder: a pull refuses it before any copy."""
     root, real = os.path.realpath("."), os.path.realpath(rel)
     if not os.path.exists(real):
-        return [None, f"realpath: {rel}: No such file or directory"]
+        return [None, f"cannot pull {rel}: realpath: {rel}: No such file or directory"]
     if real != root and not real.startswith(root.rstrip(os.sep) + os.sep):
         return [None, f"{rel} resolves to {real}, outside the project folder {root}; not pulled"]
     total = os.lstat(real).st_size

@@ -90,11 +90,10 @@ class LogView:
         self.unreachable_since: float | None = None
         self.end: NodeEnd | None = None
 
-    def stream(self, follow: bool) -> bool:
-        """Stream the log from `offset` until the command ends (with `follow`, the node's process
-        has exited or the connection dropped); whether it ended cleanly. A partial last line is
-        kept back (read again next time) unless this read was the final one."""
-        command = self.node.follow_command(follow, self.offset)
+    def stream(self) -> None:
+        """Stream the log from `offset` until the node's process has exited or the connection
+        dropped. A partial last line is kept back: read again next time, or with the end."""
+        command = self.node.follow_command(True, self.offset)
         # ssh's own complaints go nowhere: they must never pass for lines of the log.
         self.proc = proc = subprocess.Popen(
             self.node.transport.argv(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
@@ -112,11 +111,6 @@ class LogView:
         finally:
             proc.stdout.close()
             proc.wait()
-        clean = proc.returncode == 0
-        if clean and not follow and pending:  # the log's last line has no newline: it is whole
-            self.show(pending)
-            self.offset += len(pending)
-        return clean
 
     def show_rest(self, rest: str | None) -> bool:
         """Show the log's rest read with the node's end (the final read: a last line without a
@@ -145,7 +139,7 @@ class LogView:
         while not self.halt.is_set():
             before = self.offset
             try:
-                self.stream(follow=True)
+                self.stream()
                 if self.halt.is_set():
                     return
                 # The node's end and the rest of its log, in one call; a node that answers its

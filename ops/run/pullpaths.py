@@ -100,7 +100,7 @@ def measure(source: NodeSource, rel: str) -> int:
         raise FatpipeError(f"{source.describe()}: cannot pull {rel}: {e.reason}") from None
     size, why = step_value(answer, f"cannot pull {rel}", source.transport)
     if size is None:
-        raise FatpipeError(f"{source.describe()}: {why if why.startswith(rel) else f'cannot pull {rel}: {why}'}")
+        raise FatpipeError(f"{source.describe()}: {why}")
     return int(size)
 
 
