@@ -8,15 +8,19 @@ destructor (noexcept) calls std::terminate: "terminate called without an active 
 SIGABRT, exit -6 after a run that had finished (seen on a loaded machine, where the thread waits
 for a CPU while the main thread exits). So once torch.distributed is loaded the process flushes
 and ends with os._exit: there is no finalization to meet. Everything the run wrote is closed
-before (metrics, TensorBoard, checkpoints and summary are written atomically).
+before (metrics, TensorBoard, checkpoints and summary are written atomically). A user's script
+ends the same way under trainer.api.userscript, after what Python's exit runs first (its threads
+joined, its atexit handlers): a DDP comm hook written in Python makes the race likelier, since
+gloo's thread then also drops the hook's callbacks, each taking the GIL.
 """
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import sys
-import traceback
+import threading
 from collections.abc import Callable
 from typing import NoReturn
 
@@ -41,8 +45,20 @@ def record_error(error: BaseException) -> None:
         RankErrorHandler().record_exception(error)
 
 
-def run_and_exit(main: Callable[[], int]) -> NoReturn:
-    """Run an entry point's main() and exit with its status; an exception prints and exits 1."""
+def end_script(code: int) -> NoReturn:
+    """A user's script has ended: first what Python's own exit would run while the interpreter
+    lives (wait for the script's non-daemon threads, then its atexit handlers, fatpipe's summary
+    among them), then exit_process."""
+    for thread in threading.enumerate():
+        if thread is not threading.main_thread() and not thread.daemon:
+            thread.join()
+    atexit._run_exitfuncs()
+    exit_process(code)
+
+
+def run_and_exit(main: Callable[[], int], end: Callable[[int], NoReturn] = exit_process) -> NoReturn:
+    """Run an entry point's main() and exit with its status through `end`; an exception goes to
+    sys.excepthook (a script's run records it there: trainer.api) and exits 1."""
     try:
         code = main()
     except SystemExit as e:  # argparse's usage errors, sys.exit() inside main
@@ -52,9 +68,9 @@ def run_and_exit(main: Callable[[], int]) -> NoReturn:
     except KeyboardInterrupt:
         code = 130
     except BaseException as e:  # noqa: BLE001 - reported here, since the process ends without finalization
-        traceback.print_exc()
+        sys.excepthook(type(e), e, e.__traceback__)
         record_error(e)
         code = 1
     if "torch.distributed" not in sys.modules:  # a bad flag: torch never loaded, a normal exit
         sys.exit(code)
-    exit_process(code)
+    end(code)

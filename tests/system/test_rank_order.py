@@ -133,6 +133,13 @@ def node_folder(folder: Path, index: int) -> Path:
     return folder / "fatpipe" / str(index)
 
 
+def node_logs(folder: Path, rel: Path) -> str:
+    """Each node's own log of the run, for a failure's message (`down` removes them afterwards)."""
+    logs = [(node_folder(folder, i) / rel / f"node-{i}.log") for i in range(NODES)]
+    return "\n".join(f"--- node {i}\n" + (log.read_text()[-3000:] if log.exists() else "(no log)")
+                     for i, log in enumerate(logs))
+
+
 def test_rank_0s_duties_follow_the_node_torch_made_rank_0(cluster):
     folder, py = cluster, sys.executable
     # The run's plan, as fatpipe shows it: torch's order, not the nodes'.
@@ -160,7 +167,8 @@ def test_rank_0s_duties_follow_the_node_torch_made_rank_0(cluster):
             break
         time.sleep(3)
     run = status["run"]
-    assert run["id"] == run_id and run["nodes"] == {f"{RENTED}-{i}": "0" for i in range(NODES)}, status
+    assert run["id"] == run_id and run["nodes"] == {f"{RENTED}-{i}": "0" for i in range(NODES)}, \
+        (status, node_logs(folder, Path(run["dir"]).relative_to(folder)))
     run_dir = Path(run["dir"])
     assert not (run_dir / "metrics.jsonl").exists()  # status read it on the leader, over ssh
     assert run["last_step"] == STEPS and run["summary"]["steps"] == STEPS, status

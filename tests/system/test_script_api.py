@@ -23,6 +23,7 @@ import faults
 import pytest
 
 from fatpipe.infra.trainspec import TrainSpec
+from fatpipe.ops.rdzv.nodefiles import USER_SCRIPT_MODULE
 from fatpipe.stacks import simnet
 from fatpipe.trainer import api
 
@@ -32,6 +33,9 @@ ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "ddp_script.py"
 COMPRESSING = ("bf16", "fp16", "powersgd")
 DECIDE_AT = 4  # trainer.api.scriptrun: auto decides after the script's 4th step
+# What a node's torchrun runs a script through (ops.rdzv.nodefiles): its error file, and an end
+# without Python's finalization (trainer.exiting).
+AS_FATPIPE_RUNS_IT = ("-m", USER_SCRIPT_MODULE)
 
 
 def _free_port() -> int:
@@ -48,7 +52,8 @@ def test_auto_picks_compression_for_a_script_on_a_slow_link(tmp_path):
     env = faults.cli_env(GLOO_SOCKET_IFNAME="lo", OMP_NUM_THREADS="1", **{
         api.RUN_DIR_ENV: str(run), api.TRAIN_ARGS_ENV: shlex.join(args)})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
-           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}", str(EXAMPLE),
+           "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
+           *AS_FATPIPE_RUNS_IT, str(EXAMPLE),
            "--steps", "12", "--batch-size", "4", "--seq-len", "32"]
     done = subprocess.run(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=300)
@@ -92,7 +97,7 @@ def test_a_failed_sync_in_a_script_is_counted_and_described(tmp_path):
         api.RUN_DIR_ENV: str(run), api.TRAIN_ARGS_ENV: shlex.join(args)})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-           "--max-restarts", "0", str(script)]
+           "--max-restarts", "0", *AS_FATPIPE_RUNS_IT, str(script)]
     done = subprocess.run(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=300)
     assert done.returncode != 0, done.stdout[-4000:]
@@ -134,7 +139,7 @@ def run_restartable(tmp_path, source: str) -> tuple[Path, str]:
         api.RUN_DIR_ENV: str(run), api.TRAIN_ARGS_ENV: "--comm none"})
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", "2",
            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{_free_port()}",
-           "--max-restarts", "1", str(script)]
+           "--max-restarts", "1", *AS_FATPIPE_RUNS_IT, str(script)]
     done = subprocess.run(cmd, env=env, text=True, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                           timeout=300)
     assert done.returncode == 0, done.stdout[-4000:]
