@@ -13,13 +13,14 @@ process ends with the script's own status.
 from __future__ import annotations
 
 import os
-import socket
 import subprocess
 import sys
 
 import pytest
 
 from fatpipe.ops.rdzv.nodefiles import USER_SCRIPT_MODULE
+
+from .conftest import free_port
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -44,16 +45,10 @@ except RuntimeError:
 """
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def run_pair(tmp_path, *launcher: str, arg: str) -> subprocess.CompletedProcess:
     """Rank 0 as `launcher job.py arg` (its result), rank 1 beside it."""
     (tmp_path / "job.py").write_text(JOB)
-    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(_free_port()),
+    env = {**os.environ, "WORLD_SIZE": "2", "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(free_port()),
            "GLOO_SOCKET_IFNAME": "lo", "OMP_NUM_THREADS": "1"}
     peer = subprocess.Popen([sys.executable, "job.py", "0"], cwd=tmp_path, env={**env, "RANK": "1"},
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
