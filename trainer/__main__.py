@@ -26,6 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     from .distenv import destroy_process_group, init_process_group, read_env
     from .train import run_training
 
+    if cfg.fault_tolerance == "live":
+        from .livetrain import run_live_training as run_training
+
     env = read_env()
     logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
                         format=f"[trainer r{env.rank}] %(message)s", stream=sys.stderr)

@@ -24,6 +24,10 @@ HOOK_NAMES = ("none", "bf16", "fp16", "powersgd")
 # lower loss than plain parameter averaging (DiLoCo, Douillard et al. 2023).
 PERIODIC_NAMES = ("diloco", "localsgd")
 COMMS = ("auto", *HOOK_NAMES, *PERIODIC_NAMES)
+# What a lost node costs (docs/ARCHITECTURE.md, "Live fault tolerance"): "restart" stops every
+# worker and resumes from the last checkpoint (torchrun's elastic restart); "live" keeps the
+# nodes that are up training at the next step (torchft), one replica group per node.
+FAULT_TOLERANCE = ("restart", "live")
 
 
 class ConfigError(ValueError):
@@ -60,10 +64,14 @@ class TrainConfig:
     out: str = "run"  # run directory: metrics, summary, checkpoints, tb/
     deterministic: bool = False  # deterministic kernels, for bitwise-reproducible runs
     timeout_s: float = 300.0  # process-group timeout: a lost peer fails the run instead of hanging
+    fault_tolerance: str = "restart"  # restart (from a checkpoint) or live (torchft, per node)
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
             raise ConfigError(f"--preset must be one of {', '.join(PRESETS)}, not {self.preset!r}")
+        if self.fault_tolerance not in FAULT_TOLERANCE:
+            raise ConfigError(f"--fault-tolerance must be one of {', '.join(FAULT_TOLERANCE)}, "
+                              f"not {self.fault_tolerance!r}")
         if self.comm not in COMMS:
             raise ConfigError(f"--comm must be one of {', '.join(COMMS)}, not {self.comm!r}")
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "powersgd_rank",
@@ -131,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", metavar="RUN_DIR", default=d.out)
     p.add_argument("--deterministic", action="store_true", default=d.deterministic)
     p.add_argument("--timeout-s", type=float, default=d.timeout_s)
+    p.add_argument("--fault-tolerance", choices=FAULT_TOLERANCE, default=d.fault_tolerance,
+                   help="restart: from the last checkpoint; live: the nodes that are up go on")
     return p
 
 

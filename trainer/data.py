@@ -253,11 +253,19 @@ class ShardedBatches:
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
         c = self.cursor
-        rows = self._shard(c.epoch)[c.index * self.batch_size:(c.index + 1) * self.batch_size]
-        chunk = torch.stack([self.windows.window(int(w)) for w in rows])
+        batch = self._batch(c.epoch, c.index)
         c.index += 1
         if c.index == self.batches_per_epoch:
             c.epoch, c.index = c.epoch + 1, 0
+        return batch
+
+    def batch_at(self, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """Batch `n` of the stream (from 0, across epochs); the cursor is not moved (live runs)."""
+        return self._batch(*divmod(n, self.batches_per_epoch))
+
+    def _batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        rows = self._shard(epoch)[index * self.batch_size:(index + 1) * self.batch_size]
+        chunk = torch.stack([self.windows.window(int(w)) for w in rows])
         return chunk[:, :-1].contiguous(), chunk[:, 1:].contiguous()
 
 

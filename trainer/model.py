@@ -140,3 +140,10 @@ class GPT(nn.Module):
         # Under bf16 autocast cross_entropy runs in float32 by itself (autocast's fp32 list).
         loss = F.cross_entropy(logits.view(-1, logits.size(-1)), targets.view(-1))
         return logits, loss
+
+
+def seeded_gpt(preset: str, seq_len: int, vocab_size: int, seed: int,
+               device: torch.device) -> GPT:
+    """The preset's GPT from `seed`: the same initial weights on every rank and node."""
+    torch.manual_seed(seed)
+    return GPT(preset_config(preset, seq_len, vocab_size)).to(device)

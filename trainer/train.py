@@ -27,6 +27,7 @@ from .comm.allreduce import barrier, sync
 from .comm.commsetup import decide_comm
 from .comm.decision import decision_payload
 from .comm.hooks import powersgd_state_dict
+from .comm.layout import settle_layout
 from .comm.periodic import make_periodic
 from .comm.redecide import AutoComm
 from .config import TrainConfig
@@ -34,10 +35,10 @@ from .data import Corpus, describe_data
 from .datacheck import open_data
 from .distenv import DistEnv
 from .heldout import heldout_loss, heldout_windows
-from .model import GPT, preset_config
+from .model import seeded_gpt
 from .optim import build_optimizer, build_scheduler
 from .replicas import param_digest
-from .torchstate import autocast, configure_determinism, fork_rng, rng_state, set_rng_state
+from .torchstate import autocast, configure_determinism, rng_state, set_rng_state
 
 log = logging.getLogger(__name__)
 
@@ -61,9 +62,8 @@ class Trainer:
         cfg, env = self.cfg, self.env
         self.run_dir.mkdir(parents=True, exist_ok=True)
         configure_determinism(cfg.deterministic, env.device)
-        torch.manual_seed(cfg.seed)  # the same initial weights on every rank
-        self.model = GPT(preset_config(cfg.preset, cfg.seq_len, self.corpus.vocab_size)
-                         ).to(self.device)
+        self.model = seeded_gpt(cfg.preset, cfg.seq_len, self.corpus.vocab_size, cfg.seed,
+                                self.device)
         self.grad_bytes = grad_bytes(self.model)
         ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
         # The same data on every rank, and the checkpoint's data position remapped or refused
@@ -77,7 +77,7 @@ class Trainer:
         self.comm = self.decision.comm
         self.auto = AutoComm(cfg, env, self.decision, self.start_step)  # check, re-decision
         self._wrap_ddp()
-        self._layout_warmup()
+        settle_layout(self.forward, self.ddp, self.meter, cfg.batch_size, cfg.seq_len)
         self._install_hook(mine)
         self.optimizer = build_optimizer(self.model, cfg.lr, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
@@ -116,23 +116,6 @@ class Trainer:
             self.forward = torch.compile(self.ddp)
         elif self.cfg.compile:
             log.info("--compile ignored: torch.compile is used on CUDA only")
-
-    def _layout_warmup(self) -> None:
-        """One step that changes nothing and sends no gradient, so DDP settles its bucket layout.
-
-        DDP rebuilds buckets in gradient-ready order after its first step. Doing that here
-        means every real step, including the first after a restart, sees the same layout, which
-        PowerSGD's per-bucket error feedback and warm start depend on.
-        """
-        x = torch.zeros(self.cfg.batch_size, self.cfg.seq_len, dtype=torch.long,
-                        device=self.device)
-        self.meter.passthrough = True
-        with fork_rng(self.device):
-            with autocast(self.device):
-                _, loss = self.forward(x, x)
-            loss.backward()
-        self.ddp.zero_grad(set_to_none=True)
-        self.meter.passthrough = False
 
     def _install_hook(self, mine: dict | None) -> None:
         """The comm hook; PowerSGD's error feedback from this rank's checkpoint part `mine`."""

@@ -28,8 +28,9 @@ TRAINER_FOLDERS = {
     "api": {"", "comm", "api"},
     "net": {"", "comm", "net"},
     "staging": {"staging"},  # the standard library alone: the operator runs the manifest too
+    "live": {"", "live"},  # torchft's Manager and Lighthouse for fault_tolerance = "live"
 }
-BUILT_IN = {"__main__", "train"}
+BUILT_IN = {"__main__", "train", "livetrain"}
 # Inside ops/ (docs/ARCHITECTURE.md, "Inside ops"): its rooms, in the order a command goes
 # through them. A room may import the rooms before it and itself, never one after it.
 OPS_ROOMS = ("reach", "rdzv", "env", "data", "run", "net", "plan")
@@ -86,7 +87,7 @@ def test_the_trainers_folders_import_one_way():
         if layer != "trainer":
             continue
         folder = trainer_folder(path)
-        allowed = TRAINER_FOLDERS[folder] | ({"api", "comm"} if path.stem in BUILT_IN and not folder else set())
+        allowed = TRAINER_FOLDERS[folder] | ({"api", "comm", "live"} if path.stem in BUILT_IN and not folder else set())
         for line, name in fatpipe_imports(layer, path):
             parts = name.split(".")[2:]
             target = parts[0] if parts and parts[0] in TRAINER_FOLDERS else ""

@@ -77,6 +77,10 @@ class TimedCommHook:
         # During the layout warm-up step the hook sends nothing and records nothing.
         self.passthrough = False
         self.ran_powersgd = False
+        # fault_tolerance = "live" (trainer/live/step.py): the average over the node's ranks on
+        # the default group, then `across(tensor)` averages it over the replica groups that are up.
+        self.across = None
+        self.node_size = 1
         self.begin_step()
 
     def use(self, name: str, powersgd_state: psgd.PowerSGDState | None = None) -> None:
@@ -133,6 +137,8 @@ class TimedCommHook:
     def _run(self, bucket: dist.GradBucket, buffer: torch.Tensor):
         """Call the chosen hook; return its future and the bytes it passed to all-reduce."""
         full = buffer.numel() * buffer.element_size()
+        if self.across is not None:
+            return self._run_across(buffer)
         if self.name == "none":
             return default_hooks.allreduce_hook(None, bucket), full
         if self.name in ("bf16", "fp16"):
@@ -150,6 +156,22 @@ class TimedCommHook:
         # before start_powerSGD_iter it sends the plain gradient.
         sent = (state.total_numel_after_compression - before) * buffer.element_size()
         return fut, sent if compressing else full
+
+
+    def _run_across(self, buffer: torch.Tensor):
+        """Live: the node's ranks average over loopback, then the replica groups over the link
+        (bf16/fp16 cast for the link, as torch's compress hooks do); PowerSGD is refused earlier."""
+        if self.name in ("bf16", "fp16"):
+            send = buffer.to(torch.bfloat16 if self.name == "bf16" else torch.float16)
+        else:
+            send = buffer
+        if self.node_size > 1:
+            dist.all_reduce(send)
+            send.div_(self.node_size)
+        fut = self.across(send)
+        if send is not buffer:
+            fut = fut.then(lambda f: buffer.copy_(f.value()))
+        return fut, send.numel() * send.element_size()
 
 
 def make_powersgd_state(rank: int, start_iter: int, seed: int) -> psgd.PowerSGDState:

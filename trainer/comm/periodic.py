@@ -14,11 +14,12 @@ trains on its own shard), then synchronise once, after the optimizer step:
 Both send the parameters' bytes once per H steps, and none of it overlaps compute. The last
 step of a run always synchronises, so the replicas end identical.
 
-torchft (PyPI) implements both, but only through its Manager, whose rank 0 of each replica group
-runs a server that joins a quorum through a lighthouse service (TORCHFT_LIGHTHOUSE is required)
-and which pulls in OpenTelemetry; the trainer runs on a node with torch alone
-(docs/ARCHITECTURE.md, "Layers"). DiLoCo's outer step is therefore written here with torch's
-optimizer and one all_reduce.
+torchft implements both too, through its Manager and quorum; fatpipe now runs that Manager for
+`fault_tolerance = "live"` (trainer/live, docs/ARCHITECTURE.md, "Live fault tolerance"). These two
+stay written here, with torch's optimizer and one all_reduce, because they must also run under
+"restart" and on nodes without torchft's wheels (CPython 3.13, ARM), and torchft 0.2.0's DiLoCo
+averages over the whole quorum with no second level (the regions issue needs one). Under "live"
+they are refused for now: their sync across replica groups would have to go through the Manager.
 
 Between syncs the replicas' parameters and AdamW moments differ, so a checkpoint keeps each
 rank's own (`rank_state`) besides what they share (`shared_state`): resume is exact.

@@ -42,6 +42,7 @@ from ..metrics import percentile
 from .autocomm import EXPOSED_BUDGET  # a less lossy hook within it may replace a faster one
 from .commsetup import plain_steps, redecide_comm
 from .decision import CommDecision, Switch, SwitchRefused
+from .layout import settle_layout
 
 log = logging.getLogger(__name__)
 
@@ -211,5 +212,6 @@ def _rebuild_ddp(trainer, new: CommDecision) -> None:
     trainer.ddp = trainer.forward = trainer.meter = None
     gc.collect()  # the old reducer unregisters its autograd hooks when it is freed
     trainer._wrap_ddp(init_sync=False)  # the replicas are equal: nothing to broadcast
-    trainer._layout_warmup()
+    settle_layout(trainer.forward, trainer.ddp, trainer.meter, trainer.cfg.batch_size,
+                  trainer.cfg.seq_len)
     trainer._install_hook(None)

@@ -1,0 +1,173 @@
+"""torchft's Manager for one replica group (a node), every server it starts on the private address.
+
+torchft advertises `socket.gethostname()` and binds every interface: its manager server on
+`[::]`, its checkpoint server (which hands the live weights to a returning replica) on `""`.
+Sim nodes share one hostname and DigitalOcean maps it to 127.0.1.1, and the training ports must
+be reachable from the private network only (docs/ARCHITECTURE.md, "Live fault tolerance"). So
+both are bound to, and advertised as, the node's private address; and a returning replica loads
+the weights it is sent with `weights_only=True`, never unpickling what a peer serves.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ipaddress
+import os
+import re
+import socket
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass
+from datetime import timedelta
+
+from ..config import ConfigError
+
+LIGHTHOUSE_ENV = "FATPIPE_LIVE_LIGHTHOUSE"  # host:port of the run's Lighthouse
+MANAGER_PORT_ENV = "FATPIPE_LIVE_PORT"  # the replica group's manager server port (0: any)
+NODES_ENV = "FATPIPE_NODES"  # the cluster's node count: the data stream is cut for all of them
+_NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+# How long a collective across replica groups may take before the group counts the step as
+# failed and a new quorum forms without the peer that did not answer. A killed peer's sockets
+# close at once; a cut link is only seen by this timeout. Steps on the sim take about a second.
+COLLECTIVE_TIMEOUT_S = 6.0
+# How long one quorum request waits before it is sent again (live.step.LiveStep._quorum): a
+# request in flight when the Lighthouse died is lost with it; asked again, it reaches the one
+# the node supervisor started in its place while the others' requests wait for it (join timeout).
+QUORUM_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class LiveSettings:
+    """Where a replica group finds the Lighthouse and its own servers' address."""
+
+    lighthouse: str  # host:port
+    private_ip: str  # every server binds and advertises this
+    replica_id: str  # the node's name: the summary's joins and leaves name it
+    store_port: int  # the node's torchrun store, where peers form the cross-node gloo group
+    node_rank: int = 0  # this node's index in the cluster file
+    nodes: int = 1  # the cluster's node count
+    manager_port: int = 0
+    timeout_s: float = COLLECTIVE_TIMEOUT_S
+    quorum_timeout_s: float = QUORUM_TIMEOUT_S
+
+    @property
+    def lighthouse_url(self) -> str:
+        return f"http://{self.lighthouse}"
+
+
+def settings_from_env(env: Mapping[str, str] | None = None) -> LiveSettings:
+    """The settings the launch path puts in every node's environment; ConfigError names a bad one."""
+    env = os.environ if env is None else env
+    lighthouse = env.get(LIGHTHOUSE_ENV, "")
+    host, _, port = lighthouse.rpartition(":")
+    if not host or not _is_ip(host.strip("[]")) or not _is_port(port):
+        raise ConfigError(f"{LIGHTHOUSE_ENV} must be IP:PORT of the run's Lighthouse, "
+                          f"got {lighthouse!r}")
+    private_ip = env.get("FATPIPE_PRIVATE_IP", "")
+    if not _is_ip(private_ip):
+        raise ConfigError(f"FATPIPE_PRIVATE_IP must be this node's private IP address, "
+                          f"got {private_ip!r}")
+    name = env.get("FATPIPE_NODE_NAME") or socket.gethostname()
+    if not _NODE_NAME.match(name):
+        raise ConfigError(f"FATPIPE_NODE_NAME {name!r}: letters, digits, '.', '_' and '-' only")
+    store_port = env.get("MASTER_PORT", "")
+    manager_port = env.get(MANAGER_PORT_ENV, "0")
+    if not _is_port(store_port) or not (manager_port == "0" or _is_port(manager_port)):
+        raise ConfigError(f"MASTER_PORT ({store_port!r}) and {MANAGER_PORT_ENV} "
+                          f"({manager_port!r}) must be ports")
+    node_rank, nodes = env.get("FATPIPE_NODE_RANK", "0"), env.get(NODES_ENV, "1")
+    if not (node_rank.isdigit() and nodes.isdigit() and int(node_rank) < int(nodes)):
+        raise ConfigError(f"FATPIPE_NODE_RANK ({node_rank!r}) must be a node index below "
+                          f"{NODES_ENV} ({nodes!r})")
+    return LiveSettings(lighthouse=lighthouse, private_ip=private_ip, replica_id=name,
+                        store_port=int(store_port), node_rank=int(node_rank), nodes=int(nodes),
+                        manager_port=int(manager_port))
+
+
+def _is_ip(text: str) -> bool:
+    try:
+        ipaddress.ip_address(text)
+    except ValueError:
+        return False
+    return True
+
+
+def _is_port(text: str) -> bool:
+    return text.isdigit() and 0 < int(text) < 65536
+
+
+def host_in_url(ip: str) -> str:
+    return f"[{ip}]" if ipaddress.ip_address(ip).version == 6 else ip
+
+
+@contextlib.contextmanager
+def _private_servers(ip: str, port: int) -> Iterator[None]:
+    """While torchft builds its servers: the manager server and the checkpoint server bind
+    `ip` (the manager server on `port`) instead of every interface."""
+    from torchft import manager as tf_manager
+    from torchft.checkpointing import http_transport
+
+    family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
+    plain_server = http_transport._IPv6HTTPServer
+
+    class PrivateHTTPServer(plain_server):
+        address_family = family
+
+        def __init__(self, _address, handler):
+            super().__init__((ip, 0), handler)
+
+    plain_manager = tf_manager.ManagerServer
+
+    def private_manager(**kwargs):
+        return plain_manager(**{**kwargs, "bind": f"{host_in_url(ip)}:{port}"})
+
+    http_transport._IPv6HTTPServer, tf_manager.ManagerServer = PrivateHTTPServer, private_manager
+    try:
+        yield
+    finally:
+        http_transport._IPv6HTTPServer, tf_manager.ManagerServer = plain_server, plain_manager
+
+
+def _private_transport(ip: str, timeout: timedelta):
+    """torchft's HTTP checkpoint transport, advertising `ip` and loading with weights_only."""
+    from torchft.checkpointing._serialization import _streaming_load
+    from torchft.checkpointing.http_transport import HTTPTransport
+
+    class PrivateHTTPTransport(HTTPTransport):
+        def address(self) -> str:
+            return f"http://{host_in_url(ip)}:{self._server.socket.getsockname()[1]}/checkpoint/"
+
+        @classmethod
+        def _load_from_address(cls, address: str, timeout: timedelta) -> object:
+            import urllib.request
+
+            with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
+                return _streaming_load(f, weights_only=True)
+
+    return PrivateHTTPTransport(timeout=timeout, num_chunks=0)
+
+
+def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
+                 load_state_dict: Callable[[dict], None], group_rank: int, group_size: int):
+    """The replica group's Manager and its cross-node gloo group (torchft's, reconfigured at
+    every new quorum). `state_dict`/`load_state_dict`: what a returning replica is sent."""
+    os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every step at info
+    from torchft import Manager
+    from torchft.process_group import ProcessGroupGloo
+
+    timeout = timedelta(seconds=settings.timeout_s)
+    with _private_servers(settings.private_ip, settings.manager_port):
+        transport = _private_transport(settings.private_ip, timeout)
+        return Manager(
+            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
+            state_dict=state_dict, load_state_dict=load_state_dict,
+            timeout=timeout, quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
+            connect_timeout=timedelta(seconds=30), rank=group_rank, world_size=group_size,
+            # Peers form the cross-node group on this node's torchrun store: its private address.
+            store_addr=settings.private_ip, store_port=settings.store_port,
+            lighthouse_addr=settings.lighthouse_url, replica_id=settings.replica_id,
+            port=settings.manager_port, hostname=settings.private_ip,
+            checkpoint_transport=transport,
+            # Every replica starts from the same seed or the same checkpoint; a returning one
+            # is sent the live state by the quorum anyway.
+            init_sync=False)

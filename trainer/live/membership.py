@@ -1,0 +1,52 @@
+"""Joins, leaves and goodput of a live run, read from its steps' records (metrics.jsonl).
+
+Each committed step records how many replica groups made its mean (`participants`) and the wall
+time it ended at (`time`). A step whose count is lower than the step before it is a leave, a
+higher one a join; what it cost is the wall time from the step before it beyond a median step
+(the failed attempts, the quorum without the lost node, a returning node's copy of the state).
+"""
+
+from __future__ import annotations
+
+import statistics
+
+
+def membership(records: list[dict]) -> list[dict]:
+    """One entry per change in the quorum: step, "join"/"leave", replica groups before and
+    after, and the seconds the change cost beyond a median step."""
+    live = [r for r in records if "participants" in r and "time" in r]
+    if len(live) < 2:
+        return []
+    median_s = statistics.median(r["step_s"] for r in live)
+    changes = []
+    for before, now in zip(live, live[1:], strict=False):
+        if now["participants"] == before["participants"]:
+            continue
+        gap = now["time"] - before["time"]
+        changes.append({
+            "step": now["step"],
+            "event": "join" if now["participants"] > before["participants"] else "leave",
+            "replica_groups": [before["participants"], now["participants"]],
+            "seconds_lost": round(max(0.0, gap - median_s), 3),
+        })
+    return changes
+
+
+def goodput(records: list[dict], per_participant_tokens: int) -> dict:
+    """Useful tokens per second of wall time over the recorded steps: each committed step's
+    tokens (those of the replica groups that made it), over the time from the first step's
+    start to the last step's end. Steps taken again after a failure count once."""
+    live = [r for r in records if "participants" in r and "time" in r]
+    if not live:
+        return {"tokens": 0, "wall_s": 0.0, "tokens_per_s": 0.0}
+    tokens = sum(r["participants"] * per_participant_tokens for r in live)
+    wall = live[-1]["time"] - (live[0]["time"] - live[0]["step_s"])
+    return {"tokens": tokens, "wall_s": round(wall, 3),
+            "tokens_per_s": tokens / wall if wall > 0 else 0.0}
+
+
+def skipped_batches(records: list[dict], nodes: int, batches_per_node_step: int) -> int:
+    """Batches no node read: each step reads the batches of the nodes in its quorum only, so a
+    node that is down leaves its share of that step's data unread (counted, never hidden)."""
+    return sum(max(0, nodes - r["participants"]) * batches_per_node_step
+               for r in records if "participants" in r)

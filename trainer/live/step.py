@@ -1,0 +1,128 @@
+"""One optimizer step under `fault_tolerance = "live"`: quorum, gradients averaged over the replica
+groups that are up, and an optimizer step only when torchft says the step may commit.
+
+A step that fails (a peer died in its all-reduce, the quorum changed under it) is not committed:
+its gradients are dropped, nothing moved, and the same step is taken again at the next quorum
+with the same data. So a lost node costs time, never a step.
+
+The mean is over the gradients contributed: a replica that is catching up (it is sent the live
+weights during this step) or has left adds nothing; torchft zeroes a catching-up replica's
+gradient and divides by the replicas that took part. The learning rate is not scaled when fewer
+replicas take part: the step's gradient is still the mean over the batch that was read, only
+noisier (the linear scaling rule would lower it; at one node of four gone it is within the
+run's warmup noise, and restoring it when the node returns would be a jump).
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+log = logging.getLogger(__name__)
+
+GRAD_CLIP = 1.0
+# Quorum requests (each QUORUM_TIMEOUT_S, live.manager) before a run gives up on the Lighthouse.
+QUORUM_TRIES = 24
+
+
+@dataclass(frozen=True)
+class LiveStepResult:
+    """What one attempt at a step did."""
+
+    committed: bool
+    participants: int  # replica groups whose gradients made the mean
+    healed: bool  # this replica was sent the live state during the step
+    quorum_s: float  # time spent waiting for the quorum (the replica groups' skew, mostly)
+
+
+def across_replicas(manager) -> Callable[[torch.Tensor], torch.futures.Future]:
+    """The comm hook's second half: `tensor` averaged over the replica groups in the quorum.
+
+    Waits like torchft's own DDP hook: on an error the manager has recorded it, the tensor may
+    be garbage, and the step will not commit.
+    """
+    def across(tensor: torch.Tensor) -> torch.futures.Future:
+        manager.allreduce(tensor).wait()
+        done = torch.futures.Future()
+        done.set_result(tensor)
+        return done
+
+    return across
+
+
+class LiveStep:
+    """Runs steps for one rank of a replica group: `attempt(step_fn)` until one commits."""
+
+    def __init__(self, manager, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                 scheduler):
+        self.manager, self.model = manager, model
+        self.optimizer, self.scheduler = optimizer, scheduler
+        self._quorum_started = False  # `gather` left its last quorum for the first step
+
+    @property
+    def step(self) -> int:
+        """The step the next attempt takes (1 for the first): committed steps + 1."""
+        return self.manager.current_step() + 1
+
+    def attempt(self, forward_backward: Callable[[int], float]) -> tuple[float, LiveStepResult]:
+        """Start the quorum, run `forward_backward(step)` (its gradients sync through the comm
+        hook), clip, and step the optimizer if the step commits. Returns its loss and result."""
+        manager = self.manager
+        waited = time.perf_counter()
+        if not self._quorum_started:
+            self._quorum()
+        self._quorum_started = False
+        quorum_s = time.perf_counter() - waited
+        loss = forward_backward(self.step)
+        healed = not manager.is_participating()
+        participants = manager.num_participants()
+        norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), GRAD_CLIP)
+        if not math.isfinite(float(norm)):  # a garbled all-reduce after a peer died
+            manager.report_error(RuntimeError("non-finite gradient after the all-reduce"))
+        committed = manager.should_commit()  # applies the live state a healing replica was sent
+        if committed:
+            self.optimizer.step()
+            self.scheduler.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return loss, LiveStepResult(committed, participants, healed, quorum_s)
+
+    def gather(self, nodes: int, grace_s: float) -> int:
+        """A fresh run's first quorum: wait up to `grace_s` for the `nodes` the cluster declares
+        (they start within seconds of each other), so step 1 is not taken by the first node up
+        alone. A node that joins a run under way (the quorum is past step 0) does not wait.
+        The last quorum is the first step's: a returning node's copy of the live state, set up
+        by it, is applied when that step commits. Returns the replica groups in the quorum."""
+        manager, deadline = self.manager, time.monotonic() + grace_s
+        while True:
+            self._quorum()
+            if (manager.num_participants() >= nodes or manager.current_step() > 0
+                    or time.monotonic() > deadline):
+                self._quorum_started = True
+                return manager.num_participants()
+            time.sleep(0.5)
+
+    def _quorum(self) -> None:
+        """The step's quorum, waited for before the forward pass (so that a failure to form one
+        is handled here, not inside backward's comm hook), asked again after a timeout: a request
+        in flight to a Lighthouse that died is lost with it, and a Lighthouse started again has
+        the others' next requests within seconds. After QUORUM_TRIES the error is the run's."""
+        manager = self.manager
+        for tries in range(1, QUORUM_TRIES + 1):
+            try:
+                manager.start_quorum()
+                manager.wait_quorum()
+                return
+            except TimeoutError as e:
+                if tries == QUORUM_TRIES:
+                    raise TimeoutError(f"no quorum from the Lighthouse in {tries} tries: {e}") from e
+                log.warning("no quorum yet (%s): asking the Lighthouse again", e)
+                # torchft 0.2.0 re-raises a failed quorum at the next start_quorum: forget it.
+                manager._quorum_future = None
+
+    def close(self) -> None:
+        self.manager.shutdown(wait=False)

@@ -1,0 +1,226 @@
+"""The built-in trainer under `fault_tolerance = "live"` (docs/ARCHITECTURE.md, "Live fault
+tolerance"): one replica group per node, torchft's Manager across them.
+
+Each node runs its own torchrun (`--nnodes 1`): its ranks form the default process group and
+DDP averages over them; the comm hook then averages over the replica groups in the quorum
+(`live.step.across_replicas`). Steps commit only when torchft says so (`live.step.LiveStep`).
+
+Data: one stream for the whole cluster, cut by step. At step b, rank r of the K ranks the
+cluster declares reads batches (b-1)*K + r (times grad_accum, plus the micro-batch): a node
+that joins late reads exactly the batches of the step it joins at, and the batches of a node
+that is down are not read by anyone, and counted (`skipped_batches` in the summary).
+
+Checkpoints: each node writes its own (the node's rank 0: model, optimizer, scheduler, the
+Manager's step) on its own disk; after a loss of every node each resumes from its own, and the
+first quorum brings a node that is behind up to the one furthest ahead.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import logging
+import time
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from .api.ddpcomm import register_timed_hook
+from .api.record import RunRecord
+from .bandwidth import busbw_gbs
+from .checkpoint import load_agreed_checkpoint, save_checkpoint
+from .collectives import all_gather_objects
+from .comm.allreduce import barrier, sync
+from .comm.layout import settle_layout
+from .config import ConfigError, TrainConfig
+from .data import Corpus, ShardedBatches, describe_data
+from .datacheck import check_same_data
+from .distenv import DistEnv
+from .heldout import heldout_loss, heldout_windows
+from .live.manager import live_manager, settings_from_env
+from .live.membership import goodput, membership, skipped_batches
+from .live.step import LiveStep, across_replicas
+from .model import seeded_gpt
+from .optim import build_optimizer, build_scheduler
+from .replicas import param_digest
+from .torchstate import autocast, configure_determinism
+
+log = logging.getLogger(__name__)
+
+LIVE_COMMS = ("none", "bf16", "fp16")
+# Attempts at one step that may fail in a row (each one a quorum and a failed all-reduce, a few
+# seconds) before the run gives up: a group that cannot commit for minutes is not coming back.
+MAX_FAILED_ATTEMPTS = 40
+# A fresh run waits this long for every declared node before its first step (`LiveStep.gather`).
+GATHER_S = 120.0
+
+
+def live_comm(comm: str) -> str:
+    """The per-step comm under live: the hooks that go through torchft's all-reduce."""
+    if comm == "auto":
+        return "none"
+    if comm not in LIVE_COMMS:
+        raise ConfigError(f"--comm {comm} does not run under --fault-tolerance live (use "
+                          f"{', '.join(LIVE_COMMS)} or auto, or --fault-tolerance restart)")
+    return comm
+
+
+class LiveTrainer:
+    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store,
+                 data: tuple[Corpus, Corpus | None]):
+        self.cfg, self.env, self.device = cfg, env, env.device
+        self.corpus, self.val_corpus = data
+        if importlib.util.find_spec("torchft") is None:
+            raise ConfigError("--fault-tolerance live needs torchft 0.2.0 (CPython 3.10-3.12 on "
+                              "x86_64): pip install torchft==0.2.0, or --fault-tolerance restart")
+        self.comm = live_comm(cfg.comm)
+        self.settings = settings_from_env()
+        self.ranks = self.settings.nodes * env.world_size  # the cluster's declared ranks
+        self.rank = self.settings.node_rank * env.world_size + env.rank
+        self.node_tokens = cfg.batch_size * cfg.seq_len * cfg.grad_accum * env.world_size
+        self.record = RunRecord(cfg, env, store)
+        self.run_dir = cfg.out_dir
+
+    def setup(self) -> None:
+        cfg, env = self.cfg, self.env
+        configure_determinism(cfg.deterministic, env.device)
+        self.model = seeded_gpt(cfg.preset, cfg.seq_len, self.corpus.vocab_size, cfg.seed,
+                                self.device)
+        self.run_dir.mkdir(parents=True, exist_ok=True)
+        check_same_data(self.corpus, self.device)  # across the node's ranks
+        self.data = ShardedBatches(self.corpus, cfg.seq_len, cfg.batch_size, 0, 1, cfg.seed,
+                                   holdout=self.val_corpus is None)
+        self.ddp = DDP(self.model, device_ids=[env.local_rank] if self.device.type == "cuda"
+                       else None, bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=True)
+        self.meter = register_timed_hook(self.ddp, self.device)
+        settle_layout(self.ddp, self.ddp, self.meter, cfg.batch_size, cfg.seq_len)
+        self.meter.use(self.comm)
+        self.optimizer = build_optimizer(self.model, cfg.lr, self.device)
+        self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
+        ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
+        if ckpt:
+            self._load_state(ckpt)
+        # Last: the Manager joins the quorum, which must not wait on this node's setup.
+        self.manager = live_manager(self.settings, self._state, self._load_state,
+                                    env.local_rank, env.world_size)
+        if ckpt:
+            self.manager.load_state_dict(ckpt["manager"])
+        self.meter.across, self.meter.node_size = across_replicas(self.manager), env.world_size
+        self.live = LiveStep(self.manager, self.model, self.optimizer, self.scheduler)
+        gathered = self.live.gather(self.settings.nodes, GATHER_S)
+        if gathered < self.settings.nodes and self.live.step == 1:
+            log.warning("starting with %d of %d nodes: the others join when they are up",
+                        gathered, self.settings.nodes)
+        self.record.open()
+        if env.is_main:
+            log.info("%s: %.2fM parameters, fault tolerance live: node %s (%d of %d), %d rank(s) "
+                     "here, comm %s, start at step %d", cfg.preset, self.model.num_params() / 1e6,
+                     self.settings.replica_id, self.settings.node_rank, self.settings.nodes,
+                     env.world_size, self.comm, self.live.step)
+            log.info("data: %s", describe_data(self.corpus, self.val_corpus, cfg.seq_len))
+
+    # What a returning replica group is sent by a peer, and what a checkpoint holds.
+    def _state(self) -> dict:
+        return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
+                "scheduler": self.scheduler.state_dict()}
+
+    def _load_state(self, state: dict) -> None:
+        self.model.load_state_dict(state["model"])
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+    def run(self) -> None:
+        failed = 0
+        while self.live.step <= self.cfg.steps:
+            start, lr = time.perf_counter(), self.scheduler.get_last_lr()[0]
+            self.meter.begin_step()
+            loss, result = self.live.attempt(self._forward_backward)
+            sync(self.device)
+            if not result.committed:
+                failed += 1
+                if failed >= MAX_FAILED_ATTEMPTS:
+                    raise RuntimeError(f"step {self.live.step}: {failed} attempts in a row did "
+                                       f"not commit: {self.manager.errored()}")
+                log.warning("step %d not committed (attempt %d): taken again at the next quorum",
+                            self.live.step, failed)
+                continue
+            failed = 0
+            step = self.live.step - 1
+            rec = self.record.measure(step, loss, lr, time.perf_counter() - start,
+                                      self.node_tokens * result.participants,
+                                      self.meter.end_step(), self.comm)
+            rec.update(participants=result.participants, healed=result.healed,
+                       quorum_s=result.quorum_s, time=time.time(),
+                       busbw_gbps=busbw_gbs(rec["wire_bytes"], rec["sync_s"], result.participants) * 8
+                       if rec["sync_s"] else 0.0)
+            self.record.write(rec)
+            if step == self.cfg.steps or (self.cfg.checkpoint_every
+                                          and step % self.cfg.checkpoint_every == 0):
+                self.save(step)
+        self.finish()
+
+    def _forward_backward(self, step: int) -> float:
+        cfg, total = self.cfg, torch.zeros((), device=self.device)
+        for micro in range(cfg.grad_accum):
+            x, y = (t.to(self.device) for t in self.data.batch_at(
+                ((step - 1) * self.ranks + self.rank) * cfg.grad_accum + micro))
+            last = micro == cfg.grad_accum - 1
+            with contextlib.nullcontext() if last else self.ddp.no_sync():
+                with autocast(self.device):
+                    _, loss = self.ddp(x, y)
+                (loss / cfg.grad_accum).backward()
+            total += loss.detach()
+        return total.item() / cfg.grad_accum
+
+    def save(self, step: int) -> None:
+        """This node's checkpoint, by its rank 0 (every rank of a group holds the same state)."""
+        if self.env.is_main:
+            save_checkpoint(self.run_dir / "checkpoints", step, {
+                **self._state(), "step": step, "manager": self.manager.state_dict(),
+                "config": self.cfg.to_dict(), "world_size": self.env.world_size})
+            self.record.faults.save()
+
+    def finish(self) -> None:
+        digests = all_gather_objects(param_digest(self.model), self.device)
+        if self.env.is_main:
+            self._write_summary(digests)
+        barrier(self.device)
+
+    def _write_summary(self, digests: list[str]) -> None:
+        records = self.record.records()
+        held = heldout_windows(self.corpus, self.val_corpus, self.cfg.seq_len)
+        eval_loss, eval_windows = heldout_loss(self.model, *held, self.cfg.batch_size, self.device,
+                                               self.cfg.eval_windows)
+        participants = sorted(r.get("participants", 1) for r in records) or [1]
+        self.record.write_summary(
+            records, self.node_tokens * participants[len(participants) // 2],
+            comm=self.comm, preset=self.cfg.preset, params=self.model.num_params(),
+            param_digests=digests, replicas_in_sync=len(set(digests)) == 1,
+            eval_loss=eval_loss, eval_windows=eval_windows,
+            data=describe_data(self.corpus, self.val_corpus, self.cfg.seq_len),
+            fault_tolerance="live", node=self.settings.replica_id,
+            membership=membership(records), goodput=goodput(records, self.node_tokens),
+            skipped_batches=skipped_batches(records, self.settings.nodes,
+                                            self.env.world_size * self.cfg.grad_accum))
+
+    def close(self) -> None:
+        if hasattr(self, "live"):
+            self.live.close()
+        self.record.close()
+
+
+def run_live_training(cfg: TrainConfig, env: DistEnv, store: dist.Store,
+                      data: tuple[Corpus, Corpus | None]) -> Path:
+    logging.getLogger("torchft").setLevel(logging.WARNING)  # its per-step INFO lines
+    trainer = LiveTrainer(cfg, env, store, data)
+    try:
+        trainer.setup()
+        trainer.run()
+    except Exception as e:
+        trainer.record.fail(e)
+        raise
+    finally:
+        trainer.close()
+    return trainer.run_dir
