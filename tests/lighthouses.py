@@ -41,13 +41,13 @@ def free_port() -> int:
 
 
 def start_lighthouse(log: Path, port: int | None = None, heartbeat_ms: int = 3000,
-                     join_ms: int = 10000) -> tuple[subprocess.Popen, int]:
+                     join_ms: int = 10000, min_replicas: int = 1) -> tuple[subprocess.Popen, int]:
     """The Lighthouse on 127.0.0.1; (its process, its port) once it serves."""
     port = port or free_port()
     proc = subprocess.Popen(
         [sys.executable, "-m", "fatpipe.trainer.live.lighthouse", "--host", "127.0.0.1",
          "--port", str(port), "--heartbeat-timeout-ms", str(heartbeat_ms),
-         "--join-timeout-ms", str(join_ms)],
+         "--join-timeout-ms", str(join_ms), "--min-replicas", str(min_replicas)],
         stdout=open(log, "ab"), stderr=subprocess.STDOUT)
     _STARTED.append(proc)
     deadline = time.monotonic() + 30
@@ -67,7 +67,8 @@ class LiveNode:
                  nproc: int = 1):
         self.root, self.rank, self.nodes = root, rank, nodes
         self.lighthouse_port, self.args, self.nproc = lighthouse_port, args, nproc
-        self.out = root / f"node{rank}"
+        self.run = root / "run"  # shared, as the sim's nodes share a disk
+        self.out = self.run if rank == 0 else self.run / f"live-node-{rank}"
         self.log = root / f"node{rank}.log"
         self.proc: subprocess.Popen | None = None
 
@@ -80,7 +81,7 @@ class LiveNode:
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
              "--nproc-per-node", str(self.nproc), "--rdzv-backend", "c10d",
              "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "fatpipe.trainer",
-             *TRAIN, *self.args, "--out", str(self.out)],
+             *TRAIN, *self.args, "--out", str(self.run)],
             env=env, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
         _STARTED.append(self.proc)

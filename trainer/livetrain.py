@@ -18,6 +18,7 @@ first quorum brings a node that is behind up to the one furthest ahead.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import logging
 import time
@@ -57,6 +58,13 @@ MAX_FAILED_ATTEMPTS = 40
 GATHER_S = 120.0
 
 
+def node_run_dir(run_dir: Path, node_rank: int) -> Path:
+    """Where a node writes its records and checkpoints: node 0 the run folder itself (what
+    `fatpipe top`, `report` and `pull` read), node k `live-node-<k>/` inside it, so nodes that
+    share a disk (the sim's) never write the same file."""
+    return run_dir if node_rank == 0 else run_dir / f"live-node-{node_rank}"
+
+
 def live_comm(comm: str) -> str:
     """The per-step comm under live: the hooks that go through torchft's all-reduce."""
     if comm == "auto":
@@ -77,6 +85,8 @@ class LiveTrainer:
                               "x86_64): pip install torchft==0.2.0, or --fault-tolerance restart")
         self.comm = live_comm(cfg.comm)
         self.settings = settings_from_env()
+        cfg = dataclasses.replace(cfg, out=str(node_run_dir(cfg.out_dir, self.settings.node_rank)))
+        self.cfg = cfg
         self.ranks = self.settings.nodes * env.world_size  # the cluster's declared ranks
         self.rank = self.settings.node_rank * env.world_size + env.rank
         self.node_tokens = cfg.batch_size * cfg.seq_len * cfg.grad_accum * env.world_size
