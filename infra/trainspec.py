@@ -38,6 +38,9 @@ class TrainSpec(Strict):
     # comm=auto may pick diloco/localsgd, and only at an interval of MIN_AUTO_SYNC_EVERY (50)
     # steps or more: they change the optimizer, so auto takes them only when asked.
     auto_periodic: bool = False
+    # What a lost node costs (docs/ARCHITECTURE.md, "Live fault tolerance"): restart resumes every
+    # node from the last checkpoint; live keeps the nodes that are up training (built-in trainer).
+    fault_tolerance: Literal["restart", "live"] = "restart"
 
     def trainer_args(self) -> list[str]:
         """The trainer's command-line flags for these settings."""

@@ -60,14 +60,21 @@ def worker_entry(entry: list[str]) -> list[str]:
 
 
 def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
-    """torchrun's arguments for one node (after the interpreter)."""
+    """torchrun's arguments for one node (after the interpreter).
+
+    Under live fault tolerance every node is a group of its own: its torchrun hosts its own
+    store on its private IP (where the other nodes' replica groups meet it) and waits for nobody.
+    """
     # Only node 0 hosts the c10d store: on one machine (loopback nodes) torchrun's own guess
     # would make every node think it is the host.
-    conf = f"is_host={int(node.rank == 0)},join_timeout={rdzv.join_timeout_s},read_timeout={rdzv.join_timeout_s}"
+    host = rdzv.live or node.rank == 0
+    conf = f"is_host={int(host)},join_timeout={rdzv.join_timeout_s},read_timeout={rdzv.join_timeout_s}"
+    nnodes, endpoint = (1, f"{node.private_ip}:{rdzv.rdzv_endpoint.rpartition(':')[2]}") \
+        if rdzv.live else (rdzv.nnodes, rdzv.rdzv_endpoint)
     return [
         "-m", "torch.distributed.run",
-        "--nnodes", str(rdzv.nnodes), "--nproc-per-node", str(rdzv.nproc_per_node),
-        "--rdzv-backend", rdzv.rdzv_backend, "--rdzv-endpoint", rdzv.rdzv_endpoint,
+        "--nnodes", str(nnodes), "--nproc-per-node", str(rdzv.nproc_per_node),
+        "--rdzv-backend", rdzv.rdzv_backend, "--rdzv-endpoint", endpoint,
         "--rdzv-id", rdzv.run_id, "--rdzv-conf", conf,
         "--max-restarts", str(rdzv.max_restarts), "--local-addr", node.private_ip,
         "--log-dir", torchrun_log_dir(rdzv, node.rank),

@@ -14,11 +14,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fatpipe.infra.node import REMOTE_PKG
+
 from ..reach.nodecall import NodeCallError, Step, answer_of, ask
 from ..reach.transport import Transport, fan_out, transport_for
 from .nodefiles import group_rank_file
 from .rendezvous import NodePlan, Rendezvous, read_rendezvous
 from .runproc import AGENT_TAG_ENV, AGENT_TAG_PREFIX
+
+LIGHTHOUSE_MODULE = "fatpipe.trainer.live.lighthouse"
 
 LOST = 255  # the status of a node whose process vanished without writing its exit status
 # fatpipe stopped following a run whose node stayed out of reach: the run goes on on its nodes
@@ -136,16 +140,27 @@ class NodeRun:
         Each attempt's workers carry a tag, since they outlive a killed torchrun (each runs in
         a session of its own) and must go before the next attempt starts. Before its pid, the
         wrapper records who it is (boot id, start time: `runproc`), which the tag holds too.
+        Under live fault tolerance each node's torchrun is a group of its own: any node's is
+        started again, with no rendezvous to prepare, and node 0's wrapper also keeps the run's
+        Lighthouse (`_lighthouse`) until it ends.
         """
-        restarts = self.rdzv.max_restarts if self.plan.rank != 0 else 0
-        leads = f'[ "$(cat {shlex.quote(group_rank_file(self.rdzv, self.plan.rank))} 2>/dev/null)" = 0 ]'
+        live = self.rdzv.live
+        # Live: every node hosts its own store, so any node's torchrun may start again; it
+        # rejoins through the Lighthouse, not torch's rendezvous.
+        restarts = self.rdzv.max_restarts if live or self.plan.rank != 0 else 0
+        leads = "false" if live else \
+            f'[ "$(cat {shlex.quote(group_rank_file(self.rdzv, self.plan.rank))} 2>/dev/null)" = 0 ]'
         log = self.log
         host, _, port = self.rdzv.rdzv_endpoint.rpartition(":")
-        rejoin = shlex.join([REJOIN_PY, host, port, self.rdzv.run_id])
         python = f'"${{FATPIPE_PYTHON:-{self.plan.python}}}"'
+        rejoin = "" if live else (
+            f"timeout {REJOIN_TIMEOUT_S} {python} -c {shlex.join([REJOIN_PY, host, port, self.rdzv.run_id])} "
+            f'>> {log} 2>&1 || echo "fatpipe: could not prepare the rendezvous for the new torchrun" >> {log}')
+        lighthouse = self._lighthouse(python) if live and self.plan.rank == 0 else ""
+        end_lighthouse = "kill $lh 2>/dev/null; " if lighthouse else ""
         return f"""read -r boot < /proc/sys/kernel/random/boot_id; st=$(< /proc/$$/stat); st=(${{st##*") "}})
 start=${{st[19]}}; echo "$boot $start" > {self.ident}; echo $$ > {self.pid}; trap true TERM INT HUP; n=0
-while :; do
+{lighthouse}while :; do
   from=$(stat -c %s {log} 2>/dev/null || echo 0); tag={AGENT_TAG_PREFIX}$$-$start-$n
   {AGENT_TAG_ENV}=$tag bash {self.script} >> {log} 2>&1 < /dev/null; rc=$?
   [ -e {self.stop} ] || [ $n -ge {restarts} ] || {leads} && break
@@ -155,9 +170,18 @@ while :; do
   left=$({_tagged_pids('$tag')}); [ -n "$left" ] && kill -KILL $left 2>/dev/null
   n=$((n + 1))
   echo "fatpipe: torchrun on {self.name} ended by signal $sig, not by fatpipe stop: starting it again (restart $n of {restarts})" >> {log}
-  timeout {REJOIN_TIMEOUT_S} {python} -c {rejoin} >> {log} 2>&1 || echo "fatpipe: could not prepare the rendezvous for the new torchrun" >> {log}
+  {rejoin}
 done
-echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
+{end_lighthouse}echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
+
+    def _lighthouse(self, python: str) -> str:
+        """Node 0's Lighthouse under live fault tolerance, beside torchrun for the whole run and
+        started again a second after it dies; its lines go to the node's log."""
+        host, _, port = self.rdzv.lighthouse.rpartition(":")
+        path = f'PYTHONPATH="$PWD/{REMOTE_PKG}" ' if self.plan.transport == "ssh" else ""
+        run = f"{path}{python} -m {LIGHTHOUSE_MODULE} --host {shlex.quote(host)} --port {int(port)}"
+        return (f"( trap 'kill $c 2>/dev/null; exit 0' TERM INT HUP; while :; do {run} & c=$!; "
+                f"wait $c; sleep 1; done ) >> {self.log} 2>&1 < /dev/null & lh=$!\n")
 
     def follow_command(self, follow: bool = True, offset: int = 0) -> str:
         """The node's log from byte `offset` on: to its end, or (`follow`) until its process has

@@ -50,6 +50,14 @@ class Rendezvous:
     nodes: list[NodePlan]
     gpus_per_node: int = 0  # from the outputs: ssh nodes with GPUs get torch's CUDA build
     data_path: str | None = None  # [data]'s path in the project folder: the run gets FATPIPE_DATA
+    # "live": each node its own torchrun and replica group, node 0 runs the Lighthouse at
+    # `lighthouse` (IP:PORT); docs/ARCHITECTURE.md, "Live fault tolerance".
+    fault_tolerance: str = "restart"
+    lighthouse: str | None = None
+
+    @property
+    def live(self) -> bool:
+        return self.fault_tolerance == "live"
 
     def to_json(self) -> dict:
         return asdict(self)

@@ -15,7 +15,12 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from fatpipe.infra.defaults import JOIN_TIMEOUT_S, MAX_RESTARTS, RENDEZVOUS_FILE
+from fatpipe.infra.defaults import (
+    JOIN_TIMEOUT_S,
+    LIGHTHOUSE_PORT_OFFSET,
+    MAX_RESTARTS,
+    RENDEZVOUS_FILE,
+)
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import DEFAULT_REMOTE_DIR, REMOTE_VENV
@@ -81,17 +86,22 @@ def new_rendezvous(project, outputs, run_id: str, run_dir: Path, *, train=None,
     and .sh. The run is the user's `script` (with args), or an `entry` as torchrun takes it
     (netcheck's benchmark), or else the built-in trainer with `train` (a TrainSpec; default the
     project's [train], whose settings a script's run gets too)."""
-    train_args = (train or project.train).trainer_args()
+    spec = train or project.train
+    train_args = spec.trainer_args()
+    live = spec.fault_tolerance == "live"
+    if live and (script or entry):
+        raise FatpipeError("[train] fault_tolerance = \"live\" runs the built-in trainer only "
+                           "for now: a script runs with fault_tolerance = \"restart\"")
     if script:
         shared = all(node.transport in ("local", "netns") for node in outputs.nodes)
         entry = script_entry(project.root, script, shared)
-    rdzv = _plan(project, outputs, run_id, run_dir, entry, train_args, options)
+    rdzv = _plan(project, outputs, run_id, run_dir, entry, train_args, options, live)
     _write(rdzv, run_dir)
     return rdzv
 
 
 def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
-          train_args: list[str], options: RunOptions) -> Rendezvous:
+          train_args: list[str], options: RunOptions, live: bool = False) -> Rendezvous:
     run_rel = Path(os.path.relpath(run_dir, project.root)).as_posix()
     if run_rel.startswith(".."):
         raise FatpipeError(f"run folder {run_dir} must lie inside the project folder {project.root}")
@@ -113,7 +123,12 @@ def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
         gpus_per_node=outputs.gpus_per_node, data_path=_data_path(project, outputs.name),
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
     )
+    if live:
+        rdzv.fault_tolerance = "live"
+        rdzv.lighthouse = f"{outputs.nodes[0].private_ip}:{outputs.rdzv_port + LIGHTHOUSE_PORT_OFFSET}"
     for node in nodes:
+        if live:
+            node.env |= {"FATPIPE_LIVE_LIGHTHOUSE": rdzv.lighthouse, "FATPIPE_NODES": str(nnodes)}
         node.command = torchrun_command(rdzv, node)
         if not builtin:  # where a script using fatpipe.trainer.api finds its run (trainer/api/__init__.py)
             node.env |= {"FATPIPE_RUN_DIR": run_rel, "FATPIPE_TRAIN_ARGS": shlex.join(train_args)}

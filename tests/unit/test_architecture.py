@@ -242,7 +242,7 @@ def test_modules_and_functions_stay_small():
 def test_train_keys_are_the_trainers_flags():
     """[train] (TrainSpec) and the trainer's TrainConfig must agree: the trainer imports nothing else."""
     from fatpipe.infra.trainspec import TrainSpec
-    from fatpipe.trainer.config import COMMS, PRESETS, TrainConfig
+    from fatpipe.trainer.config import COMMS, FAULT_TOLERANCE, PRESETS, TrainConfig
 
     config = TrainConfig()
     for name, field in TrainSpec.model_fields.items():
@@ -250,6 +250,7 @@ def test_train_keys_are_the_trainers_flags():
         assert field.default == getattr(config, name), f"[train] {name}: {field.default} vs {getattr(config, name)}"
     assert get_args(TrainSpec.model_fields["comm"].annotation) == COMMS
     assert get_args(TrainSpec.model_fields["preset"].annotation) == PRESETS
+    assert get_args(TrainSpec.model_fields["fault_tolerance"].annotation) == FAULT_TOLERANCE
 
 
 def test_p2p_tools_are_the_trainers():

@@ -1,0 +1,72 @@
+"""fault_tolerance = "live" through `fatpipe launch` on a real 3-node netns sim cluster: each node's
+own torchrun, node 0's Lighthouse under its wrapper, gloo over the shaped links. A node whose
+agent and workers are killed is started again by its wrapper and rejoins with the live state; a
+node whose link is cut for longer than the collective timeout drops out and comes back by itself.
+The others take every step without waiting for either.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+
+import faults
+import pytest
+
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+
+NAME, OCTET = "t-live", 64
+STEPS = 150
+TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "8", "--seq-len", "128",
+         "--warmup-steps", "3", "--checkpoint-every", "10", "--comm", "none",
+         "--eval-windows", "8", "--fault-tolerance", "live", "--max-restarts", "2"]
+RUN_TIMEOUT_S = 400
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory):
+    yield from faults.deployed_sim_cluster(tmp_path_factory, NAME, OCTET)
+
+
+def node_summary(launch, rank: int) -> dict:
+    folder = launch.run_dir if rank == 0 else launch.run_dir / f"live-node-{rank}"
+    return json.loads((folder / "summary.json").read_text())
+
+
+def kill_node(rank: int) -> None:
+    """kill -9 of the node's torchrun agent and workers at once (its wrapper stays)."""
+    ns = faults.netns_name(NAME, rank)
+    for pid in {*faults.agents(ns), *faults.workers(ns)}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def check_went_on(launch, victim: int) -> None:
+    assert launch.finish() == 0, launch.output()
+    steps = [r["step"] for r in launch.metrics()]
+    assert steps == list(range(1, STEPS + 1)), steps  # node 0 took every step once
+    summaries = [node_summary(launch, r) for r in range(3)]
+    assert len({s["param_digests"][0] for s in summaries}) == 1, summaries
+    events = [m["event"] for m in summaries[0]["membership"]]
+    assert "leave" in events and "join" in events, (summaries[0]["membership"],
+                                                    launch.node_log(victim)[-3000:])
+    leave = next(m for m in summaries[0]["membership"] if m["event"] == "leave")
+    assert leave["seconds_lost"] < 10, summaries[0]["membership"]
+
+
+def test_a_killed_node_is_started_again_and_rejoins_live(needs_netns, cluster):
+    launch = faults.Launch(cluster, NAME, TRAIN, RUN_TIMEOUT_S)
+    launch.inject(lambda: kill_node(2), 20)
+    check_went_on(launch, 2)
+    assert "ended by signal KILL, not by fatpipe stop: starting it again" in launch.node_log(2)
+    assert "lighthouse: serving on" in launch.node_log(0)
+
+
+def test_a_node_cut_off_drops_out_and_comes_back_by_itself(needs_netns, cluster):
+    launch = faults.Launch(cluster, NAME, TRAIN, RUN_TIMEOUT_S)
+    launch.inject(lambda: faults.link_down(faults.netns_name(NAME, 1), 15), 20)
+    check_went_on(launch, 1)
+    assert "starting it again" not in launch.node_log(1)  # no restart: it rejoined live
