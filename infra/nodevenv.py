@@ -21,6 +21,11 @@ from .nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, cluster_node, node_
 TORCH_SPEC_ENV = "FATPIPE_TORCH"  # what the node venv installs for torch (default: this torch's version)
 TORCH_INDEX_ENV = "FATPIPE_TORCH_INDEX_URL"
 STAMP_FILE = f"{REMOTE_VENV}/.fatpipe-stamp"
+# fault_tolerance = "live"'s library (trainer/live; docs/ARCHITECTURE.md, "Live fault tolerance").
+# Its wheels are CPython 3.10-3.12 on x86_64 alone, as pyproject.toml declares it: a node outside
+# them gets none and trains with fault_tolerance = "restart".
+TORCHFT = "torchft==0.2.0"
+TORCHFT_MARKER = 'python_version >= "3.10" and python_version < "3.13" and platform_machine == "x86_64"'
 
 
 @dataclass(frozen=True)
@@ -31,6 +36,17 @@ class NodeVenv:
     index: str  # torch's index URL; "" is pip's default (PyPI: CUDA builds on Linux)
     packages: tuple[str, ...] = ()
     requirements: str | None = None  # a file in the project folder, which travels with it
+
+
+def project_requirements(venv: NodeVenv) -> list[str]:
+    """What the project adds, as pip arguments: its requirements file and packages."""
+    return [*(["-r", venv.requirements] if venv.requirements else []), *venv.packages]
+
+
+def venv_requirements(venv: NodeVenv, torchft: str = f"{TORCHFT}; {TORCHFT_MARKER}") -> list[str]:
+    """What every node venv installs, as pip arguments: torch (pinned), numpy (PowerSGD needs
+    it), torchft (live fault tolerance), then the project's."""
+    return [venv.torch, "numpy", torchft, *project_requirements(venv)]
 
 
 def torch_spec() -> str:
@@ -63,7 +79,7 @@ def node_venv(project, cluster: str, gpus: int) -> NodeVenv:
 
 def venv_stamp(project_root: Path, venv: NodeVenv) -> str:
     """What a node venv was built from: the declaration, pyproject.toml and the requirements file."""
-    digest = hashlib.sha256(json.dumps(asdict(venv), sort_keys=True).encode())
+    digest = hashlib.sha256(json.dumps([asdict(venv), venv_requirements(venv)], sort_keys=True).encode())
     for name in ("pyproject.toml", venv.requirements):
         path = project_root / name if name else None
         digest.update(path.read_bytes() if path and path.is_file() else b"-")

@@ -40,9 +40,12 @@ DOWNLOAD_TIMEOUT_S = 1800
 
 
 def wheel_requirements(venv) -> list[str]:
-    """What launch's venv build installs (ops.env.nodewheels), as pip arguments: torch, numpy, the
-    requirements file (relative to the project folder, where node-up runs) and the packages."""
-    return [venv.torch, "numpy", *(["-r", venv.requirements] if venv.requirements else []), *venv.packages]
+    """What launch's venv build installs (infra.nodevenv.venv_requirements), as pip arguments;
+    torchft without its marker, which pip would judge by this machine's Python, not the guests'
+    (3.11 on x86_64, which it fits). The requirements file is relative to the project folder."""
+    from fatpipe.infra.nodevenv import TORCHFT, venv_requirements
+
+    return venv_requirements(venv, torchft=TORCHFT)
 
 
 def index_args(venv, declared: bool) -> list[str]:

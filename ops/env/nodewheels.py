@@ -23,7 +23,14 @@ from urllib.parse import urlsplit
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import REMOTE_VENV
-from fatpipe.infra.nodevenv import STAMP_FILE, NodeVenv
+from fatpipe.infra.nodevenv import (
+    STAMP_FILE,
+    TORCHFT,
+    TORCHFT_MARKER,
+    NodeVenv,
+    project_requirements,
+    venv_requirements,
+)
 
 from ..rdzv.noderun import NodeRun
 from ..reach.nodecall import NodeCallError, Step, answer_of, forget
@@ -44,11 +51,6 @@ def wheel_folder(stamp: str) -> str:
     return f"{WHEEL_DIR}/{stamp}"
 
 
-def requirement_args(venv: NodeVenv) -> list[str]:
-    """What every venv installs: torch (pinned) and numpy (PowerSGD needs it), then the project's."""
-    return [venv.torch, "numpy", *(["-r", venv.requirements] if venv.requirements else []), *venv.packages]
-
-
 def trusted(url: str) -> list[str]:
     """pip ignores a plain-http index unless its host is trusted: one declared as http is."""
     parts = urlsplit(url)
@@ -61,7 +63,7 @@ def install_line(stamp: str, venv: NodeVenv, find_links: str) -> str:
     source = shlex.join(["--find-links", find_links, *trusted(find_links)])
     return (f"python3 -m venv --clear {REMOTE_VENV}; "
             f"{py} -m pip install -q --no-index {source} "
-            f"{shlex.join(requirement_args(venv))}; echo {stamp} > {STAMP_FILE}")
+            f"{shlex.join(venv_requirements(venv))}; echo {stamp} > {STAMP_FILE}")
 
 
 def read_stamp() -> str:
@@ -80,8 +82,8 @@ def download_command(stamp: str, venv: NodeVenv) -> str:
     index = ["--index-url", venv.index, *trusted(venv.index)] if venv.index else []
     download = f"{py} -m pip download -q --only-binary=:all: -d {partial}"
     first = f"{download} {shlex.join([*index, venv.torch, 'numpy'])}; "
-    extra = [*(["-r", venv.requirements] if venv.requirements else []), *venv.packages]
-    rest = f"{download} --find-links {partial} {shlex.join(extra)}; " if extra else ""
+    extra = [f"{TORCHFT}; {TORCHFT_MARKER}", *project_requirements(venv)]
+    rest = f"{download} --find-links {partial} {shlex.join(extra)}; "
     return (
         f"{read_stamp()}set -e; {PIP_ENV}; "
         f'[ "$have" = {stamp} ] || python3 -m venv --clear {REMOTE_VENV}; '

@@ -1,6 +1,6 @@
 """The node venv commands, run by bash with the real venv and pip, against a local wheel folder.
 
-Stand-in wheels for torch, numpy and a declared package (no network): node 0's command downloads
+Stand-in wheels for torch, numpy, torchft and a declared package (no network): node 0's command downloads
 them into its wheel folder and builds its venv from that folder, which imports numpy beside
 torch; the same declaration is reused as it is, and another declaration rebuilds it from empty
 (a package dropped from `[node]` is gone). A peer builds the same venv from node 0's folder alone.
@@ -60,14 +60,16 @@ def test_the_node_venv_holds_numpy_and_is_rebuilt_only_when_the_declaration_chan
     wheels, project = tmp_path / "wheels", tmp_path / "project"
     wheels.mkdir()
     project.mkdir()
-    for name, version in (("torch", "2.13.0"), ("numpy", "2.3.1"), ("einops", "0.8.0"), ("tiktoken", "0.9.0")):
+    for name, version in (("torch", "2.13.0"), ("numpy", "2.3.1"), ("torchft", "0.2.0"), ("einops", "0.8.0"),
+                          ("tiktoken", "0.9.0")):
         make_wheel(wheels, name, version)
     (project / "reqs.txt").write_text("einops\n")
     declared = NodeVenv("torch==2.13.0", "https://download.pytorch.org/whl/cpu", ("tiktoken",), "reqs.txt")
 
     built = build(project, declared, wheels)
     assert built.returncode == 0, built.stderr[-3000:]
-    assert [imports(project, m) for m in ("torch", "numpy", "einops", "tiktoken")] == ["2.13.0", "2.3.1", "0.8.0", "0.9.0"]
+    assert [imports(project, m) for m in ("torch", "numpy", "torchft", "einops", "tiktoken")] == \
+        ["2.13.0", "2.3.1", "0.2.0", "0.8.0", "0.9.0"]
 
     stamp = project / REMOTE_VENV / ".fatpipe-stamp"
     before = stamp.stat().st_mtime_ns

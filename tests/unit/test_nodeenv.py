@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import json
+import shlex
 import sys
 from pathlib import Path
 
 import pytest
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.nodevenv import node_venv, venv_stamp
+from fatpipe.infra.nodevenv import TORCHFT, TORCHFT_MARKER, node_venv, venv_stamp
 from fatpipe.infra.project import Project, parse_project
 from fatpipe.ops.env.nodeenv import ENV_FILE, check_node_envs, differences
 from fatpipe.ops.env.nodewheels import fetch_command, peer_command
@@ -83,10 +84,11 @@ def test_the_venv_installs_numpy_with_torch_and_each_requirement_as_one_argument
     (tmp_path / "my reqs.txt").write_text("einops\n")
     venv = node_venv(project(tmp_path, '[node]\nrequirements = "my reqs.txt"\npackages = ["a[b]>=1"]\n'), "c", 0)
     fetch = fetch_command("abc", venv)
-    # torch and numpy (PowerSGD needs it) from torch's index, the project's from PyPI
+    # torch and numpy (PowerSGD needs it) from torch's index, torchft and the project's from PyPI
+    torchft = shlex.quote(f"{TORCHFT}; {TORCHFT_MARKER}")
     assert "--index-url https://download.pytorch.org/whl/cpu torch==2.13.0 numpy;" in fetch
-    assert "--find-links .fatpipe/wheels/abc.partial -r 'my reqs.txt' 'a[b]>=1';" in fetch
-    offline = "--no-index --find-links {} torch==2.13.0 numpy -r 'my reqs.txt' 'a[b]>=1';"
+    assert f"--find-links .fatpipe/wheels/abc.partial {torchft} -r 'my reqs.txt' 'a[b]>=1';" in fetch
+    offline = f"--no-index --find-links {{}} torch==2.13.0 numpy {torchft} -r 'my reqs.txt' 'a[b]>=1';"
     assert offline.format(".fatpipe/wheels/abc") in fetch  # node 0: from its own folder
     peer = peer_command("abc", venv, "http://10.0.0.10:8000/")
     assert "--find-links http://10.0.0.10:8000/ --trusted-host 10.0.0.10:8000 torch==2.13.0" in peer
