@@ -33,7 +33,10 @@ def deploy(project, cluster: str | None, engine: str, yes: bool, replace: bool, 
     out = console()
     name = project.cluster(cluster).name
     with changing(project, name, "deploy"):
-        refuse_if_running(project, name)  # an apply may change or replace the nodes a live run is on
+        # An apply may change or replace the nodes a run is on: only a live run rides that out.
+        going = refuse_if_running(project, name, live_ok=True)
+        if going:
+            out.print(going, soft_wrap=True, highlight=False, markup=False)
         wheel = wheel_preflight(project, project.cluster(name))  # before anything is paid for
         if wheel:
             out.print(wheel)

@@ -30,26 +30,32 @@ from .steps import open_run, train_on_cluster
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=None,
               help="Stop every node after this many seconds (exit 124).")
 @click.option("--detach", is_flag=True, help="Start and return; follow later with `fatpipe logs -f`.")
+@click.option("--rejoin", "rejoin", metavar="NODE", default=None,
+              help="Start NODE again in the latest run, live (fault_tolerance = \"live\"), and return.")
 @unreachable_option
 @pass_project
-def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach, unreachable_s):
+def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach, rejoin, unreachable_s):
     """Sync, start torchrun on every node, stream the logs; exit with the worst node's status.
 
     Everything after `--` is your torchrun script and its arguments (e.g. `-- train.py --lr 3e-4`);
     without it, the built-in trainer runs with [train] and the overrides given here. Ctrl-C stops
     the run on every node. A lost connection does not: the follow reconnects, and past
     --unreachable-timeout exits 75 while the run goes on (`fatpipe logs -f` reattaches).
+    `--rejoin NODE` starts one node of a live run again (one whose restarts ran out, or made
+    again by `fatpipe deploy`) and returns once it is started.
     """
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.runs import find_run, load_outputs
     from fatpipe.ops.rdzv.rendezvous import read_rendezvous
     from fatpipe.ops.reach.nodecall import forget_all
-    from fatpipe.ops.run.launch import refuse_if_running
+    from fatpipe.ops.run.launch import Follow, refuse_if_running
     from fatpipe.ops.run.runchecks import ask_launch_checks, latest_nodes, remove_fresh_run
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)
-    with changing(project, name, "launch"):
+    if rejoin:
+        return rejoin_one(project, outputs, rejoin, run_id)
+    with changing(project, name, "launch") as release:
         previous = latest_nodes(project, name)  # the run a second one must not collide with
         if run_id:
             if script_args() or overrides():
@@ -67,8 +73,27 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
                 remove_fresh_run(run_dir)
             raise
         try:
-            result = train_on_cluster(project, outputs, rdzv, run_dir, console(), timeout_s=timeout_s,
-                                      detach=detach, unreachable_s=unreachable_s)
+            # A live run's follow holds no lock: a lost node may be deployed again and rejoin.
+            follow = Follow(timeout_s, unreachable_s, detach, release if rdzv.live else None)
+            result = train_on_cluster(project, outputs, rdzv, run_dir, console(), follow)
         finally:
             forget_all()
     sys.exit(result.exit_code)
+
+
+def rejoin_one(project, outputs, node: str, run_id) -> None:
+    """--rejoin NODE: that node of the latest live run started again (ops/run/rejoin.py)."""
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.ops.reach.nodecall import forget_all
+    from fatpipe.ops.run.rejoin import rejoin_node
+
+    if run_id or script_args() or overrides():
+        raise FatpipeError("--rejoin starts a node of the latest run as it was started: give no "
+                           "--run, script or [train] overrides")
+    out = console()
+    with changing(project, outputs.name, "launch"):
+        try:
+            rejoin_node(project, outputs, node, lambda line: out.print(line, soft_wrap=True,
+                                                                      highlight=False, markup=False))
+        finally:
+            forget_all()

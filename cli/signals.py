@@ -26,11 +26,12 @@ class TeardownAbandoned(KeyboardInterrupt):
 @contextlib.contextmanager
 def changing(project, name: str, command: str):
     """While `command` changes cluster `name`: hold its lock (a second such command is refused),
-    and take SIGTERM like Ctrl-C, so that a termination stops terraform and the nodes cleanly."""
+    and take SIGTERM like Ctrl-C, so that a termination stops terraform and the nodes cleanly.
+    Yields the lock's early release (infra.runs.cluster_lock)."""
     from fatpipe.infra.runs import cluster_lock
 
-    with cluster_lock(project, name, command), _signal_handler(signal.SIGTERM, _raise_terminated):
-        yield
+    with cluster_lock(project, name, command) as release, _signal_handler(signal.SIGTERM, _raise_terminated):
+        yield release
 
 
 def _raise_terminated(signum, frame):

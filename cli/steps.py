@@ -187,17 +187,20 @@ def _checker_python(rdzv) -> str | None:
     return None if python in (None, f"{REMOTE_VENV}/bin/python") else python
 
 
-def train_on_cluster(project, outputs, rdzv, run_dir, out, timeout_s=None, detach=False, unreachable_s=None):
-    """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult."""
+def train_on_cluster(project, outputs, rdzv, run_dir, out, follow=None):
+    """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult.
+    `follow`: how (ops.run.launch.Follow: timeout, detach, ...)."""
     from rich.markup import escape
 
     from fatpipe.infra.runs import latest_run_id, mark_latest
     from fatpipe.ops.data.datacheck import require_data
     from fatpipe.ops.rdzv.noderun import node_runs
     from fatpipe.ops.run.follow import unfollowed_line
+    from fatpipe.ops.run.launch import Follow
     from fatpipe.ops.run.launch import launch as launch_run
     from fatpipe.ops.run.leader import leader
 
+    follow = follow or Follow()
     check_firewall(project, outputs, out)
     names = [n.name for n in rdzv.nodes]
     require_data(project, outputs, _checker_python(rdzv), note(out))  # a node whose data differs: refused, named
@@ -207,13 +210,11 @@ def train_on_cluster(project, outputs, rdzv, run_dir, out, timeout_s=None, detac
     mark_latest(project, outputs.name, rdzv.run_id)
     try:
         result = launch_run(
-            project, rdzv, run_dir, sink=log_sink(out, names), log=note(out), timeout_s=timeout_s,
-            detach=detach, unreachable_s=unreachable_s,
-        )
+            project, rdzv, run_dir, sink=log_sink(out, names), log=note(out), follow=follow)
     except BaseException:
         mark_latest(project, outputs.name, before)
         raise
-    if detach:
+    if follow.detach:
         out.print(f"run {rdzv.run_id} started; follow it with: fatpipe logs {outputs.name} -f")
         return result
     out.print(exit_table(result))
@@ -222,7 +223,7 @@ def train_on_cluster(project, outputs, rdzv, run_dir, out, timeout_s=None, detac
     if result.interrupted:
         out.print("[yellow]interrupted[/]: the run was stopped on every node")
     elif result.timed_out:
-        out.print(f"[red]timed out[/] after {timeout_s:g} s: the run was stopped on every node")
+        out.print(f"[red]timed out[/] after {follow.timeout_s:g} s: the run was stopped on every node")
     elif result.unknown and not result.failure:  # its results are still being made on the nodes
         out.print(unfollowed_line(result.run_id, outputs.name, result.unknown, result.exit_code), soft_wrap=True, highlight=False, markup=False)
         return result

@@ -222,6 +222,7 @@ class Up(DownAfter):
             "passed" if passed else "below the tier (--no-gate)")
 
     def train(self, outputs, run: tuple[str, Path], train, script: list[str]) -> int:
+        from fatpipe.ops.run.launch import Follow
         from fatpipe.ops.run.summary import no_steps_hint, run_summary
 
         phases, run_dir = self.phases, run[1]
@@ -233,8 +234,8 @@ class Up(DownAfter):
 
         self.launched = node_runs(rdzv, self.project.state_dir(outputs.name))
         result = self.result = phases.run("launch", what, lambda: train_on_cluster(
-            self.project, outputs, rdzv, run_dir, self.out, timeout_s=self.flags.timeout_s,
-            unreachable_s=self.flags.unreachable_s), spinner=False)
+            self.project, outputs, rdzv, run_dir, self.out,
+            Follow(self.flags.timeout_s, self.flags.unreachable_s)), spinner=False)
         self.report["exit_codes"] = result.exit_codes
         launch = phases.get("launch")
         launch.note = f"all {len(result.exit_codes)} node(s) exit 0" if result.ok else (

@@ -163,7 +163,8 @@ def cluster_lock(project, cluster_name: str, command: str):
     """Hold `.fatpipe/<cluster>/lock` while `command` changes the cluster; refuse when another does.
 
     An flock: the kernel drops it when the holder exits however it exits, so a crash leaves
-    no stale lock. The file says who holds it, for the refusal's message.
+    no stale lock. The file says who holds it, for the refusal's message. Yields a function that
+    lets the lock go early (a live launch's follow changes nothing: ops/run/launch.py).
     """
     path = project.state_dir(cluster_name) / LOCK_FILE
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -182,7 +183,13 @@ def cluster_lock(project, cluster_name: str, command: str):
         f.write(f"`fatpipe {command}` (pid {os.getpid()}, since "
                 f"{time.strftime('%H:%M:%S', time.localtime())})\n")
         f.flush()
+
+        def release() -> None:
+            if not f.closed:
+                f.truncate(0)
+                f.close()  # the flock goes with the file
+
         try:
-            yield
+            yield release
         finally:
-            f.truncate(0)
+            release()

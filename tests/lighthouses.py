@@ -64,9 +64,11 @@ class LiveNode:
     """One node of a live run: `torchrun --nnodes 1` of the built-in trainer, its own run folder."""
 
     def __init__(self, root: Path, rank: int, nodes: int, lighthouse_port: int, args: list[str],
-                 nproc: int = 1):
+                 nproc: int = 1, script: Path | None = None):
+        """`script`: a user's script through fatpipe.trainer.api instead, `args` its [train]."""
         self.root, self.rank, self.nodes = root, rank, nodes
         self.lighthouse_port, self.args, self.nproc = lighthouse_port, args, nproc
+        self.script = script
         self.run = root / "run"  # shared, as the sim's nodes share a disk
         self.out = self.run if rank == 0 else self.run / f"live-node-{rank}"
         self.log = root / f"node{rank}.log"
@@ -77,11 +79,15 @@ class LiveNode:
                "FATPIPE_PRIVATE_IP": "127.0.0.1", "FATPIPE_NODE_NAME": f"live-{self.rank}",
                "FATPIPE_NODE_RANK": str(self.rank), "FATPIPE_NODES": str(self.nodes),
                "OMP_NUM_THREADS": "1"}
+        entry = ["-m", "fatpipe.trainer", *TRAIN, *self.args, "--out", str(self.run)]
+        if self.script:  # as the launch path runs a script (ops.rdzv.rendezvous)
+            entry = ["-m", "fatpipe.trainer.api.userscript", str(self.script)]
+            env |= {"FATPIPE_RUN_DIR": str(self.run),
+                    "FATPIPE_TRAIN_ARGS": " ".join(["--fault-tolerance", "live", *self.args])}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1",
              "--nproc-per-node", str(self.nproc), "--rdzv-backend", "c10d",
-             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", "-m", "fatpipe.trainer",
-             *TRAIN, *self.args, "--out", str(self.run)],
+             "--rdzv-endpoint", f"127.0.0.1:{free_port()}", *entry],
             env=env, stdout=open(self.log, "ab"), stderr=subprocess.STDOUT,
             start_new_session=True)
         _STARTED.append(self.proc)

@@ -45,10 +45,21 @@ def record_error(error: BaseException) -> None:
         RankErrorHandler().record_exception(error)
 
 
+_BEFORE_JOIN: list[Callable[[], None]] = []
+
+
+def stop_before_join(stop: Callable[[], None]) -> None:
+    """`stop` runs when a script ends, before end_script waits for its threads: what fatpipe
+    started that keeps a thread that is no daemon (torchft's Manager: its quorum executor)."""
+    _BEFORE_JOIN.append(stop)
+
+
 def end_script(code: int) -> NoReturn:
     """A user's script has ended: first what Python's own exit would run while the interpreter
-    lives (wait for the script's non-daemon threads, then its atexit handlers, fatpipe's summary
-    among them), then exit_process."""
+    lives (fatpipe's own threads stopped, wait for the script's non-daemon threads, then its
+    atexit handlers, fatpipe's summary among them), then exit_process."""
+    while _BEFORE_JOIN:
+        _BEFORE_JOIN.pop()()
     for thread in threading.enumerate():
         if thread is not threading.main_thread() and not thread.daemon:
             thread.join()

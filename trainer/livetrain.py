@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
-import importlib.util
 import logging
 import time
 from pathlib import Path
@@ -30,19 +29,19 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 from .api.ddpcomm import register_timed_hook
 from .api.record import RunRecord
-from .bandwidth import busbw_gbs
 from .checkpoint import load_agreed_checkpoint, save_checkpoint
 from .collectives import all_gather_objects
 from .comm.allreduce import barrier, sync
 from .comm.layout import settle_layout
-from .config import ConfigError, TrainConfig
+from .config import TrainConfig
 from .data import Corpus, ShardedBatches, describe_data
 from .datacheck import check_same_data
 from .distenv import DistEnv
 from .heldout import heldout_loss, heldout_windows
 from .live.manager import live_manager, settings_from_env
-from .live.membership import goodput, membership, skipped_batches
-from .live.step import LiveStep, across_replicas
+from .live.membership import goodput, membership, skipped_batches, step_fields
+from .live.runplan import live_comm, node_run_dir, require_torchft
+from .live.step import GATHER_S, LiveStep, across_replicas
 from .model import seeded_gpt
 from .optim import build_optimizer, build_scheduler
 from .replicas import param_digest
@@ -50,29 +49,9 @@ from .torchstate import autocast, configure_determinism
 
 log = logging.getLogger(__name__)
 
-LIVE_COMMS = ("none", "bf16", "fp16")
 # Attempts at one step that may fail in a row (each one a quorum and a failed all-reduce, a few
 # seconds) before the run gives up: a group that cannot commit for minutes is not coming back.
 MAX_FAILED_ATTEMPTS = 40
-# A fresh run waits this long for every declared node before its first step (`LiveStep.gather`).
-GATHER_S = 120.0
-
-
-def node_run_dir(run_dir: Path, node_rank: int) -> Path:
-    """Where a node writes its records and checkpoints: node 0 the run folder itself (what
-    `fatpipe top`, `report` and `pull` read), node k `live-node-<k>/` inside it, so nodes that
-    share a disk (the sim's) never write the same file."""
-    return run_dir if node_rank == 0 else run_dir / f"live-node-{node_rank}"
-
-
-def live_comm(comm: str) -> str:
-    """The per-step comm under live: the hooks that go through torchft's all-reduce."""
-    if comm == "auto":
-        return "none"
-    if comm not in LIVE_COMMS:
-        raise ConfigError(f"--comm {comm} does not run under --fault-tolerance live (use "
-                          f"{', '.join(LIVE_COMMS)} or auto, or --fault-tolerance restart)")
-    return comm
 
 
 class LiveTrainer:
@@ -80,9 +59,7 @@ class LiveTrainer:
                  data: tuple[Corpus, Corpus | None]):
         self.cfg, self.env, self.device = cfg, env, env.device
         self.corpus, self.val_corpus = data
-        if importlib.util.find_spec("torchft") is None:
-            raise ConfigError("--fault-tolerance live needs torchft 0.2.0 (CPython 3.10-3.12 on "
-                              "x86_64): pip install torchft==0.2.0, or --fault-tolerance restart")
+        require_torchft()
         self.comm = live_comm(cfg.comm)
         self.settings = settings_from_env()
         cfg = dataclasses.replace(cfg, out=str(node_run_dir(cfg.out_dir, self.settings.node_rank)))
@@ -161,10 +138,7 @@ class LiveTrainer:
             rec = self.record.measure(step, loss, lr, time.perf_counter() - start,
                                       self.node_tokens * result.participants,
                                       self.meter.end_step(), self.comm)
-            rec.update(participants=result.participants, healed=result.healed,
-                       quorum_s=result.quorum_s, time=time.time(),
-                       busbw_gbps=busbw_gbs(rec["wire_bytes"], rec["sync_s"], result.participants) * 8
-                       if rec["sync_s"] else 0.0)
+            rec.update(step_fields(result.participants, result.healed, result.quorum_s, rec))
             self.record.write(rec)
             if step == self.cfg.steps or (self.cfg.checkpoint_every
                                           and step % self.cfg.checkpoint_every == 0):

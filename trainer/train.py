@@ -89,8 +89,8 @@ class Trainer:
         self.periodic = make_periodic(self, ckpt, mine)  # localsgd, diloco
         self.record.open()  # the NIC's rates from here; steps past the checkpoint are written again
         if env.is_main:
-            log.info("%s: %.2fM parameters, %d ranks (%s), comm %s, NIC %s, attempt %d, "
-                     "start at step %d", cfg.preset, self.model.num_params() / 1e6,
+            log.info("%s: %.2fM parameters, %d ranks (%s), comm %s, NIC %s, fault tolerance "
+                     "restart, attempt %d, start at step %d", cfg.preset, self.model.num_params() / 1e6,
                      env.world_size, env.backend, self.comm, self.record.nic.interface, env.attempt,
                      self.start_step)
             log.info("data: %s", describe_data(self.corpus, self.val_corpus, cfg.seq_len))
@@ -208,7 +208,7 @@ class Trainer:
         eval_loss, eval_windows = heldout_loss(self.model, *held, self.cfg.batch_size, self.device,
                                                  self.cfg.eval_windows)
         self.record.write_summary(
-            records, self.tokens_per_step, comm=self.comm,
+            records, self.tokens_per_step, comm=self.comm, fault_tolerance="restart",
             comm_decision=decision_payload(self.decision),
             preset=self.cfg.preset, params=self.model.num_params(), param_digests=digests,
             replicas_in_sync=len(set(digests)) == 1, eval_loss=eval_loss,

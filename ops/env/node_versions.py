@@ -1,4 +1,4 @@
-"""On a node, in the run's interpreter: its Python, torch, CUDA/NCCL and numpy versions, without importing torch.
+"""On a node, in the run's interpreter: its Python, torch, CUDA/NCCL, numpy and torchft versions, without importing torch.
 
 Standard library only, Python 3.8. `python -c` runs this file (the node program's `env` step,
 ops/env/nodeenv.py) and it prints MARK and one JSON object. Importing torch costs seconds and
@@ -73,11 +73,12 @@ def nccl(dist):
 
 def report():
     r = {"python": platform.python_version(), "machine": platform.machine()}
-    torch, numpy = package("torch"), package("numpy")
+    torch, numpy, torchft = package("torch"), package("numpy"), package("torchft")
     r["torch"] = torch[0] if torch else None
     r["cuda"] = assigned(os.path.join(torch[1], "version.py"), "cuda") if torch else None
     r["nccl"] = nccl(torch[2]) if torch else None
     r["numpy"] = numpy[0] if numpy else None
+    r["torchft"] = torchft[0] if torchft else None
     if torch is None:
         r["error"] = f"no torch for {sys.executable}"
     return r

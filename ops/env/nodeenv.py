@@ -1,9 +1,10 @@
-"""Before a launch, every node reports its Python, torch, CUDA/NCCL and numpy; all must agree.
+"""Before a launch, every node reports its Python, torch, CUDA/NCCL, numpy and torchft; all must agree.
 
 docs/ARCHITECTURE.md, "The node environment": one fixed `python -c` per node (node_versions.py,
 which reads the versions without importing torch), a step of the launch's one call to each node,
 all nodes in parallel; the report lands in the run folder (`env.json`), and a node that
-differs from the others fails the launch in one line naming it and the difference.
+differs from the others fails the launch in one line naming it and the difference, as does a
+node without torchft under fault_tolerance = "live".
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from ..reach.transport import Result, fan_out
 from .node_versions import MARK
 
 ENV_FILE = "env.json"
-COMPARED = ("python", "torch", "cuda", "nccl", "numpy")  # in the order a difference is named
+COMPARED = ("python", "torch", "cuda", "nccl", "numpy", "torchft")  # in the order a difference is named
 PROBE_TIMEOUT_S = 120  # an interpreter's start on a loaded node; nothing heavy is imported
 PROBE = Path(__file__).with_name("node_versions.py").read_text()
 
@@ -75,11 +76,13 @@ def summary_line(reports: dict[str, dict]) -> str:
     first = next(iter(reports.values()))
     return (f"node environment ({len(reports)} node(s) alike): Python {shown(first.get('python'))}, "
             f"torch {shown(first.get('torch'))}, CUDA {shown(first.get('cuda'))}, "
-            f"NCCL {shown(first.get('nccl'))}, numpy {shown(first.get('numpy'))}")
+            f"NCCL {shown(first.get('nccl'))}, numpy {shown(first.get('numpy'))}, "
+            f"torchft {shown(first.get('torchft'))}")
 
 
-def check_node_envs(nodes: list[NodeRun], run_dir: Path) -> str:
-    """Probe every node, save `env.json` in the run folder, refuse a launch on unequal nodes.
+def check_node_envs(nodes: list[NodeRun], run_dir: Path, live: bool = False) -> str:
+    """Probe every node, save `env.json` in the run folder, refuse a launch on unequal nodes
+    (and a `live` one on nodes without torchft).
 
     Returns the one line to show; raises FatpipeError naming each node that differs.
     """
@@ -89,6 +92,10 @@ def check_node_envs(nodes: list[NodeRun], run_dir: Path) -> str:
     if found:
         raise FatpipeError("the nodes' Python environments differ: " + "; ".join(found))
     broken = [f"node {name}: {r['error']}" for name, r in reports.items() if r.get("error")]
+    if live and not broken:
+        broken = [f"node {name}: no torchft for Python {r.get('python')} on {r.get('machine')} (its "
+                  "wheels: CPython 3.10-3.12, x86_64); set [train] fault_tolerance = \"restart\""
+                  for name, r in reports.items() if not r.get("torchft")]
     if broken:
         raise FatpipeError("; ".join(broken))
     return summary_line(reports)

@@ -86,7 +86,7 @@ def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, l
     from ..rdzv.rendezvous import RunOptions, new_rendezvous
     from ..reach.firewall_check import require_firewall
     from ..reach.nodecall import forget_all
-    from ..run.launch import launch, refuse_if_running, run_id_of
+    from ..run.launch import Follow, launch, refuse_if_running, run_id_of
     from ..run.runchecks import ask_launch_checks, latest_nodes
 
     bench_dir = run_dir / "netcheck"
@@ -121,7 +121,7 @@ def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, l
         raise
     timeout = options.timeout_s or options.estimate_s(len(outputs.nodes), outputs.tier_gbps)
     log(f"netcheck: {len(outputs.nodes)} nodes at {outputs.tier_gbps:g} Gbit/s, up to {timeout:.0f} s")
-    result = launch(project, rdzv, bench_dir, sink=catch, log=log, timeout_s=timeout)
+    result = launch(project, rdzv, bench_dir, sink=catch, log=log, follow=Follow(timeout))
     if not found and (bench_dir / "netbench.json").exists():
         found.append(json.loads((bench_dir / "netbench.json").read_text()))
     if not result.ok or not found:

@@ -6,7 +6,7 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from fatpipe.infra.defaults import GROUP_RANK_FILE, TORCHRUN_DIR
+from fatpipe.infra.defaults import GROUP_RANK_FILE, LIGHTHOUSE_PORT_OFFSET, TORCHRUN_DIR
 from fatpipe.infra.node import REMOTE_PKG
 from fatpipe.trainer.noderank import GROUP_RANK_FILE_ENV
 
@@ -59,6 +59,14 @@ def worker_entry(entry: list[str]) -> list[str]:
     return list(entry) if runs_trainer_module(entry) else ["-m", USER_SCRIPT_MODULE, *entry]
 
 
+def live_store_port(rdzv: Rendezvous, rank: int) -> int:
+    """Node `rank`'s own store under live fault tolerance: node 0's the rendezvous port, node k's
+    k ports past the Lighthouse's. Distinct, since a store listens on every address and loopback
+    sim nodes share this machine's ports."""
+    port = int(rdzv.rdzv_endpoint.rpartition(":")[2])
+    return port + (LIGHTHOUSE_PORT_OFFSET + rank if rank else 0)
+
+
 def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
     """torchrun's arguments for one node (after the interpreter).
 
@@ -69,7 +77,7 @@ def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
     # would make every node think it is the host.
     host = rdzv.live or node.rank == 0
     conf = f"is_host={int(host)},join_timeout={rdzv.join_timeout_s},read_timeout={rdzv.join_timeout_s}"
-    nnodes, endpoint = (1, f"{node.private_ip}:{rdzv.rdzv_endpoint.rpartition(':')[2]}") \
+    nnodes, endpoint = (1, f"{node.private_ip}:{live_store_port(rdzv, node.rank)}") \
         if rdzv.live else (rdzv.nnodes, rdzv.rdzv_endpoint)
     return [
         "-m", "torch.distributed.run",

@@ -71,6 +71,7 @@ class LaunchResult:
     timed_out: bool = False
     elapsed_s: float = 0.0
     failure: str | None = None  # why it failed, in one line naming the node and the phase
+    live: bool = False  # fault_tolerance = "live": the run needs only the nodes that stayed
 
     @property
     def exit_code(self) -> int:
@@ -78,6 +79,8 @@ class LaunchResult:
             return 130
         if self.timed_out:
             return 124
+        if self.live and 0 in self.exit_codes.values():
+            return live_status(self.exit_codes.values())
         # A node stopped because a peer failed reports the stop, not the cause: prefer the cause.
         own = [c for name, c in self.exit_codes.items() if name not in self.stopped]
         if self.unknown:  # a failure already recorded says more than "still going"
@@ -87,6 +90,13 @@ class LaunchResult:
     @property
     def ok(self) -> bool:
         return self.exit_code == 0
+
+
+def live_status(codes) -> int:
+    """A live run's status once a node finished it: a node lost, or ended by a signal after its
+    restarts, is the fault the run rode out; a node that failed on its own (an error status)
+    still fails the run."""
+    return worst_status(c for c in codes if c is not None and 0 < c < 128)
 
 
 def worst_status(codes) -> int:

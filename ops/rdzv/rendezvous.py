@@ -89,9 +89,9 @@ def new_rendezvous(project, outputs, run_id: str, run_dir: Path, *, train=None,
     spec = train or project.train
     train_args = spec.trainer_args()
     live = spec.fault_tolerance == "live"
-    if live and (script or entry):
-        raise FatpipeError("[train] fault_tolerance = \"live\" runs the built-in trainer only "
-                           "for now: a script runs with fault_tolerance = \"restart\"")
+    if live and entry:
+        raise FatpipeError("fault_tolerance = \"live\" runs the built-in trainer or a script "
+                           "through fatpipe.trainer.api, not a torchrun entry of its own")
     if script:
         shared = all(node.transport in ("local", "netns") for node in outputs.nodes)
         entry = script_entry(project.root, script, shared)
@@ -124,6 +124,9 @@ def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
     )
     if live:
+        if outputs.rdzv_port + LIGHTHOUSE_PORT_OFFSET + nnodes > 65535:
+            raise FatpipeError(f"rdzv_port {outputs.rdzv_port} leaves no room for the Lighthouse and "
+                               f"{nnodes} node stores past it (fault_tolerance = \"live\"): use a lower port")
         rdzv.fault_tolerance = "live"
         rdzv.lighthouse = f"{outputs.nodes[0].private_ip}:{outputs.rdzv_port + LIGHTHOUSE_PORT_OFFSET}"
     for node in nodes:

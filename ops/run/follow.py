@@ -24,6 +24,7 @@ from ..rdzv.noderun import UNFOLLOWED, NodeRun, Sink
 from ..reach.transport import fan_out
 
 FAIL_GRACE_S = 10
+LIVE_LOST_S = 30  # live: a node out of reach this long after its peers ended is not waited for
 BACKOFF_S = (1, 2, 4, 8, 15)  # between reconnections; the last one repeats
 LOST_RECHECK_S = 1.0  # a wrapper that exits just after the status read its exit file: ask again
 CHUNK = 65536
@@ -174,15 +175,19 @@ def stop_nodes(nodes: list[NodeRun]) -> dict[str, str]:
 
 def follow_nodes(nodes: list[NodeRun], sink: Sink | None, timeout_s: float | None = None,
                  fail_grace_s: float | None = FAIL_GRACE_S, stopped: list[str] | None = None,
-                 unreachable_s: float = UNREACHABLE_TIMEOUT_S) -> dict[str, int | None]:
+                 unreachable_s: float = UNREACHABLE_TIMEOUT_S, live: bool = False) -> dict[str, int | None]:
     """Stream every node's log to `sink` until every node has ended; {node: exit status, None
     for a lost node}.
 
     When one node fails, the others get `fail_grace_s` to finish before they are stopped; their
     names are appended to `stopped`. Raises TimeoutError past `timeout_s` (the caller stops the
     nodes), NodesUnreachable when a node stays out of reach past `unreachable_s` (nothing is
-    stopped: the run goes on).
+    stopped: the run goes on). Under live fault tolerance (`live`) the run goes on without a
+    lost node, so a failed node stops nobody, and once every node in reach has ended, one out of
+    reach for LIVE_LOST_S is not waited for: it counts as lost.
     """
+    if live:
+        fail_grace_s = None
     halt = threading.Event()
     views = [LogView(n, sink, halt) for n in nodes]
     threads = [threading.Thread(target=v.watch, daemon=True, name=f"follow-{v.node.name}") for v in views]
@@ -196,6 +201,9 @@ def follow_nodes(nodes: list[NodeRun], sink: Sink | None, timeout_s: float | Non
             now = time.monotonic()
             if deadline and now > deadline:
                 raise TimeoutError(f"the run did not finish within {timeout_s:g} s")
+            if live and any(v.end for v in views) and all(
+                    v.end or v.unreachable_since and now - v.unreachable_since > LIVE_LOST_S for v in views):
+                break  # the ones out of reach are left as lost: the run ended without them
             away = [v.node.name for v in views if v.unreachable_since and now - v.unreachable_since > unreachable_s]
             if away:
                 raise NodesUnreachable(away, unreachable_s, known(views))

@@ -7,10 +7,13 @@ runs its sweep through it, after the same one call per node: ops/run/runchecks.p
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from fatpipe.infra.defaults import UNREACHABLE_TIMEOUT_S
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.runs import find_run
 
 from ..env.nodeenv import check_node_envs
 from ..rdzv.noderun import (
@@ -22,7 +25,7 @@ from ..rdzv.noderun import (
     node_states,
     run_nodes,
 )
-from ..rdzv.rendezvous import Rendezvous
+from ..rdzv.rendezvous import Rendezvous, read_rendezvous
 from ..reach.nodecall import forget_all
 from ..reach.transport import fan_out
 from .failure import describe_failure
@@ -46,19 +49,30 @@ def start_nodes(nodes: list[NodeRun]) -> None:
         raise FatpipeError("could not start the run on every node:\n  " + "\n  ".join(failed))
 
 
+@dataclass(frozen=True)
+class Follow:
+    """How `launch` follows the run it started."""
+
+    timeout_s: float | None = None  # past this every node is stopped (exit 124)
+    unreachable_s: float | None = None  # a node out of reach this long ends the follow
+    detach: bool = False  # return once every node has started
+    # Called once every node has started, before the follow: a live run's caller lets the
+    # cluster's lock go there (a deploy that makes a lost node again, a rejoin, may run).
+    on_started: Callable[[], None] | None = None
+
+
 def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None,
-           log: Log = lambda _: None, timeout_s: float | None = None, detach: bool = False,
-           unreachable_s: float | None = None) -> LaunchResult:
+           log: Log = lambda _: None, follow: Follow = Follow()) -> LaunchResult:
     """Prepare every node, start the run, stream its logs, and return how it ended.
 
     Ctrl-C (KeyboardInterrupt) or the timeout stops the run on every node before returning. A
-    node out of reach for longer than `unreachable_s` (default UNREACHABLE_TIMEOUT_S) ends the
-    follow, not the run: the result names it in `unknown` and nothing is stopped.
+    node out of reach for longer than `follow.unreachable_s` (default UNREACHABLE_TIMEOUT_S)
+    ends the follow, not the run: the result names it in `unknown` and nothing is stopped.
     """
-    unreachable_s = unreachable_s or UNREACHABLE_TIMEOUT_S
+    timeout_s, unreachable_s = follow.timeout_s, follow.unreachable_s or UNREACHABLE_TIMEOUT_S
     state_dir = project.state_dir(rdzv.cluster)
     nodes = node_runs(rdzv, state_dir)
-    result = LaunchResult(rdzv.run_id, Path(run_dir))
+    result = LaunchResult(rdzv.run_id, Path(run_dir), live=rdzv.live)
     started, since = time.monotonic(), time.time()
     try:
         # Its callers checked the firewall and the running run; the rest of the checks: one call
@@ -66,19 +80,24 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
         ask_launch_checks(project, None, rdzv, firewall=False)
         fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
         prepare_envs(project, nodes, rdzv.gpus_per_node, log)  # after the project: its requirements file
-        log(check_node_envs(nodes, run_dir))  # unequal nodes are refused before anything starts
+        log(check_node_envs(nodes, run_dir, rdzv.live))  # unequal nodes are refused before anything starts
         try:
             start_nodes(nodes)
         except KeyboardInterrupt:  # some nodes may have started already
             stop_nodes(nodes)
             raise
-        if detach:
+        if follow.detach:
             log(f"started run {rdzv.run_id} on {len(nodes)} node(s)")
             return result
         try:  # from here a Ctrl-C or SIGTERM stops every node
             log(f"started run {rdzv.run_id} on {len(nodes)} node(s)")
+            if follow.on_started:
+                follow.on_started()
             result.exit_codes = follow_nodes(nodes, sink, timeout_s=timeout_s, fail_grace_s=FAIL_GRACE_S,
-                                             stopped=result.stopped, unreachable_s=unreachable_s)
+                                             stopped=result.stopped, unreachable_s=unreachable_s,
+                                             live=rdzv.live)
+            for line in live_leavers(result):
+                log(line)
         except NodesUnreachable as e:
             log(f"{e}: stopped following; the run goes on on its nodes")
             result.exit_codes = e.codes
@@ -104,6 +123,15 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
         forget_all()  # what the first call brought is this launch's alone
         result.elapsed_s = time.monotonic() - started
     return result
+
+
+def live_leavers(result: LaunchResult) -> list[str]:
+    """Under live fault tolerance, one line per node the run finished without."""
+    if not result.live or 0 not in result.exit_codes.values():
+        return []
+    return [f"{name} left the run ({'lost: its end is unknown' if code is None else f'status {code}'}); "
+            "the other nodes finished it" for name, code in result.exit_codes.items()
+            if code is None or code >= 128 or code < 0]
 
 
 def read_ends(nodes: list[NodeRun], result: LaunchResult) -> None:
@@ -149,12 +177,19 @@ def running_nodes(project, cluster: str, nodes: list[NodeRun] | None = None) -> 
     return (run_id, busy) if busy else None
 
 
-def refuse_if_running(project, cluster: str, nodes: list[NodeRun] | None = None) -> None:
+def refuse_if_running(project, cluster: str, nodes: list[NodeRun] | None = None,
+                      live_ok: bool = False) -> str | None:
+    """Refuse while a run is going on the cluster; with `live_ok`, a live run is let go on (it
+    rides out a node made again) and the line to show about it is returned."""
     busy = running_nodes(project, cluster, nodes)
     if busy:
         run_id, names = busy
+        if live_ok and read_rendezvous(find_run(project, cluster, run_id)[1]).live:
+            return (f"run {run_id} goes on live on {', '.join(names)}: a node made again here joins it "
+                    f"with `fatpipe launch {cluster} --rejoin NODE`")
         raise FatpipeError(f"run {run_id} is still running on {', '.join(names)}: follow it with "
                            f"`fatpipe logs {cluster} -f` or end it with `fatpipe stop {cluster}`")
+    return None
 
 
 def run_id_of(run_dir: Path) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 
 import faults
 import pytest
@@ -18,6 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 NAME, OCTET = "t-live", 64
 STEPS = 150
+REPLACED_STEPS = 400  # long enough for a deploy and a rejoin while the others train
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "8", "--seq-len", "128",
          "--warmup-steps", "3", "--checkpoint-every", "10", "--comm", "none",
          "--eval-windows", "8", "--fault-tolerance", "live", "--max-restarts", "2"]
@@ -70,3 +72,55 @@ def test_a_node_cut_off_drops_out_and_comes_back_by_itself(needs_netns, cluster)
     launch.inject(lambda: faults.link_down(faults.netns_name(NAME, 1), 15), 20)
     check_went_on(launch, 1)
     assert "starting it again" not in launch.node_log(1)  # no restart: it rejoined live
+
+
+def remove_node(rank: int) -> None:
+    """The sim's node destroyed: every process in its namespace killed, then the namespace."""
+    ns = faults.netns_name(NAME, rank)
+    for pid in faults.netns_pids(ns):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    subprocess.run(["ip", "netns", "del", ns], check=True, timeout=30)
+
+
+def test_a_destroyed_node_is_left_behind_and_the_others_finish(needs_netns, cluster):
+    """The cluster keeps a node fewer (the next test deploys it again). The launch does not wait for the node
+    out of reach once the others ended, ends 0, and names the node that left."""
+    launch = faults.Launch(cluster, NAME, TRAIN, RUN_TIMEOUT_S)
+    assert launch.inject(lambda: remove_node(2), 20) == 0, launch.output()
+    assert [r["step"] for r in launch.metrics()] == list(range(1, STEPS + 1))
+    membership = node_summary(launch, 0)["membership"]
+    assert [m["event"] for m in membership] == ["leave"], membership
+    assert membership[0]["seconds_lost"] < 10, membership
+    assert f"{NAME}-2 left the run" in launch.output(), launch.output()
+
+
+def test_a_replaced_node_rejoins_the_run_it_left(needs_netns, cluster):
+    """The node destroyed above is made again by `fatpipe deploy`; destroyed again mid-run, made
+    again while the others train, and started by `fatpipe launch --rejoin`: it joins with the
+    live state and ends with the others' parameters."""
+    deployed = faults.fatpipe(cluster, "deploy", NAME)
+    assert deployed.returncode == 0, deployed.stdout
+    train = [str(REPLACED_STEPS) if arg == str(STEPS) else arg for arg in TRAIN]
+    launch = faults.Launch(cluster, NAME, train, RUN_TIMEOUT_S)
+    try:
+        launch.wait_steps(20)
+        remove_node(2)
+        faults.wait_for("the step without node 2", lambda: launch.metrics()[-1]["participants"] == 2, 60)
+        deployed = faults.fatpipe(cluster, "deploy", NAME)
+        assert deployed.returncode == 0, deployed.stdout
+        rejoined = faults.fatpipe(cluster, "launch", NAME, "--rejoin", f"{NAME}-2")
+        assert rejoined.returncode == 0, rejoined.stdout
+        assert f"{NAME}-2 started again in run" in rejoined.stdout
+        assert launch.finish() == 0, launch.output()
+    except BaseException:
+        launch.stop()
+        raise
+    events = [m["event"] for m in node_summary(launch, 0)["membership"]]
+    assert events == ["leave", "join"], node_summary(launch, 0)["membership"]
+    digests = {node_summary(launch, r)["param_digests"][0] for r in range(3)}
+    assert len(digests) == 1, digests
+    refused = faults.fatpipe(cluster, "launch", NAME, "--rejoin", f"{NAME}-2")
+    assert refused.returncode != 0 and "runs on no other node" in refused.stdout, refused.stdout

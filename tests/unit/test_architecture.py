@@ -25,7 +25,7 @@ ALLOWED = {
 TRAINER_FOLDERS = {
     "": {""},
     "comm": {"", "comm"},
-    "api": {"", "comm", "api"},
+    "api": {"", "comm", "api", "live"},  # live: a script under fault_tolerance = "live"
     "net": {"", "comm", "net"},
     "staging": {"staging"},  # the standard library alone: the operator runs the manifest too
     "live": {"", "live"},  # torchft's Manager and Lighthouse for fault_tolerance = "live"

@@ -74,6 +74,16 @@ def test_worst_status_prefers_the_cause():
     assert LaunchResult("r", Path("."), {"a": 0}, interrupted=True).exit_code == 130
 
 
+def test_a_live_run_rides_out_lost_and_killed_nodes_but_not_a_nodes_own_error():
+    def live(**codes):
+        return LaunchResult("r", Path("."), codes, live=True).exit_code
+
+    assert live(a=0, b=None, c=137) == 0  # lost, and killed after its restarts: ridden out
+    assert live(a=0, b=1) == 1  # a node's own error still fails the run
+    assert live(a=None, b=137) == 255  # nobody finished it
+    assert LaunchResult("r", Path("."), {"a": 0, "b": None}).exit_code == 255  # restart: lost
+
+
 def test_venv_is_reused_while_its_inputs_stay_the_same(tmp_path):
     (tmp_path / "pyproject.toml").write_text("[project]\nname = 'x'\n")
     venv = NodeVenv("torch==2.13.0", "https://download.pytorch.org/whl/cpu")

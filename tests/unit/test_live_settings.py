@@ -9,7 +9,7 @@ from fatpipe.trainer.config import ConfigError, TrainConfig, parse_config
 from fatpipe.trainer.live.lighthouse import bind_address
 from fatpipe.trainer.live.lighthouse import main as lighthouse_main
 from fatpipe.trainer.live.manager import host_in_url, settings_from_env
-from fatpipe.trainer.livetrain import live_comm
+from fatpipe.trainer.live.runplan import live_comm
 
 GOOD = {"FATPIPE_LIVE_LIGHTHOUSE": "10.0.0.1:29510", "FATPIPE_PRIVATE_IP": "10.0.0.2",
         "FATPIPE_NODE_NAME": "fw-a-1", "FATPIPE_NODE_RANK": "1", "FATPIPE_NODES": "3",

@@ -128,6 +128,25 @@ def test_a_node_with_another_torch_is_named(tmp_path):
     assert saved["same"] is False and saved["nodes"]["n-2"]["torch"] == "2.0.1"
 
 
+def test_a_live_run_is_refused_on_nodes_without_torchft(tmp_path):
+    # Every node's interpreter finds a torchft it cannot tell the version of: none, as reported.
+    (tmp_path / "fake" / "torchft").mkdir(parents=True)
+    (tmp_path / "fake" / "torchft" / "__init__.py").write_text("")
+    bare = tmp_path / "bare-python"
+    bare.write_text(f"#!/bin/sh\nPYTHONPATH={tmp_path / 'fake'} exec {sys.executable} \"$@\"\n")
+    bare.chmod(0o755)
+    nodes = probe_nodes(tmp_path, [str(bare), str(bare)])
+    assert check_node_envs(nodes, tmp_path / "run").endswith("torchft none")  # restart: fine
+    with pytest.raises(FatpipeError) as caught:
+        check_node_envs(nodes, tmp_path / "run", live=True)
+    assert str(caught.value).startswith("node n-0: no torchft for Python 3."), caught.value
+    assert str(caught.value).endswith('set [train] fault_tolerance = "restart"')
+    from importlib.metadata import version
+
+    assert check_node_envs(probe_nodes(tmp_path, [sys.executable]), tmp_path / "run", live=True) \
+        .endswith(f"torchft {version('torchft')}")
+
+
 def test_differences_name_the_odd_node_and_each_key():
     one = {"python": "3.12.3", "torch": "2.13.0", "cuda": "12.8", "nccl": "2.27.3", "numpy": "2.3.1"}
     assert differences({"a": one, "b": dict(one)}) == []

@@ -67,6 +67,32 @@ def test_files_for_loopback_nodes(project_dir):
         assert "localhost" not in script and "hostname -" not in script
 
 
+def test_live_nodes_each_host_their_own_store_and_node_0_the_lighthouse(project_dir):
+    """fault_tolerance = "live": one torchrun per node, each its own store host on a port of its
+    own (loopback nodes share one machine's ports), and the Lighthouse's address for every node."""
+    project = load_project()
+    outputs = parse_outputs(sim_outputs(3, port=29500))
+    run_id, run_dir = new_run(project, "demo")
+    train = project.train.model_copy(update={"fault_tolerance": "live"})
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir, train=train)
+    assert rdzv.live and rdzv.lighthouse == "127.42.0.10:29501"
+    assert read_rendezvous(run_dir) == rdzv
+    for rank, port in enumerate((29500, 29502, 29503)):
+        script = (run_dir / f"node-{rank}.sh").read_text()
+        argv = shlex.split(script.split('exec "$PY" ', 1)[1].replace("\\\n", " "))
+        assert argv[argv.index("--nnodes") + 1] == "1"
+        assert argv[argv.index("--rdzv-endpoint") + 1] == f"127.42.0.{10 + rank}:{port}"
+        assert "is_host=1" in argv[argv.index("--rdzv-conf") + 1]
+        assert argv[argv.index("--fault-tolerance") + 1] == "live"
+        env = (run_dir / f"node-{rank}.env").read_text()
+        assert "FATPIPE_LIVE_LIGHTHOUSE=127.42.0.10:29501" in env and "FATPIPE_NODES=3" in env
+    with pytest.raises(FatpipeError, match="not a torchrun entry of its own"):
+        new_rendezvous(project, outputs, *new_run(project, "demo"), train=train, entry=["-m", "x"])
+    with pytest.raises(FatpipeError, match="leaves no room for the Lighthouse"):
+        new_rendezvous(project, parse_outputs(sim_outputs(3, port=65533)), *new_run(project, "demo"),
+                       train=train)
+
+
 def test_an_older_runs_rendezvous_still_reads(project_dir):
     """rendezvous.json of a run from before `ships_trainer` was dropped (always true then)."""
     project = load_project()

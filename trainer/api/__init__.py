@@ -4,6 +4,13 @@
     model = fatpipe.wrap(model)                    # instead of DistributedDataParallel(model, ...)
     fatpipe.step(loss, tokens=x.numel())           # every step, after optimizer.step()
 
+Under `fault_tolerance = "live"` (torchft; each node one replica group) a fourth line wraps the
+optimizer, whose step() then steps only when the quorum commits, and the script loops on the
+run's committed steps and reads its data by its shard (`livescript` says why):
+
+    optimizer = fatpipe.optimizer(optimizer)       # 4: optionally with its scheduler
+    while fatpipe.steps_done() < steps: ...        # and fatpipe.data_shard() for the sampler
+
 `wrap` returns torch's own DistributedDataParallel with one comm hook registered (or `attach`
 registers it on a DDP model you built): the comm the run asks for (`[train] comm`, `--comm`),
 comm=auto's choice from the run's netcheck.json and the script's own first steps (re-decided
@@ -38,6 +45,7 @@ from ..comm.hooks import powersgd_available
 from ..config import TrainConfig, build_parser
 from ..distenv import DistEnv, join_counter
 from .ddpcomm import one_bucket_cap_mb
+from .livescript import LiveOptimizer, live_config
 from .scriptrun import ScriptRun
 
 RUN_DIR_ENV = "FATPIPE_RUN_DIR"  # the run folder, relative to the project folder on the node
@@ -101,6 +109,8 @@ def wrap(model: torch.nn.Module, *, allow_periodic: bool = False, steps: int | N
                 and powersgd_available()):
             cap = one_bucket_cap_mb(model)  # PowerSGD on gloo: one bucket
         ddp_kwargs["bucket_cap_mb"] = cap
+    if cfg.fault_tolerance == "live":  # the bucket layout of every process's first step kept
+        ddp_kwargs.setdefault("find_unused_parameters", True)  # (api.livescript says why)
     cfg = dataclasses.replace(cfg, bucket_cap_mb=ddp_kwargs["bucket_cap_mb"])
     ddp_kwargs.setdefault("gradient_as_bucket_view", True)
     return _start(cfg, DDP(model, **ddp_kwargs), allow_periodic, steps is not None)
@@ -137,6 +147,8 @@ def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool, steps_given: bool) 
         raise RuntimeError("fatpipe measures one DDP model per process: wrap() was called before")
     env, store = _group or _run_store(_dist_env(next(ddp.module.parameters()).device),
                                       cfg.timeout_s)
+    if cfg.fault_tolerance == "live":
+        cfg = live_config(cfg)
     cfg.out_dir.mkdir(parents=True, exist_ok=True)
     if env.is_main and not logging.getLogger().handlers and not log.parent.handlers:
         log.parent.addHandler(logging.StreamHandler(sys.stderr))  # the comm decision's lines
@@ -167,6 +179,37 @@ def step(loss, tokens: int = 0, lr: float | None = None, step: int | None = None
     if step is not None:
         step = _step_number(step)
     return _run.step(loss, tokens, lr, step) if _run is not None else None
+
+
+def optimizer(opt: torch.optim.Optimizer, *stateful):
+    """Under live: `opt` wrapped so that its step() steps only when the quorum commits (and says
+    whether it did); `opt` and `stateful` (a scheduler: anything with state_dict and
+    load_state_dict) are what a returning node is sent. Otherwise `opt` itself."""
+    if _run is None or _run.live is None:
+        return opt
+    _run.live.stateful[:] = [opt, *stateful]
+    return LiveOptimizer(opt, _run.live)
+
+
+def steps_done() -> int:
+    """The optimizer steps the run has taken: under live the quorum's committed steps (a node
+    that rejoined is at the others' count), else this process's recorded steps."""
+    if _run is None:
+        return 0
+    return _run.live.steps_done() if _run.live else _run.step_no
+
+
+def data_shard() -> tuple[int, int]:
+    """(this rank's shard, the number of shards) for the script's sampler: its rank among every
+    rank the cluster declares. Under live each node's group numbers its ranks from 0, so this,
+    not dist.get_rank(), keeps nodes from reading the same data."""
+    if not dist.is_initialized():
+        return 0, 1
+    rank, world = dist.get_rank(), dist.get_world_size()
+    if _run is not None and _run.live is not None:
+        settings = _run.live.settings
+        return settings.node_rank * world + rank, settings.nodes * world
+    return rank, world
 
 
 def _step_number(step) -> int:

@@ -33,6 +33,7 @@ from ..comm.redecide import AutoComm
 from ..config import PERIODIC_NAMES, TrainConfig
 from ..distenv import DistEnv
 from .ddpcomm import grad_bytes, register_timed_hook, use_comm
+from .livescript import LiveScript, live_fields
 from .record import RunRecord
 
 log = logging.getLogger(__name__)
@@ -58,6 +59,8 @@ class ScriptRun:
         self.step_no = int(slowest(float(self.record.last_step()), self.device))
         self.taken = 0  # steps of this process
         self.meter = register_timed_hook(ddp, self.device)
+        # Under live the replica group's Manager: its all-reduce is the hook's second half.
+        self.live = LiveScript(ddp, env, self.meter) if cfg.fault_tolerance == "live" else None
         ddp.register_forward_pre_hook(self._step_begins)
         self.periodic = None
         self.started, self.tokens_per_step = None, 0
@@ -101,12 +104,22 @@ class ScriptRun:
         """DDP's forward pre-hook: the first forward of a step starts its clock (an evaluation
         under torch.no_grad() between steps does not)."""
         if self.started is None and torch.is_grad_enabled():
+            if self.live:
+                self.live.begin()  # the step's quorum, before its gradients sync
             self.started = time.perf_counter()
             self.meter.begin_step()
 
-    def step(self, loss, tokens: int, lr: float | None, step: int | None = None) -> dict:
+    def step(self, loss, tokens: int, lr: float | None, step: int | None = None) -> dict | None:
         """Every rank, once per optimizer step, after optimizer.step(): the step's record, as
-        step `step` (by default the one after the last)."""
+        step `step` (by default the one after the last). Under live, the quorum's count of
+        committed steps; a step that did not commit is not recorded (None)."""
+        outcome = self.live.take_outcome() if self.live else None
+        if outcome is not None:
+            if not outcome.committed:
+                self.started = None
+                self.meter.end_step()
+                return None
+            step = self.live.steps_done()
         self.step_no = self.step_no + 1 if step is None else step
         self.taken += 1
         step = self.step_no
@@ -119,8 +132,11 @@ class ScriptRun:
         self.started = None
         comm = self.periodic.end_step() if self.periodic else self.meter.end_step()
         self.tokens_per_step = tokens * self.env.world_size
-        rec = self.record.measure(step, loss_value, None if lr is None else float(lr), step_s, self.tokens_per_step,
+        rec = self.record.measure(step, loss_value, None if lr is None else float(lr), step_s,
+                                  self.tokens_per_step * (outcome.participants if outcome else 1),
                                   comm, self.comm)
+        if outcome:
+            rec.update(live_fields(outcome, rec))
         if self.auto:
             rec = self.auto.observe(rec)
         self.record.write(rec)
@@ -158,6 +174,8 @@ class ScriptRun:
         """Rank 0: summary.json and faults.json from what the steps recorded; files closed."""
         main = self.record.metrics is not None
         self.record.close()
+        if self.live:
+            self.live.close()
         if not main:
             return
         records = self.record.records()
@@ -168,4 +186,5 @@ class ScriptRun:
             records, self.tokens_per_step, comm=self.comm,
             comm_decision=decision_payload(self.decision) if self.decision else None,
             preset="script", params=sum(p.numel() for p in self.module.parameters()),
-            **(self.auto.summary(records) if self.auto else {}))
+            **(self.auto.summary(records) if self.auto else {}),
+            **(self.live.summary(records, self.tokens_per_step) if self.live else {}))

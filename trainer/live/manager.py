@@ -148,9 +148,12 @@ def _private_transport(ip: str, timeout: timedelta):
 
 
 def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
-                 load_state_dict: Callable[[dict], None], group_rank: int, group_size: int):
+                 load_state_dict: Callable[[dict], None], group_rank: int, group_size: int,
+                 init_sync: bool = False):
     """The replica group's Manager and its cross-node gloo group (torchft's, reconfigured at
-    every new quorum). `state_dict`/`load_state_dict`: what a returning replica is sent."""
+    every new quorum). `state_dict`/`load_state_dict`: what a returning replica is sent.
+    `init_sync`: the first quorum sends every replica the state of one (a script's model that
+    each node initialised on its own); the built-in trainer's start from one seed or checkpoint."""
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every step at info
     from torchft import Manager
     from torchft.process_group import ProcessGroupGloo
@@ -167,7 +170,4 @@ def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
             store_addr=settings.private_ip, store_port=settings.store_port,
             lighthouse_addr=settings.lighthouse_url, replica_id=settings.replica_id,
             port=settings.manager_port, hostname=settings.private_ip,
-            checkpoint_transport=transport,
-            # Every replica starts from the same seed or the same checkpoint; a returning one
-            # is sent the live state by the quorum anyway.
-            init_sync=False)
+            checkpoint_transport=transport, init_sync=init_sync)

@@ -9,6 +9,18 @@ higher one a join; what it cost is the wall time from the step before it beyond 
 from __future__ import annotations
 
 import statistics
+import time
+
+from ..bandwidth import busbw_gbs
+
+
+def step_fields(participants: int, healed: bool, quorum_s: float, rec: dict) -> dict:
+    """What a live step adds to its record (metrics.jsonl): the replica groups in its mean,
+    whether this one was sent the live state, the quorum's wait, the wall time it ended at, and
+    the bus bandwidth over the groups that took part."""
+    busbw = busbw_gbs(rec["wire_bytes"], rec["sync_s"], participants) * 8 if rec["sync_s"] else 0.0
+    return {"participants": participants, "healed": healed, "quorum_s": quorum_s,
+            "time": time.time(), "busbw_gbps": busbw}
 
 
 def membership(records: list[dict]) -> list[dict]:

@@ -28,6 +28,8 @@ log = logging.getLogger(__name__)
 GRAD_CLIP = 1.0
 # Quorum requests (each QUORUM_TIMEOUT_S, live.manager) before a run gives up on the Lighthouse.
 QUORUM_TRIES = 24
+# A fresh run waits this long for every declared node before its first step (`gather_quorum`).
+GATHER_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,45 @@ def across_replicas(manager) -> Callable[[torch.Tensor], torch.futures.Future]:
     return across
 
 
+def join_quorum(manager) -> None:
+    """A step's quorum, waited for before the forward pass (so that a failure to form one is
+    handled here, not inside backward's comm hook), asked again after a timeout: a request in
+    flight to a Lighthouse that died is lost with it, and a Lighthouse started again has the
+    others' next requests within seconds. After QUORUM_TRIES the error is the run's."""
+    for tries in range(1, QUORUM_TRIES + 1):
+        try:
+            manager.start_quorum()
+            manager.wait_quorum()
+            return
+        except TimeoutError as e:
+            if tries == QUORUM_TRIES:
+                raise TimeoutError(f"no quorum from the Lighthouse in {tries} tries: {e}") from e
+            log.warning("no quorum yet (%s): asking the Lighthouse again", e)
+            # torchft 0.2.0 re-raises a failed quorum at the next start_quorum: forget it.
+            manager._quorum_future = None
+
+
+def gradients_finite(parameters) -> bool:
+    """Whether every gradient is finite: a peer that died mid all-reduce can leave garbage."""
+    grads = [p.grad for p in parameters if p.grad is not None]
+    return not grads or math.isfinite(float(torch.nn.utils.get_total_norm(grads)))
+
+
+def gather_quorum(manager, nodes: int, grace_s: float = GATHER_S) -> int:
+    """A fresh run's first quorum: wait up to `grace_s` for the `nodes` the cluster declares
+    (they start within seconds of each other), so step 1 is not taken by the first node up
+    alone. A node that joins a run under way (the quorum is past step 0) does not wait. The
+    last quorum is the first step's: a returning node's copy of the live state, set up by it,
+    is applied when that step commits. Returns the replica groups in the quorum."""
+    deadline = time.monotonic() + grace_s
+    while True:
+        join_quorum(manager)
+        if (manager.num_participants() >= nodes or manager.current_step() > 0
+                or time.monotonic() > deadline):
+            return manager.num_participants()
+        time.sleep(0.5)
+
+
 class LiveStep:
     """Runs steps for one rank of a replica group: `attempt(step_fn)` until one commits."""
 
@@ -75,7 +116,7 @@ class LiveStep:
         manager = self.manager
         waited = time.perf_counter()
         if not self._quorum_started:
-            self._quorum()
+            join_quorum(self.manager)
         self._quorum_started = False
         quorum_s = time.perf_counter() - waited
         loss = forward_backward(self.step)
@@ -92,37 +133,9 @@ class LiveStep:
         return loss, LiveStepResult(committed, participants, healed, quorum_s)
 
     def gather(self, nodes: int, grace_s: float) -> int:
-        """A fresh run's first quorum: wait up to `grace_s` for the `nodes` the cluster declares
-        (they start within seconds of each other), so step 1 is not taken by the first node up
-        alone. A node that joins a run under way (the quorum is past step 0) does not wait.
-        The last quorum is the first step's: a returning node's copy of the live state, set up
-        by it, is applied when that step commits. Returns the replica groups in the quorum."""
-        manager, deadline = self.manager, time.monotonic() + grace_s
-        while True:
-            self._quorum()
-            if (manager.num_participants() >= nodes or manager.current_step() > 0
-                    or time.monotonic() > deadline):
-                self._quorum_started = True
-                return manager.num_participants()
-            time.sleep(0.5)
-
-    def _quorum(self) -> None:
-        """The step's quorum, waited for before the forward pass (so that a failure to form one
-        is handled here, not inside backward's comm hook), asked again after a timeout: a request
-        in flight to a Lighthouse that died is lost with it, and a Lighthouse started again has
-        the others' next requests within seconds. After QUORUM_TRIES the error is the run's."""
-        manager = self.manager
-        for tries in range(1, QUORUM_TRIES + 1):
-            try:
-                manager.start_quorum()
-                manager.wait_quorum()
-                return
-            except TimeoutError as e:
-                if tries == QUORUM_TRIES:
-                    raise TimeoutError(f"no quorum from the Lighthouse in {tries} tries: {e}") from e
-                log.warning("no quorum yet (%s): asking the Lighthouse again", e)
-                # torchft 0.2.0 re-raises a failed quorum at the next start_quorum: forget it.
-                manager._quorum_future = None
+        """The first step's quorum, with every declared node (`gather_quorum`)."""
+        self._quorum_started = True
+        return gather_quorum(self.manager, nodes, grace_s)
 
     def close(self) -> None:
         self.manager.shutdown(wait=False)
