@@ -103,8 +103,10 @@ def render(view: dict):
     straggler = view.get("straggler") or {}
     for n in view["nodes"]:
         mark = f"[red]◀ {straggler['kind']}[/]" if n["node"] == straggler.get("node") else ""
+        if n.get("state") == "gone":  # live: out of the quorum, its own window stale
+            mark = "[red]gone[/]"
         link = f"{n['link_gbps']:.2f}" if n.get("link_gbps") else "-"
-        table.add_row(n["node"], _bar(n.get("util")), f"{n['tx_gbps']:.2f}", f"{n['rx_gbps']:.2f}", link,
+        table.add_row(n["node"], _bar(n.get("util")), f"{n.get('tx_gbps', 0):.2f}", f"{n.get('rx_gbps', 0):.2f}", link,
                       f"{_ms(n.get('step_s_p50'))}/{_ms(n.get('step_s_p95'))}",
                       f"{_ms(n.get('sync_s_p50'))}/{_ms(n.get('sync_s_p95'))}", _ms(n.get("compute_s_p50")),
                       mark)

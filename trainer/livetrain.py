@@ -39,7 +39,7 @@ from .datacheck import check_same_data
 from .distenv import DistEnv
 from .heldout import heldout_loss, heldout_windows
 from .live.manager import live_manager, settings_from_env
-from .live.membership import goodput, membership, skipped_batches, step_fields
+from .live.membership import QuorumWatch, goodput, membership, skipped_batches, step_fields
 from .live.runplan import live_comm, node_run_dir, require_torchft
 from .live.step import GATHER_S, LiveStep, across_replicas
 from .model import seeded_gpt
@@ -96,6 +96,7 @@ class LiveTrainer:
             self.manager.load_state_dict(ckpt["manager"])
         self.meter.across, self.meter.node_size = across_replicas(self.manager), env.world_size
         self.live = LiveStep(self.manager, self.model, self.optimizer, self.scheduler)
+        self.quorum = QuorumWatch()
         gathered = self.live.gather(self.settings.nodes, GATHER_S)
         if gathered < self.settings.nodes and self.live.step == 1:
             log.warning("starting with %d of %d nodes: the others join when they are up",
@@ -139,6 +140,8 @@ class LiveTrainer:
                                       self.node_tokens * result.participants,
                                       self.meter.end_step(), self.comm)
             rec.update(step_fields(result.participants, result.healed, result.quorum_s, rec))
+            if change := self.quorum.update(step, result.participants):
+                self.record.nodes.event(*change, step)
             self.record.write(rec)
             if step == self.cfg.steps or (self.cfg.checkpoint_every
                                           and step % self.cfg.checkpoint_every == 0):

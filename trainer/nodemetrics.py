@@ -150,6 +150,14 @@ class NodeMetrics:
             log.warning("event %s: %s", event["event"], event["reason"])
             self._append(EVENTS_FILE, event)
 
+    def event(self, event: str, reason: str, step: int) -> None:
+        """Rank 0: one event for `fatpipe top` (events.jsonl) and the log, outside any window
+        (a node that left the quorum or joined it)."""
+        if self.env.is_main:
+            log.warning("event %s: %s", event, reason)
+            self._append(EVENTS_FILE, {"time": time.time(), "event": event, "reason": reason,
+                                       "last_step": step})
+
     def _append(self, name: str, doc: dict) -> None:
         if name not in self._files:
             self._files[name] = open(Path(self.run_dir) / name, "a", buffering=1)

@@ -58,7 +58,9 @@ def loss_figure(records: list[dict]):
     return draw
 
 
-def step_split_figure(records: list[dict]):
+def step_split_figure(records: list[dict], membership: list[dict] | None = None):
+    """Each step's compute and exposed communication; under live fault tolerance a dashed line
+    where a node left the quorum (red) or joined it (green)."""
     def draw(ax):
         steps = [r["step"] for r in records]
         exposed = [r.get("exposed_comm_s", 0) * 1e3 for r in records]
@@ -66,6 +68,13 @@ def step_split_figure(records: list[dict]):
         ax.bar(steps, compute, label="compute (and hidden comm)", color="tab:green")
         ax.bar(steps, exposed, bottom=compute, label="exposed communication", color="tab:red")
         ax.set(xlabel="step", ylabel="ms", title="step time: compute and exposed communication")
+        marked = set()
+        for change in membership or []:
+            left = change["event"] == "leave"
+            label = "node left" if left else "node joined"
+            ax.axvline(change["step"], color="tab:red" if left else "tab:olive", linestyle="--",
+                       label=None if label in marked else label)
+            marked.add(label)
         ax.legend(fontsize=8)
     return draw
 
@@ -175,7 +184,8 @@ def write_report(run_dir: Path) -> Path:
     tier = float(summary.get("tier_gbps") or net.get("tier_gbps") or (up.get("summary") or {}).get("tier_gbps") or 1)
     figures = []
     if records:
-        figures += [("loss", loss_figure(records)), ("step-split", step_split_figure(records)),
+        figures += [("loss", loss_figure(records)),
+                    ("step-split", step_split_figure(records, summary.get("membership"))),
                     ("sync-latency", sync_figure(records)), ("link-use", link_figure(records, tier))]
     if net.get("allreduce"):
         figures.append(("netcheck", netcheck_figure(net)))
@@ -191,6 +201,9 @@ def write_report(run_dir: Path) -> Path:
         parts.append(table("comm decision", summary["comm_decision"]))
     faults = ("restarts", "failed_collectives", "collectives_attempted", "sync_failure_rate")
     parts.append(table("restarts and failures", {k: summary.get(k) for k in faults}))
+    if summary.get("fault_tolerance") == "live":
+        live = ("membership", "goodput", "skipped_batches", "uncommitted_steps")
+        parts.append(table("live fault tolerance", {k: summary[k] for k in live if k in summary}))
     if net:
         parts.append(table("netcheck", {"busbw_gbps": net.get("busbw_gbps"), "passed": net.get("gate", {}).get("passed"),
                                         "reasons": net.get("gate", {}).get("reasons")}))

@@ -14,6 +14,7 @@ from pathlib import Path
 
 from fatpipe.infra.defaults import SUMMARY_FILE
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.trainer.live.runplan import node_run_dir  # torch-free
 from fatpipe.trainer.nodestats import EVENTS_FILE, NODES_FILE  # torch-free
 
 from ..rdzv.noderun import NodeRun, run_nodes
@@ -23,6 +24,8 @@ from .leader import leader_first
 TAIL_BYTES = 256 * 1024  # the last views of a 64-node cluster fit many times over
 EVENT_COUNT = 10  # the newest events shown
 READ_TIMEOUT_S = 15
+# Live: a node whose latest window is this much older than the newest node's is shown gone.
+LIVE_GONE_S = 30.0
 _SEP = "\n--fatpipe-top--\n"
 
 
@@ -58,9 +61,10 @@ def _read_local(run_dir: Path) -> tuple[list[dict], list[dict], bool]:
     return last_lines(*nodes), last_lines(*events), (run_dir / SUMMARY_FILE).exists()
 
 
-def tail_command(node: NodeRun) -> str:
-    """On the node: both files' tails, each preceded by its size, and whether the run finished."""
-    folder = shlex.quote(node.rdzv.run_rel)
+def tail_command(node: NodeRun, folder: str | None = None) -> str:
+    """On the node: both files' tails, each preceded by its size, and whether the run finished
+    (in the run folder, or `folder` relative to the project folder)."""
+    folder = shlex.quote(folder or node.rdzv.run_rel)
     parts = [f"f={folder}/{name}; stat -c %s $f 2>/dev/null || echo 0; tail -c {TAIL_BYTES} $f 2>/dev/null"
              for name in (NODES_FILE, EVENTS_FILE)]
     sep = f"printf {shlex.quote(_SEP)}"
@@ -103,6 +107,8 @@ def _read_remote(nodes: list[NodeRun]) -> tuple[list[dict], list[dict], bool]:
 def snapshot(project, cluster: str, run_id: str | None = None) -> dict:
     """The run's latest window as `fatpipe top` shows it: every node, the straggler, events."""
     run_id, run_dir, nodes = run_nodes(project, cluster, run_id)
+    if nodes and nodes[0].rdzv.live:
+        return live_snapshot(cluster, run_id, run_dir, nodes)
     if not nodes or nodes[0].transport.shares_fs or (run_dir / NODES_FILE).exists():
         views, events, finished = _read_local(run_dir)
     else:
@@ -117,3 +123,35 @@ def snapshot(project, cluster: str, run_id: str | None = None) -> dict:
             "step_s_p50": view.get("step_s_p50"), "sync_s_p50": view.get("sync_s_p50"),
             "nodes": view.get("nodes", []), "straggler": view.get("straggler"),
             "events": events[-EVENT_COUNT:]}
+
+
+def live_snapshot(cluster: str, run_id: str, run_dir: Path, nodes: list[NodeRun]) -> dict:
+    """Under live fault tolerance each node measures itself into its own folder (node k's
+    `live-node-<k>/`): every node's latest window, the ones that stopped reporting marked gone,
+    and node 0's events (each join and leave among them)."""
+    def read(node: NodeRun):
+        rel = node_run_dir(Path(node.rdzv.run_rel), node.plan.rank)
+        if node.transport.shares_fs:
+            return _read_local(run_dir / rel.relative_to(node.rdzv.run_rel))
+        result = node.transport.run(tail_command(node, rel.as_posix()), timeout=READ_TIMEOUT_S)
+        return parse_tail(result.stdout) if result.ok else None
+
+    found = fan_out(read, nodes)
+    latest = {n.name: f[0][-1] for n, f in zip(nodes, found, strict=True) if f and f[0]}
+    if not latest:
+        raise FatpipeError(f"run {run_id} has no node metrics yet (written every node_metrics_every "
+                           f"steps by the trainer; 0 turns them off)")
+    newest = max(v.get("time", 0) for v in latest.values())
+    rows = []
+    for node in nodes:
+        view = latest.get(node.name)
+        gone = view is None or newest - view.get("time", 0) > LIVE_GONE_S
+        own = (view or {}).get("nodes") or [{"node": node.name}]
+        rows += [{**row, "node": node.name, "state": "gone" if gone else "up"} for row in own[:1]]
+    lead = found[0] if found[0] else next(f for f in found if f)
+    view = lead[0][-1]
+    return {"cluster": cluster, "run": run_id, "finished": lead[2],
+            "window": {k: view.get(k) for k in ("window", "attempt", "first_step", "last_step", "time")},
+            "tier_gbps": view.get("tier_gbps"), "world_size": view.get("world_size"),
+            "step_s_p50": view.get("step_s_p50"), "sync_s_p50": view.get("sync_s_p50"),
+            "nodes": rows, "straggler": None, "events": lead[1][-EVENT_COUNT:], "live": True}

@@ -33,7 +33,7 @@ from ..config import TrainConfig
 from ..distenv import DistEnv
 from ..exiting import stop_before_join
 from ..live.manager import live_manager, settings_from_env
-from ..live.membership import goodput, membership, step_fields
+from ..live.membership import QuorumWatch, goodput, membership, step_fields
 from ..live.runplan import live_comm, node_run_dir, require_torchft
 from ..live.step import across_replicas, gather_quorum, gradients_finite, join_quorum
 from ..replicas import param_digest
@@ -86,6 +86,7 @@ class LiveScript:
         stop_before_join(self.close)  # the Manager's quorum thread would hold the script's end
         self.outcome: StepOutcome | None = None
         self.uncommitted = 0  # optimizer steps that did not commit
+        self.quorum = QuorumWatch()  # joins and leaves, as events for `fatpipe top`
 
     def begin(self) -> None:
         """The first forward of a step: join its quorum (once); before the first step, with every

@@ -137,6 +137,8 @@ class ScriptRun:
                                   comm, self.comm)
         if outcome:
             rec.update(live_fields(outcome, rec))
+            if change := self.live.quorum.update(step, outcome.participants):
+                self.record.nodes.event(*change, step)
         if self.auto:
             rec = self.auto.observe(rec)
         self.record.write(rec)

@@ -23,6 +23,21 @@ def step_fields(participants: int, healed: bool, quorum_s: float, rec: dict) -> 
             "time": time.time(), "busbw_gbps": busbw}
 
 
+class QuorumWatch:
+    """The replica groups of each committed step, against the step before: a change is an
+    event for `fatpipe top` (node_left, node_joined)."""
+
+    def __init__(self):
+        self.groups: int | None = None
+
+    def update(self, step: int, participants: int) -> tuple[str, str] | None:
+        before, self.groups = self.groups, participants
+        if before is None or before == participants:
+            return None
+        event = "node_joined" if participants > before else "node_left"
+        return event, f"{before} -> {participants} replica groups at step {step}"
+
+
 def membership(records: list[dict]) -> list[dict]:
     """One entry per change in the quorum: step, "join"/"leave", replica groups before and
     after, and the seconds the change cost beyond a median step."""
