@@ -44,6 +44,7 @@ from seed_table import GLOBAL_BATCH_TOKENS, TARGETS, calibrate, host  # noqa: E4
 
 CLUSTER, CIDR, NODES = "fl-bench", "10.86.0.0/24", 4
 CGROUP = Path("/sys/fs/cgroup/cpu")
+NODE_IFACE = "eth0"  # the node's end of its veth (fatpipe.stacks.simlinks)
 
 
 def main() -> int:
@@ -52,6 +53,8 @@ def main() -> int:
     p.add_argument("--kill-every", type=float, default=60)
     p.add_argument("--down", type=float, default=20)
     p.add_argument("--seed", type=int, default=7)
+    p.add_argument("--no-flaps", dest="flaps", action="store_false",
+                   help="skip the link-flap runs (one node's link down 2 s every 30 s)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
     if os.geteuid() != 0 or not shutil.which("terraform") or not CGROUP.is_dir():
@@ -92,6 +95,12 @@ def main() -> int:
                                     ("restart", "restart", schedule)):
             runs.append(run_one(root, label, [*train, "--steps", str(steps), "--fault-tolerance",
                                               mode], faults, args))
+        flaps = [{"at_s": t, "node": 1, "flap_s": 2.0}
+                 for t in range(30, int(args.duration) - 10, 30)] if args.flaps else []
+        for label, mode in (("live, flaps", "live"), ("restart, flaps", "restart")):
+            if flaps:
+                runs.append(run_one(root, label, [*train, "--steps", str(steps),
+                                                  "--fault-tolerance", mode], flaps, args))
     finally:
         quotas.stop()
         destroy_cluster(project, CLUSTER)
@@ -187,6 +196,16 @@ def take_down(index: int, down_s: float) -> None:
         _signal(pid, signal.SIGCONT)
 
 
+def flap(index: int, seconds: float) -> None:
+    """The node's link down for `seconds` (the seed's flapping link), then up."""
+    ns = f"fp-{CLUSTER}-{index}"
+    subprocess.run(["ip", "-n", ns, "link", "set", NODE_IFACE, "down"], check=True)
+    try:
+        time.sleep(seconds)
+    finally:
+        subprocess.run(["ip", "-n", ns, "link", "set", NODE_IFACE, "up"], check=True)
+
+
 def _signal(pid: int, sig: int) -> None:
     try:
         os.kill(pid, sig)
@@ -217,7 +236,9 @@ def run_one(root: Path, label: str, train: list[str], faults: list[dict], args) 
     for fault in faults:
         time.sleep(max(0.0, first_step + fault["at_s"] - time.time()))
         kills.append({**fault, "time": time.time()})
-        threading.Thread(target=take_down, args=(fault["node"], args.down), daemon=True).start()
+        inject = (flap, (fault["node"], fault["flap_s"])) if "flap_s" in fault else \
+            (take_down, (fault["node"], args.down))
+        threading.Thread(target=inject[0], args=inject[1], daemon=True).start()
     launch.wait(timeout=args.duration * 6 + 120)
     ended = time.time()
     # Each node's own records under live (node k's in live-node-<k>/): a node that was down
@@ -230,6 +251,8 @@ def run_one(root: Path, label: str, train: list[str], faults: list[dict], args) 
           f"{ended - first_step:.0f} s from the first step")
     return {"label": label, "mode": train[train.index("--fault-tolerance") + 1],
             "records": records, "by_node": by_node, "summary": summary, "kills": kills,
+            "log": (run_dir / "node-0.log").read_text(errors="replace")
+            if (run_dir / "node-0.log").exists() else "",
             "exit": launch.returncode,
             "wall_s": ended - first_step, "startup_s": first_step - started}
 
@@ -241,7 +264,7 @@ def compare(runs: list[dict], args) -> list[dict]:
     free_rate = tokens(free, node_tokens) / free["wall_s"]
     rows = []
     for run in runs:
-        down = sum(min(args.down, run["wall_s"] - k["at_s"]) for k in run["kills"])
+        down = sum(min(k.get("flap_s", args.down), run["wall_s"] - k["at_s"]) for k in run["kills"])
         alive_share = 1 - down / (NODES * run["wall_s"])
         goodput = tokens(run, node_tokens) / run["wall_s"]
         steps = [r["step"] for r in run["records"]]
@@ -252,14 +275,25 @@ def compare(runs: list[dict], args) -> list[dict]:
                "kill_to_next_step_s": [next_step(run, k) for k in run["kills"]],
                "eval_loss": run["summary"].get("eval_loss"), "exit": run["exit"],
                "committed_steps": len(set(steps)), "wall_s": run["wall_s"]}
+        row["sync_failure_rate"] = sync_failure_rate(run)
         if free["summary"].get("eval_loss") and row["eval_loss"]:
             row["eval_loss_vs_fault_free"] = row["eval_loss"] / free["summary"]["eval_loss"]
         rows.append(row)
         print(f"{row['run']:>10}: goodput {goodput:8.0f} tok/s, {row['of_ceiling']:.3f} of the "
               f"ceiling, {row['steps_taken_twice']} steps twice, kill -> next step "
               f"{[round(s, 1) if s is not None else None for s in row['kill_to_next_step_s']]} s, "
-              f"eval loss {row['eval_loss']}")
+              f"eval loss {row['eval_loss']}, sync failures {row['sync_failure_rate']}")
     return rows
+
+
+def sync_failure_rate(run: dict) -> float | None:
+    """restart: the trainer's own (failed collectives over those attempted); live: node 0's step
+    attempts that did not commit over all its attempts."""
+    if run["mode"] == "restart":
+        return run["summary"].get("sync_failure_rate")
+    failed = run["log"].count("not committed (attempt")
+    committed = len({r["step"] for r in run["records"]})
+    return failed / (failed + committed) if committed else None
 
 
 def read_records(folder: Path) -> list[dict]:
@@ -280,10 +314,14 @@ def tokens(run: dict, node_tokens: int) -> int:
 
 
 def next_step(run: dict, kill: dict) -> float | None:
-    """Seconds from a kill to the end of the survivors' first step after it (live records
-    carry `time`; restart's do not: None)."""
-    later = [r["time"] for i, records in enumerate(run["by_node"]) if i != kill["node"]
-             for r in records if r.get("time", 0) > kill["time"]]
+    """Seconds from a kill to the end of the survivors' first step without the victim (fewer
+    replica groups than before it; live records carry `time` and `participants`; restart's do
+    not: None). A step already under way at the kill ends with it or fails; this is the one
+    after."""
+    survivor = next(records for i, records in enumerate(run["by_node"]) if i != kill["node"])
+    before = [r["participants"] for r in survivor if "time" in r and r["time"] <= kill["time"]]
+    later = [r["time"] for r in survivor if r.get("time", 0) > kill["time"]
+             and before and r["participants"] < before[-1]]
     return min(later) - kill["time"] if later else None
 
 

@@ -43,10 +43,16 @@ def project_requirements(venv: NodeVenv) -> list[str]:
     return [*(["-r", venv.requirements] if venv.requirements else []), *venv.packages]
 
 
+def base_requirements(venv: NodeVenv) -> list[str]:
+    """What every node venv must install, as pip arguments: torch (pinned), numpy (PowerSGD
+    needs it), then the project's."""
+    return [venv.torch, "numpy", *project_requirements(venv)]
+
+
 def venv_requirements(venv: NodeVenv, torchft: str = f"{TORCHFT}; {TORCHFT_MARKER}") -> list[str]:
-    """What every node venv installs, as pip arguments: torch (pinned), numpy (PowerSGD needs
-    it), torchft (live fault tolerance), then the project's."""
-    return [venv.torch, "numpy", torchft, *project_requirements(venv)]
+    """base_requirements and torchft (live fault tolerance), which a node venv installs where
+    its wheel can be had."""
+    return [*base_requirements(venv), torchft]
 
 
 def torch_spec() -> str:

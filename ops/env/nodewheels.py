@@ -28,8 +28,8 @@ from fatpipe.infra.nodevenv import (
     TORCHFT,
     TORCHFT_MARKER,
     NodeVenv,
+    base_requirements,
     project_requirements,
-    venv_requirements,
 )
 
 from ..rdzv.noderun import NodeRun
@@ -57,13 +57,24 @@ def trusted(url: str) -> list[str]:
     return ["--trusted-host", parts.netloc] if parts.scheme == "http" else []
 
 
+# torchft serves fault_tolerance = "live" alone: nodes that cannot reach PyPI (or a Python its
+# wheels do not fit) still get a venv for "restart", and the launch's environment check names
+# the missing torchft should a run ask for "live" (ops.env.nodeenv).
+NO_TORCHFT = ('echo "fatpipe: no torchft wheel for this node: fault_tolerance = \\"live\\" '
+              'will not run here" >&2')
+
+
 def install_line(stamp: str, venv: NodeVenv, find_links: str) -> str:
-    """A venv from empty, installed from `find_links` alone, then stamped."""
+    """A venv from empty, installed from `find_links` alone (torchft when it is there), then
+    stamped."""
     py = f"{REMOTE_VENV}/bin/python"
     source = shlex.join(["--find-links", find_links, *trusted(find_links)])
+    torchft = shlex.quote(f"{TORCHFT}; {TORCHFT_MARKER}")
     return (f"python3 -m venv --clear {REMOTE_VENV}; "
             f"{py} -m pip install -q --no-index {source} "
-            f"{shlex.join(venv_requirements(venv))}; echo {stamp} > {STAMP_FILE}")
+            f"{shlex.join(base_requirements(venv))}; "
+            f"{py} -m pip install -q --no-index {source} {torchft} 2>/dev/null || {NO_TORCHFT}; "
+            f"echo {stamp} > {STAMP_FILE}")
 
 
 def read_stamp() -> str:
@@ -73,8 +84,9 @@ def read_stamp() -> str:
 def download_command(stamp: str, venv: NodeVenv) -> str:
     """Node 0: download the wheels once (unless its folder is complete).
 
-    torch and numpy come from torch's index as declared; the project's packages from PyPI, with
-    the folder as a source too, so a package that needs torch takes the one already there. pip
+    torch and numpy come from torch's index as declared; the project's packages and torchft from
+    PyPI, with the folder as a source too, so a package that needs torch takes the one already
+    there (torchft's failure only leaves it out: NO_TORCHFT). pip
     runs from node 0's venv, made empty first when it is not this declaration's.
     """
     folder = wheel_folder(stamp)
@@ -82,8 +94,12 @@ def download_command(stamp: str, venv: NodeVenv) -> str:
     index = ["--index-url", venv.index, *trusted(venv.index)] if venv.index else []
     download = f"{py} -m pip download -q --only-binary=:all: -d {partial}"
     first = f"{download} {shlex.join([*index, venv.torch, 'numpy'])}; "
-    extra = [f"{TORCHFT}; {TORCHFT_MARKER}", *project_requirements(venv)]
-    rest = f"{download} --find-links {partial} {shlex.join(extra)}; "
+    extra = project_requirements(venv)
+    rest = f"{download} --find-links {partial} {shlex.join(extra)}; " if extra else ""
+    # torch named again: torchft's own requirement (torch>=2.7) must take the declared one.
+    torchft = shlex.join([f"{TORCHFT}; {TORCHFT_MARKER}", venv.torch])
+    rest += (f"{download} --retries 1 --timeout 15 --find-links {partial} {torchft} "
+             f"|| {NO_TORCHFT}; ")
     return (
         f"{read_stamp()}set -e; {PIP_ENV}; "
         f'[ "$have" = {stamp} ] || python3 -m venv --clear {REMOTE_VENV}; '
