@@ -29,6 +29,13 @@ def test_outside_a_run_there_is_no_config_and_no_group_leaves_the_model_alone():
     model = torch.nn.Linear(2, 2)
     assert api.wrap(model) is model  # no process group: one process, nothing to synchronise
     assert api.step(torch.tensor(1.0), tokens=4) is None and api.run_dir() is None
+    # The live API's calls outside a run: the optimizer as it is, one shard, steps still counted
+    # (a loop on steps_done() ends under plain torchrun too).
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    assert api.optimizer(optimizer) is optimizer and api.data_shard() == (0, 1)
+    before = api.steps_done()
+    api.step(torch.tensor(1.0), tokens=4)
+    assert api.steps_done() == before + 1
 
 
 def test_the_run_config_comes_from_the_node_environment(tmp_path):

@@ -53,6 +53,7 @@ TRAIN_ARGS_ENV = "FATPIPE_TRAIN_ARGS"  # the run's [train] settings, as the trai
 
 log = logging.getLogger(__name__)
 _run: ScriptRun | None = None
+_steps_outside = 0  # step() calls outside a fatpipe run
 _group: tuple[DistEnv, dist.Store] | None = None  # from init_process_group, when the script used it
 
 
@@ -176,9 +177,13 @@ def step(loss, tokens: int = 0, lr: float | None = None, step: int | None = None
     from the last step the run folder recorded, also after a restart. A step at or below one
     already recorded rewinds the record: the earlier lines stay in metrics.jsonl, and the run's
     steps are the ones written last (`trainer.metrics`)."""
+    global _steps_outside
     if step is not None:
         step = _step_number(step)
-    return _run.step(loss, tokens, lr, step) if _run is not None else None
+    if _run is None:  # outside a run nothing is recorded; steps_done() still counts
+        _steps_outside = step if step is not None else _steps_outside + 1
+        return None
+    return _run.step(loss, tokens, lr, step)
 
 
 def optimizer(opt: torch.optim.Optimizer, *stateful):
@@ -195,7 +200,7 @@ def steps_done() -> int:
     """The optimizer steps the run has taken: under live the quorum's committed steps (a node
     that rejoined is at the others' count), else this process's recorded steps."""
     if _run is None:
-        return 0
+        return _steps_outside  # the calls to step() (plain torchrun: a loop on it still ends)
     return _run.live.steps_done() if _run.live else _run.step_no
 
 

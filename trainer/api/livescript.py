@@ -129,7 +129,7 @@ class LiveScript:
         return outcome
 
     def steps_done(self) -> int:
-        return self.manager.current_step()
+        return self.manager.current_step() if self.manager is not None else self.closed_at
 
     def summary(self, records: list[dict], tokens_per_step: int) -> dict:
         """What summary.json adds under live (`tokens_per_step`: one node's)."""
@@ -149,6 +149,7 @@ class LiveScript:
     def close(self) -> None:
         if self.manager is not None:
             manager, self.manager = self.manager, None
+            self.closed_at = manager.current_step()  # what steps_done() says from here
             manager.shutdown(wait=False)
 
 
