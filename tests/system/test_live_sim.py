@@ -19,7 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 NAME, OCTET = "t-live", 64
 STEPS = 150
-REPLACED_STEPS = 400  # long enough for a deploy and a rejoin while the others train
+REPLACED_STEPS = 600  # long enough for a deploy and a rejoin while the others train
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "8", "--seq-len", "128",
          "--warmup-steps", "3", "--checkpoint-every", "10", "--comm", "none",
          "--eval-windows", "8", "--fault-tolerance", "live", "--max-restarts", "2"]
