@@ -92,11 +92,15 @@ class LaunchResult:
         return self.exit_code == 0
 
 
+def ridden_out(code: int | None) -> bool:
+    """Under live: a node's end that the run rode out, lost (None) or ended by a signal after
+    its restarts; a node that failed on its own (an error status below 128) is no such end."""
+    return code is None or not 0 <= code < 128
+
+
 def live_status(codes) -> int:
-    """A live run's status once a node finished it: a node lost, or ended by a signal after its
-    restarts, is the fault the run rode out; a node that failed on its own (an error status)
-    still fails the run."""
-    return worst_status(c for c in codes if c is not None and 0 < c < 128)
+    """A live run's status once a node finished it: the worst end not ridden out."""
+    return worst_status(c for c in codes if not ridden_out(c))
 
 
 def worst_status(codes) -> int:

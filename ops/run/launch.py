@@ -23,6 +23,7 @@ from ..rdzv.noderun import (
     Sink,
     node_runs,
     node_states,
+    ridden_out,
     run_nodes,
 )
 from ..rdzv.rendezvous import Rendezvous, read_rendezvous
@@ -131,7 +132,7 @@ def live_leavers(result: LaunchResult) -> list[str]:
         return []
     return [f"{name} left the run ({'lost: its end is unknown' if code is None else f'status {code}'}); "
             "the other nodes finished it" for name, code in result.exit_codes.items()
-            if code is None or code >= 128 or code < 0]
+            if ridden_out(code)]
 
 
 def read_ends(nodes: list[NodeRun], result: LaunchResult) -> None:

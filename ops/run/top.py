@@ -114,8 +114,18 @@ def snapshot(project, cluster: str, run_id: str | None = None) -> dict:
     else:
         views, events, finished = _read_remote(leader_first(nodes, run_dir))
     if not views:
-        raise FatpipeError(f"run {run_id} has no node metrics yet (written every node_metrics_every "
-                           f"steps by the trainer; 0 turns them off)")
+        raise no_metrics(run_id)
+    return top_view(cluster, run_id, (views, events, finished))
+
+
+def no_metrics(run_id: str) -> FatpipeError:
+    return FatpipeError(f"run {run_id} has no node metrics yet (written every node_metrics_every "
+                        f"steps by the trainer; 0 turns them off)")
+
+
+def top_view(cluster: str, run_id: str, read: tuple[list[dict], list[dict], bool]) -> dict:
+    """What `fatpipe top` shows from one rank 0's (views, events, finished): its latest window."""
+    views, events, finished = read
     view = views[-1]
     return {"cluster": cluster, "run": run_id, "finished": finished,
             "window": {k: view.get(k) for k in ("window", "attempt", "first_step", "last_step", "time")},
@@ -139,8 +149,7 @@ def live_snapshot(cluster: str, run_id: str, run_dir: Path, nodes: list[NodeRun]
     found = fan_out(read, nodes)
     latest = {n.name: f[0][-1] for n, f in zip(nodes, found, strict=True) if f and f[0]}
     if not latest:
-        raise FatpipeError(f"run {run_id} has no node metrics yet (written every node_metrics_every "
-                           f"steps by the trainer; 0 turns them off)")
+        raise no_metrics(run_id)
     newest = max(v.get("time", 0) for v in latest.values())
     rows = []
     for node in nodes:
@@ -148,10 +157,5 @@ def live_snapshot(cluster: str, run_id: str, run_dir: Path, nodes: list[NodeRun]
         gone = view is None or newest - view.get("time", 0) > LIVE_GONE_S
         own = (view or {}).get("nodes") or [{"node": node.name}]
         rows += [{**row, "node": node.name, "state": "gone" if gone else "up"} for row in own[:1]]
-    lead = found[0] if found[0] else next(f for f in found if f)
-    view = lead[0][-1]
-    return {"cluster": cluster, "run": run_id, "finished": lead[2],
-            "window": {k: view.get(k) for k in ("window", "attempt", "first_step", "last_step", "time")},
-            "tier_gbps": view.get("tier_gbps"), "world_size": view.get("world_size"),
-            "step_s_p50": view.get("step_s_p50"), "sync_s_p50": view.get("sync_s_p50"),
-            "nodes": rows, "straggler": None, "events": lead[1][-EVENT_COUNT:], "live": True}
+    lead = next(f for f in found if f and f[0])  # node 0's, unless it has none
+    return {**top_view(cluster, run_id, lead), "nodes": rows, "straggler": None, "live": True}
