@@ -14,8 +14,6 @@ P2P_TOOLS = ("auto", "iperf3", "socket")
 # torchrun settings of a run (`fatpipe launch`, `up`, `rendezvous`, `train`).
 JOIN_TIMEOUT_S = 180  # every node must join the rendezvous within this
 MAX_RESTARTS = 3  # restarts of the whole worker group after a failure
-# fault_tolerance = "live": node 0 runs the Lighthouse on its private IP at rdzv_port + this.
-LIGHTHOUSE_PORT_OFFSET = 1
 # A benchmark is a measurement, not a job to finish: a restart would only mix two runs' numbers.
 BENCH_MAX_RESTARTS = 0
 

@@ -39,8 +39,9 @@ class TrainSpec(Strict):
     # steps or more: they change the optimizer, so auto takes them only when asked.
     auto_periodic: bool = False
     # What a lost node costs (docs/ARCHITECTURE.md, "Live fault tolerance"): restart resumes every
-    # node from the last checkpoint; live keeps the nodes that are up training (built-in trainer).
-    fault_tolerance: Literal["restart", "live"] = "restart"
+    # node from the last checkpoint; live keeps the nodes that are up training; auto: live where
+    # it works (ops.rdzv.faultmode), else restart.
+    fault_tolerance: Literal["auto", "restart", "live"] = "auto"
 
     def trainer_args(self) -> list[str]:
         """The trainer's command-line flags for these settings."""

@@ -128,3 +128,54 @@ class LiveNode:
                                                  f"{timeout} s:\n{self.log.read_text()[-4000:]}")
             assert self.proc.poll() is None, self.log.read_text()[-4000:]
             time.sleep(0.3)
+
+
+def replica_manager(name: str, rank: int, lighthouse_port: int, state: dict):
+    """A replica group's Manager on loopback (in a process of its own: `run_replicas`), with its
+    own store; `state` ({"w": tensor}) is what it sends and receives. Returns (manager, store)."""
+    from datetime import timedelta
+
+    import torch.distributed as dist
+
+    from fatpipe.trainer.live.manager import LiveSettings, live_manager
+
+    store_port = free_port()
+    store = dist.TCPStore("127.0.0.1", store_port, is_master=True,
+                          timeout=timedelta(seconds=30), wait_for_workers=False)
+    settings = LiveSettings(lighthouse=f"127.0.0.1:{lighthouse_port}", private_ip="127.0.0.1",
+                            replica_id=f"{name}-{rank}", store_port=store_port, nodes=3,
+                            node_rank=rank)
+    manager = live_manager(settings, lambda: dict(state),
+                           lambda sd: state.update(w=sd["w"].clone()), 0, 1)
+    return manager, store
+
+
+def run_replicas(log: Path, target, args: list[tuple], timeout_s: float = 150) -> list:
+    """`target(*args[i], queue)` in a spawned process per replica, beside a Lighthouse that waits
+    for all of them; what each put on the queue, sorted. Stragglers are killed."""
+    import multiprocessing as mp
+
+    _lh, port = start_lighthouse(log, min_replicas=len(args))
+    ctx = mp.get_context("spawn")
+    out = ctx.Queue()
+    procs = [ctx.Process(target=target, args=(*a, port, out)) for a in args]
+    try:
+        for p in procs:
+            p.start()
+        results = sorted(out.get(timeout=timeout_s) for _ in procs)
+        for p in procs:
+            p.join(30)
+    finally:
+        for p in procs:
+            if p.is_alive():  # a replica stuck in a collective that did not match
+                p.kill()
+        stop_all()
+    return results
+
+
+def end_replica(manager, out) -> None:
+    """A replica process's end, once it has put its result on `out`."""
+    manager.shutdown(wait=False)
+    out.close()
+    out.join_thread()  # the queue's feeder has sent the result
+    os._exit(0)  # torchft's threads would hold the interpreter

@@ -27,7 +27,7 @@ COMMS = ("auto", *HOOK_NAMES, *PERIODIC_NAMES)
 # What a lost node costs (docs/ARCHITECTURE.md, "Live fault tolerance"): "restart" stops every
 # worker and resumes from the last checkpoint (torchrun's elastic restart); "live" keeps the
 # nodes that are up training at the next step (torchft), one replica group per node.
-FAULT_TOLERANCE = ("restart", "live")
+FAULT_TOLERANCE = ("auto", "restart", "live")
 
 
 class ConfigError(ValueError):
@@ -64,7 +64,9 @@ class TrainConfig:
     out: str = "run"  # run directory: metrics, summary, checkpoints, tb/
     deterministic: bool = False  # deterministic kernels, for bitwise-reproducible runs
     timeout_s: float = 300.0  # process-group timeout: a lost peer fails the run instead of hanging
-    fault_tolerance: str = "restart"  # restart (from a checkpoint) or live (torchft, per node)
+    # restart (from a checkpoint) or live (torchft, per node); auto is the launch's to resolve
+    # (ops.rdzv.faultmode): a trainer started without it restarts.
+    fault_tolerance: str = "auto"
 
     def __post_init__(self) -> None:
         if self.preset not in PRESETS:
@@ -140,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--deterministic", action="store_true", default=d.deterministic)
     p.add_argument("--timeout-s", type=float, default=d.timeout_s)
     p.add_argument("--fault-tolerance", choices=FAULT_TOLERANCE, default=d.fault_tolerance,
-                   help="restart: from the last checkpoint; live: the nodes that are up go on")
+                   help="restart: from the last checkpoint; live: the nodes that are up go on; "
+                        "auto: what fatpipe's launch chose (live where it works), else restart")
     return p
 
 

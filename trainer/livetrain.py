@@ -27,11 +27,13 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-from .api.ddpcomm import register_timed_hook
+from .api.ddpcomm import register_timed_hook, use_comm
 from .api.record import RunRecord
 from .checkpoint import load_agreed_checkpoint, save_checkpoint
 from .collectives import all_gather_objects
 from .comm.allreduce import barrier, sync
+from .comm.autolive import AUTO_LIVE_HOOKS, decide_live_comm, healing_in_quorum
+from .comm.decision import CommDecision
 from .comm.layout import settle_layout
 from .config import TrainConfig
 from .data import Corpus, ShardedBatches, describe_data
@@ -60,7 +62,8 @@ class LiveTrainer:
         self.cfg, self.env, self.device = cfg, env, env.device
         self.corpus, self.val_corpus = data
         require_torchft()
-        self.comm = live_comm(cfg.comm)
+        # comm=auto: decided at the first quorum (`comm.autolive`), or sent by a peer on joining.
+        self.comm = "auto" if cfg.comm == "auto" else live_comm(cfg.comm)
         self.settings = settings_from_env()
         cfg = dataclasses.replace(cfg, out=str(node_run_dir(cfg.out_dir, self.settings.node_rank)))
         self.cfg = cfg
@@ -83,7 +86,6 @@ class LiveTrainer:
                        else None, bucket_cap_mb=cfg.bucket_cap_mb, gradient_as_bucket_view=True)
         self.meter = register_timed_hook(self.ddp, self.device)
         settle_layout(self.ddp, self.ddp, self.meter, cfg.batch_size, cfg.seq_len)
-        self.meter.use(self.comm)
         self.optimizer = build_optimizer(self.model, cfg.lr, self.device)
         self.scheduler = build_scheduler(self.optimizer, cfg.warmup_steps, cfg.steps)
         ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
@@ -95,12 +97,22 @@ class LiveTrainer:
         if ckpt:
             self.manager.load_state_dict(ckpt["manager"])
         self.meter.across, self.meter.node_size = across_replicas(self.manager), env.world_size
+        # After `across`: PowerSGD's state is built on the Manager (`live.powersgd`).
+        if self.comm != "auto":
+            use_comm(self.meter, cfg, CommDecision(self.comm, "set by --comm"))
+        elif ckpt and ckpt.get("comm") in AUTO_LIVE_HOOKS:
+            self._use_auto(ckpt["comm"])
         self.live = LiveStep(self.manager, self.model, self.optimizer, self.scheduler)
         self.quorum = QuorumWatch()
         gathered = self.live.gather(self.settings.nodes, GATHER_S)
         if gathered < self.settings.nodes and self.live.step == 1:
             log.warning("starting with %d of %d nodes: the others join when they are up",
                         gathered, self.settings.nodes)
+        # Decided by every declared group at once, in the first quorum: a group that joins later
+        # is sent the hook. With a group missing at the start, plain (none) for the whole run.
+        if self.comm == "auto" and self.live.step == 1:
+            self._use_auto(decide_live_comm(cfg, env, self.model, self.manager).comm
+                           if gathered == self.settings.nodes else "none")
         self.record.open()
         if env.is_main:
             log.info("%s: %.2fM parameters, fault tolerance live: node %s (%d of %d), %d rank(s) "
@@ -112,12 +124,20 @@ class LiveTrainer:
     # What a returning replica group is sent by a peer, and what a checkpoint holds.
     def _state(self) -> dict:
         return {"model": self.model.state_dict(), "optimizer": self.optimizer.state_dict(),
-                "scheduler": self.scheduler.state_dict()}
+                "scheduler": self.scheduler.state_dict(), "comm": self.meter.name}
 
     def _load_state(self, state: dict) -> None:
         self.model.load_state_dict(state["model"])
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
+        if self.comm == "auto" and state.get("comm") in AUTO_LIVE_HOOKS:
+            self._use_auto(state["comm"])  # the hook the run's first quorum chose
+
+    def _use_auto(self, comm: str) -> None:
+        """comm=auto's hook, sent plain in a step where a group is healing (it does not know the
+        hook yet: `comm.autolive`)."""
+        self.meter.use(comm)
+        self.meter.plain_while = lambda: healing_in_quorum(self.manager)
 
     def run(self) -> None:
         failed = 0
@@ -125,6 +145,7 @@ class LiveTrainer:
             start, lr = time.perf_counter(), self.scheduler.get_last_lr()[0]
             self.meter.begin_step()
             loss, result = self.live.attempt(self._forward_backward)
+            self.meter.settle(result.committed, result.healed)
             sync(self.device)
             if not result.committed:
                 failed += 1
@@ -138,7 +159,7 @@ class LiveTrainer:
             step = self.live.step - 1
             rec = self.record.measure(step, loss, lr, time.perf_counter() - start,
                                       self.node_tokens * result.participants,
-                                      self.meter.end_step(), self.comm)
+                                      self.meter.end_step(), self.meter.name)
             rec.update(step_fields(result.participants, result.healed, result.quorum_s, rec))
             if change := self.quorum.update(step, result.participants):
                 self.record.nodes.event(*change, step)
@@ -183,11 +204,11 @@ class LiveTrainer:
         participants = sorted(r.get("participants", 1) for r in records) or [1]
         self.record.write_summary(
             records, self.node_tokens * participants[len(participants) // 2],
-            comm=self.comm, preset=self.cfg.preset, params=self.model.num_params(),
+            comm=self.meter.name, preset=self.cfg.preset, params=self.model.num_params(),
             param_digests=digests, replicas_in_sync=len(set(digests)) == 1,
             eval_loss=eval_loss, eval_windows=eval_windows,
             data=describe_data(self.corpus, self.val_corpus, self.cfg.seq_len),
-            fault_tolerance="live", node=self.settings.replica_id,
+            fault_tolerance="live", node=self.settings.replica_id, world_size=self.ranks,
             membership=membership(records), goodput=goodput(records, self.node_tokens),
             skipped_batches=skipped_batches(records, self.settings.nodes,
                                             self.env.world_size * self.cfg.grad_accum))

@@ -6,11 +6,14 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from fatpipe.infra.defaults import GROUP_RANK_FILE, LIGHTHOUSE_PORT_OFFSET, TORCHRUN_DIR
+from fatpipe.infra.defaults import GROUP_RANK_FILE, TORCHRUN_DIR
 from fatpipe.infra.node import REMOTE_PKG
 from fatpipe.trainer.noderank import GROUP_RANK_FILE_ENV
 
 from .record import NodePlan, Rendezvous
+
+LIVE_STORE, LIVE_LIGHTHOUSE, LIVE_RELAY = range(3)
+LIVE_PORTS_PER_NODE = 3
 
 # The interface holding the node's private IP: an exact address match first, else the longest
 # prefix holding it (127.0.0.0/8 on lo holds every loopback node's 127.x address).
@@ -59,12 +62,24 @@ def worker_entry(entry: list[str]) -> list[str]:
     return list(entry) if runs_trainer_module(entry) else ["-m", USER_SCRIPT_MODULE, *entry]
 
 
-def live_store_port(rdzv: Rendezvous, rank: int) -> int:
-    """Node `rank`'s own store under live fault tolerance: node 0's the rendezvous port, node k's
-    k ports past the Lighthouse's. Distinct, since a store listens on every address and loopback
-    sim nodes share this machine's ports."""
+def live_port(rdzv: Rendezvous, rank: int, what: int) -> int:
+    """Node `rank`'s ports under live fault tolerance, three per node from the rendezvous port:
+    its store (`LIVE_STORE`), its Lighthouse (`LIVE_LIGHTHOUSE`) and its relay to the serving
+    Lighthouse (`LIVE_RELAY`). Distinct, since a store listens on every address and loopback sim
+    nodes share this machine's ports."""
     port = int(rdzv.rdzv_endpoint.rpartition(":")[2])
-    return port + (LIGHTHOUSE_PORT_OFFSET + rank if rank else 0)
+    return port + LIVE_PORTS_PER_NODE * rank + what
+
+
+def lighthouse_args(rdzv: Rendezvous, rank: int) -> list[str]:
+    """trainer.live.lighthouse's arguments on node `rank`: its relay, and its own Lighthouse
+    where the run has one on this node."""
+    args = ["--relay-port", str(live_port(rdzv, rank, LIVE_RELAY)),
+            "--lighthouses", ",".join(rdzv.lighthouses)]
+    if rank < len(rdzv.lighthouses):
+        host, _, port = rdzv.lighthouses[rank].rpartition(":")
+        args += ["--host", host.strip("[]"), "--port", port, "--min-replicas", str(rdzv.min_replicas)]
+    return args
 
 
 def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
@@ -77,7 +92,7 @@ def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
     # would make every node think it is the host.
     host = rdzv.live or node.rank == 0
     conf = f"is_host={int(host)},join_timeout={rdzv.join_timeout_s},read_timeout={rdzv.join_timeout_s}"
-    nnodes, endpoint = (1, f"{node.private_ip}:{live_store_port(rdzv, node.rank)}") \
+    nnodes, endpoint = (1, f"{node.private_ip}:{live_port(rdzv, node.rank, LIVE_STORE)}") \
         if rdzv.live else (rdzv.nnodes, rdzv.rdzv_endpoint)
     return [
         "-m", "torch.distributed.run",

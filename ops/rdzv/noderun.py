@@ -18,7 +18,7 @@ from fatpipe.infra.node import REMOTE_PKG
 
 from ..reach.nodecall import NodeCallError, Step, answer_of, ask
 from ..reach.transport import Transport, fan_out, transport_for
-from .nodefiles import group_rank_file
+from .nodefiles import group_rank_file, lighthouse_args
 from .rendezvous import NodePlan, Rendezvous, read_rendezvous
 from .runproc import AGENT_TAG_ENV, AGENT_TAG_PREFIX
 
@@ -155,8 +155,8 @@ class NodeRun:
         a session of its own) and must go before the next attempt starts. Before its pid, the
         wrapper records who it is (boot id, start time: `runproc`), which the tag holds too.
         Under live fault tolerance each node's torchrun is a group of its own: any node's is
-        started again, with no rendezvous to prepare, and node 0's wrapper also keeps the run's
-        Lighthouse (`_lighthouse`) until it ends.
+        started again, with no rendezvous to prepare, and the wrapper also keeps the node's
+        Lighthouse and relay (`_lighthouse`) until it ends.
         """
         live = self.rdzv.live
         # Live: every node hosts its own store, so any node's torchrun may start again; it
@@ -170,7 +170,7 @@ class NodeRun:
         rejoin = "" if live else (
             f"timeout {REJOIN_TIMEOUT_S} {python} -c {shlex.join([REJOIN_PY, host, port, self.rdzv.run_id])} "
             f'>> {log} 2>&1 || echo "fatpipe: could not prepare the rendezvous for the new torchrun" >> {log}')
-        lighthouse = self._lighthouse(python) if live and self.plan.rank == 0 else ""
+        lighthouse = self._lighthouse(python) if live else ""
         end_lighthouse = "kill $lh 2>/dev/null; " if lighthouse else ""
         return f"""read -r boot < /proc/sys/kernel/random/boot_id; st=$(< /proc/$$/stat); st=(${{st##*") "}})
 start=${{st[19]}}; echo "$boot $start" > {self.ident}; echo $$ > {self.pid}; trap true TERM INT HUP; n=0
@@ -189,11 +189,12 @@ done
 {end_lighthouse}echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
 
     def _lighthouse(self, python: str) -> str:
-        """Node 0's Lighthouse under live fault tolerance, beside torchrun for the whole run and
+        """The node's relay to the run's serving Lighthouse, and its own Lighthouse where the
+        run has one per node (trainer.live.lighthouse), beside torchrun for the whole run and
         started again a second after it dies; its lines go to the node's log."""
-        host, _, port = self.rdzv.lighthouse.rpartition(":")
         path = f'PYTHONPATH="$PWD/{REMOTE_PKG}" ' if self.plan.transport == "ssh" else ""
-        run = f"{path}{python} -m {LIGHTHOUSE_MODULE} --host {shlex.quote(host)} --port {int(port)}"
+        args = lighthouse_args(self.rdzv, self.plan.rank)
+        run = f"{path}{python} -m {LIGHTHOUSE_MODULE} {shlex.join(args)}"
         return (f"( trap 'kill $c 2>/dev/null; exit 0' TERM INT HUP; while :; do {run} & c=$!; "
                 f"wait $c; sleep 1; done ) >> {self.log} 2>&1 < /dev/null & lh=$!\n")
 

@@ -50,10 +50,15 @@ class Rendezvous:
     nodes: list[NodePlan]
     gpus_per_node: int = 0  # from the outputs: ssh nodes with GPUs get torch's CUDA build
     data_path: str | None = None  # [data]'s path in the project folder: the run gets FATPIPE_DATA
-    # "live": each node its own torchrun and replica group, node 0 runs the Lighthouse at
-    # `lighthouse` (IP:PORT); docs/ARCHITECTURE.md, "Live fault tolerance".
+    # "live": each node its own torchrun and replica group; `lighthouses` (IP:PORT, in the order
+    # they serve: node 0's first, `lighthouse`) each ask for `min_replicas` replica groups;
+    # docs/ARCHITECTURE.md, "Live fault tolerance".
     fault_tolerance: str = "restart"
     lighthouse: str | None = None
+    lighthouses: list[str] = field(default_factory=list)
+    min_replicas: int = 1
+    fault_why: str = ""  # why this mode (ops.rdzv.faultmode): the launch's decision line
+    fault_auto: bool = False  # chosen by fault_tolerance = "auto": may fall back to restart
 
     @property
     def live(self) -> bool:
@@ -67,4 +72,7 @@ class Rendezvous:
         nodes = [NodePlan(**n) for n in doc["nodes"]]
         # A key this version no longer records (an older run's `ships_trainer`) is dropped.
         known = {f.name for f in fields(cls)} - {"nodes"}
-        return cls(**{k: v for k, v in doc.items() if k in known}, nodes=nodes)
+        rdzv = cls(**{k: v for k, v in doc.items() if k in known}, nodes=nodes)
+        if rdzv.live and not rdzv.lighthouses:  # a live run from before one Lighthouse per node
+            rdzv.lighthouses = [rdzv.lighthouse]
+        return rdzv

@@ -17,7 +17,6 @@ from pathlib import Path
 
 from fatpipe.infra.defaults import (
     JOIN_TIMEOUT_S,
-    LIGHTHOUSE_PORT_OFFSET,
     MAX_RESTARTS,
     RENDEZVOUS_FILE,
 )
@@ -25,11 +24,23 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import DEFAULT_REMOTE_DIR, REMOTE_VENV
 from fatpipe.infra.tiers import tier_name, tier_profile
+from fatpipe.trainer.live.lighthouse import majority
 
-from .nodefiles import node_env_text, node_script_text, torchrun_command
+from .faultmode import choose_fault_mode
+from .nodefiles import (
+    LIVE_LIGHTHOUSE,
+    LIVE_PORTS_PER_NODE,
+    LIVE_RELAY,
+    live_port,
+    node_env_text,
+    node_script_text,
+    torchrun_command,
+)
 from .record import NodePlan, Rendezvous
 
 TRAINER_MODULE = "fatpipe.trainer"
+# What a live run adds to every node's environment (trainer.live.manager reads them).
+LIVE_ENV = ("FATPIPE_LIVE_LIGHTHOUSE", "FATPIPE_LIVE_MIN_REPLICAS", "FATPIPE_NODES")
 REMOTE_DIR_ENV = "FATPIPE_REMOTE_DIR"  # where the project folder goes on ssh nodes; {cluster}, {node}
 
 @dataclass(frozen=True)
@@ -87,17 +98,54 @@ def new_rendezvous(project, outputs, run_id: str, run_dir: Path, *, train=None,
     (netcheck's benchmark), or else the built-in trainer with `train` (a TrainSpec; default the
     project's [train], whose settings a script's run gets too)."""
     spec = train or project.train
-    train_args = spec.trainer_args()
-    live = spec.fault_tolerance == "live"
+    fault = choose_fault_mode(spec, len(outputs.nodes), builtin=not script and not entry)
+    live = fault.mode == "live"
     if live and entry:
         raise FatpipeError("fault_tolerance = \"live\" runs the built-in trainer or a script "
                            "through fatpipe.trainer.api, not a torchrun entry of its own")
+    # The trainer is told the mode in force, never `auto`.
+    train_args = spec.model_copy(update={"fault_tolerance": fault.mode}).trainer_args()
     if script:
         shared = all(node.transport in ("local", "netns") for node in outputs.nodes)
         entry = script_entry(project.root, script, shared)
     rdzv = _plan(project, outputs, run_id, run_dir, entry, train_args, options, live)
+    rdzv.fault_why, rdzv.fault_auto = fault.why, fault.auto
     _write(rdzv, run_dir)
     return rdzv
+
+
+def restart_instead(rdzv: Rendezvous, run_dir: Path, why: str) -> Rendezvous:
+    """An `auto` run's live plan turned to restart (a node the environment check found without
+    torchft), its files written again; the given `rdzv` is left as it was."""
+    rdzv = Rendezvous.from_json(json.loads(json.dumps(rdzv.to_json())))
+    flag = rdzv.entry.index("--fault-tolerance") + 1
+    rdzv.entry[flag] = "restart"
+    rdzv.fault_tolerance, rdzv.fault_why = "restart", f"auto: {why}"
+    rdzv.lighthouse, rdzv.lighthouses, rdzv.min_replicas = None, [], 1
+    for node in rdzv.nodes:
+        node.env = {k: v for k, v in node.env.items() if k not in LIVE_ENV}
+        node.command = torchrun_command(rdzv, node)
+    _write(rdzv, run_dir)
+    return rdzv
+
+
+def _plan_live(rdzv: Rendezvous, outputs) -> None:
+    """Every node's Lighthouse (node 0's alone below 3 nodes), and each node's relay to the
+    serving one, with the quorum's majority (docs/ARCHITECTURE.md, "Live fault tolerance")."""
+    nnodes = rdzv.nnodes
+    if outputs.rdzv_port + LIVE_PORTS_PER_NODE * nnodes > 65536:
+        raise FatpipeError(f"rdzv_port {outputs.rdzv_port} leaves no room for {nnodes} nodes' "
+                           f"stores, Lighthouses and relays past it (fault_tolerance = \"live\", "
+                           f"{LIVE_PORTS_PER_NODE} ports a node): use a lower port")
+    rdzv.fault_tolerance = "live"
+    rdzv.min_replicas = majority(nnodes)
+    serving = rdzv.nodes if rdzv.min_replicas > 1 else rdzv.nodes[:1]
+    rdzv.lighthouses = [f"{f'[{n.private_ip}]' if ':' in n.private_ip else n.private_ip}:"
+                        f"{live_port(rdzv, n.rank, LIVE_LIGHTHOUSE)}" for n in serving]
+    rdzv.lighthouse = rdzv.lighthouses[0]
+    for node in rdzv.nodes:
+        node.env |= dict(zip(LIVE_ENV, (f"127.0.0.1:{live_port(rdzv, node.rank, LIVE_RELAY)}",
+                                        str(rdzv.min_replicas), str(nnodes)), strict=True))
 
 
 def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
@@ -124,14 +172,8 @@ def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
     )
     if live:
-        if outputs.rdzv_port + LIGHTHOUSE_PORT_OFFSET + nnodes > 65535:
-            raise FatpipeError(f"rdzv_port {outputs.rdzv_port} leaves no room for the Lighthouse and "
-                               f"{nnodes} node stores past it (fault_tolerance = \"live\"): use a lower port")
-        rdzv.fault_tolerance = "live"
-        rdzv.lighthouse = f"{outputs.nodes[0].private_ip}:{outputs.rdzv_port + LIGHTHOUSE_PORT_OFFSET}"
+        _plan_live(rdzv, outputs)
     for node in nodes:
-        if live:
-            node.env |= {"FATPIPE_LIVE_LIGHTHOUSE": rdzv.lighthouse, "FATPIPE_NODES": str(nnodes)}
         node.command = torchrun_command(rdzv, node)
         if not builtin:  # where a script using fatpipe.trainer.api finds its run (trainer/api/__init__.py)
             node.env |= {"FATPIPE_RUN_DIR": run_rel, "FATPIPE_TRAIN_ARGS": shlex.join(train_args)}

@@ -6,6 +6,7 @@ runs its sweep through it, after the same one call per node: ops/run/runchecks.p
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -15,7 +16,8 @@ from fatpipe.infra.defaults import UNREACHABLE_TIMEOUT_S
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.runs import find_run
 
-from ..env.nodeenv import check_node_envs
+from ..env.nodeenv import ENV_FILE, check_node_envs
+from ..rdzv.faultmode import without_torchft
 from ..rdzv.noderun import (
     LaunchResult,
     Log,
@@ -26,7 +28,7 @@ from ..rdzv.noderun import (
     ridden_out,
     run_nodes,
 )
-from ..rdzv.rendezvous import Rendezvous, read_rendezvous
+from ..rdzv.rendezvous import Rendezvous, read_rendezvous, restart_instead
 from ..reach.nodecall import forget_all
 from ..reach.transport import fan_out
 from .failure import describe_failure
@@ -39,7 +41,7 @@ from .follow import (
 )
 from .prepare import prepare_envs, prepare_node
 from .runchecks import ask_launch_checks
-from .runsync import pull_runs
+from .runsync import pull_runs, push_run
 
 
 def start_nodes(nodes: list[NodeRun]) -> None:
@@ -81,7 +83,9 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
         ask_launch_checks(project, None, rdzv, firewall=False)
         fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
         prepare_envs(project, nodes, rdzv.gpus_per_node, log)  # after the project: its requirements file
-        log(check_node_envs(nodes, run_dir, rdzv.live))  # unequal nodes are refused before anything starts
+        # Unequal nodes are refused before anything starts; an `auto` live run may turn restart.
+        rdzv, nodes = checked_envs(rdzv, nodes, Path(run_dir), state_dir, log)
+        result.live = rdzv.live
         try:
             start_nodes(nodes)
         except KeyboardInterrupt:  # some nodes may have started already
@@ -92,7 +96,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
             return result
         try:  # from here a Ctrl-C or SIGTERM stops every node
             log(f"started run {rdzv.run_id} on {len(nodes)} node(s)")
-            if follow.on_started:
+            if follow.on_started and rdzv.live:
                 follow.on_started()
             result.exit_codes = follow_nodes(nodes, sink, timeout_s=timeout_s, fail_grace_s=FAIL_GRACE_S,
                                              stopped=result.stopped, unreachable_s=unreachable_s,
@@ -124,6 +128,25 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
         forget_all()  # what the first call brought is this launch's alone
         result.elapsed_s = time.monotonic() - started
     return result
+
+
+def checked_envs(rdzv: Rendezvous, nodes: list[NodeRun], run_dir: Path, state_dir: Path,
+                 log: Log) -> tuple[Rendezvous, list[NodeRun]]:
+    """The node environment check, then the fault tolerance in force, logged: a live run that
+    `auto` chose turns restart where a node has no torchft (its files written and sent again)."""
+    log(check_node_envs(nodes, run_dir, rdzv.live and not rdzv.fault_auto))
+    if rdzv.live and rdzv.fault_auto:
+        reports = json.loads((run_dir / ENV_FILE).read_text())["nodes"]
+        if missing := without_torchft(reports):
+            rdzv = restart_instead(rdzv, run_dir, f"no torchft on {', '.join(missing)}")
+            nodes = node_runs(rdzv, state_dir)
+            remote = [n for n in nodes if not n.transport.shares_fs]
+            for node, sent in zip(remote, fan_out(lambda n: push_run(n, run_dir, True), remote), strict=True):
+                if not sent.ok:
+                    raise FatpipeError(f"{node.name}: copy the run's inputs failed: {sent.reason()}")
+    if rdzv.fault_why:
+        log(f"fault tolerance: {rdzv.fault_tolerance} ({rdzv.fault_why})")
+    return rdzv, nodes
 
 
 def live_leavers(result: LaunchResult) -> list[str]:

@@ -104,6 +104,7 @@ def test_auto_switches_once_after_a_mid_run_cut(cluster):
         cluster, NAME, NODES,
         [*TINY, "--batch-size", "16", "--seq-len", "128", "--steps", str(STEPS),
          "--checkpoint-every", str(EVERY), "--comm", "auto", "--max-restarts", "0",
+         "--fault-tolerance", "restart",  # a re-decision mid-run: restart's comm=auto
          "--timeout", str(RUN_TIMEOUT_S + 60)],
         CUT_AFTER, RUN_TIMEOUT_S)
     s = json.loads((run / "summary.json").read_text())

@@ -1,24 +1,29 @@
-"""Faults on a real 3-node netns sim cluster: a killed worker, a killed torchrun agent; the run resumes.
+"""Faults on a real 3-node netns sim cluster: a killed worker, a killed torchrun agent, under both
+fault tolerance modes.
 
 One cluster is deployed for the module with the real `fatpipe` CLI and terraform, and destroyed
 after it. Each test starts `fatpipe launch` (the built-in trainer, tiny preset, a checkpoint every
 few steps), injects its fault from `faults` once the first checkpoint is behind the run, and checks
-that the run ends at the requested step, redid at most one checkpoint interval, and ends with the
-parameters of an uninterrupted run of the same world size (3 processes under torchrun here).
+the outcome of its mode. Restart: the run ends at the requested step, redid at most one
+checkpoint interval, and ends with the parameters of an uninterrupted run of the same world size
+(3 processes under torchrun here). Live: the other nodes take every step once without the
+victim, which comes back and ends with their parameters.
 """
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 
 import faults
 import pytest
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(300)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 NAME, OCTET = "t-fault", 77
 STEPS, EVERY = 40, 5
+LIVE_STEPS = 150  # room for the victim's torchrun to start again and rejoin before the end
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--seq-len", "64",
          "--warmup-steps", "3", "--checkpoint-every", str(EVERY), "--comm", "none"]
 RUN_TIMEOUT_S = 200
@@ -39,8 +44,12 @@ def reference(tmp_path_factory) -> dict:
 class Launch(faults.Launch):
     """The built-in trainer on the cluster, a checkpoint every EVERY steps, 2 restarts allowed."""
 
-    def __init__(self, folder):
-        super().__init__(folder, NAME, [*TRAIN, "--max-restarts", "2"], RUN_TIMEOUT_S)
+    def __init__(self, folder, mode: str):
+        steps = LIVE_STEPS if mode == "live" else STEPS
+        train = [str(steps) if arg == str(STEPS) else arg for arg in TRAIN]
+        super().__init__(folder, NAME, [*train, "--max-restarts", "2", "--fault-tolerance", mode],
+                         RUN_TIMEOUT_S)
+        self.mode = mode
 
     def inject(self, fault) -> int:
         """Run `fault()` once the first checkpoint is behind the run and a few steps more, then
@@ -50,6 +59,18 @@ class Launch(faults.Launch):
                               EVERY + 2, checkpoint=True)
         assert code == 0, self.output()
         return killed_after[0]
+
+
+def check_went_on(launch: Launch, victim: int) -> None:
+    """Live: node 0 took every step once, the victim left and joined again, equal parameters."""
+    assert [r["step"] for r in launch.metrics()] == list(range(1, LIVE_STEPS + 1))
+    folders = [launch.run_dir, *(launch.run_dir / f"live-node-{r}" for r in (1, 2))]
+    summaries = [json.loads((f / "summary.json").read_text()) for f in folders]
+    assert len({s["param_digests"][0] for s in summaries}) == 1, summaries
+    membership = summaries[0]["membership"]
+    assert [m["event"] for m in membership][:2] == ["leave", "join"], \
+        (membership, launch.node_log(victim)[-3000:])
+    assert membership[0]["seconds_lost"] < 10, membership
 
 
 def check_resumed(launch: Launch, killed_after: int, reference: dict) -> dict:
@@ -68,9 +89,12 @@ def check_resumed(launch: Launch, killed_after: int, reference: dict) -> dict:
     return summary
 
 
-def test_a_killed_worker_resumes_from_its_checkpoint(needs_netns, cluster, reference):
-    launch = Launch(cluster)
+@pytest.mark.parametrize("mode", ["restart", "live"])
+def test_a_killed_worker_resumes_from_its_checkpoint_or_rejoins(needs_netns, cluster, reference, mode):
+    launch = Launch(cluster, mode)
     killed_after = launch.inject(lambda: faults.kill_worker(faults.netns_name(NAME, 1)))
+    if mode == "live":
+        return check_went_on(launch, 1)
     summary = check_resumed(launch, killed_after, reference)
     assert summary["failed_collectives"] >= 1, summary
     assert summary["collectives_attempted"] > STEPS
@@ -78,11 +102,15 @@ def test_a_killed_worker_resumes_from_its_checkpoint(needs_netns, cluster, refer
         summary["failed_collectives"] / summary["collectives_attempted"])
 
 
-def test_a_killed_agent_is_restarted_and_the_run_finishes(needs_netns, cluster, reference):
-    launch = Launch(cluster)
+@pytest.mark.parametrize("mode", ["restart", "live"])
+def test_a_killed_agent_is_restarted_and_the_run_finishes(needs_netns, cluster, reference, mode):
+    launch = Launch(cluster, mode)
     killed_after = launch.inject(lambda: faults.kill_agent(faults.netns_name(NAME, 2)))
     assert "ended by signal KILL, not by fatpipe stop: starting it again" in launch.node_log(2)
-    check_resumed(launch, killed_after, reference)
+    if mode == "live":
+        check_went_on(launch, 2)
+    else:
+        check_resumed(launch, killed_after, reference)
     # The killed agent's workers (nobody's children any more) did not outlive the run.
     assert not faults.workers(faults.netns_name(NAME, 2))
 

@@ -22,8 +22,9 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 
 NAME, OCTET = "fl-link", 252
 STEPS, EVERY = 30, 5
+# restart's timeouts and resumes (a cut node under live: test_live_sim.py).
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--seq-len", "64",
-         "--warmup-steps", "3", "--comm", "none"]
+         "--warmup-steps", "3", "--comm", "none", "--fault-tolerance", "restart"]
 RUN_TIMEOUT_S = 300
 CUT_NODE = 1
 

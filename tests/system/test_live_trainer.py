@@ -1,8 +1,8 @@
 """fault_tolerance = "live" on real processes: a Lighthouse and one torchrun per node on loopback,
 the built-in trainer in each, gloo between them. A node killed mid-run (agent and workers, kill -9)
 costs the others seconds, not a restart; brought back, it copies the live state from a peer and
-ends with the same parameters as the nodes that never stopped. The Lighthouse killed and started
-again on its address costs no step.
+ends with the same parameters as the nodes that never stopped, also under PowerSGD. The
+Lighthouse killed and started again on its address costs no step.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(420)]
 STEPS = 200
 BIG = ["--batch-size", "8", "--seq-len", "128"]
 RUN_S = 300
+PSGD_STEPS = 75  # the killed node back (about 20 s with its 2 ranks) before the other ends
 
 
 @pytest.fixture(autouse=True)
@@ -70,6 +71,9 @@ def test_a_killed_node_costs_seconds_and_rejoins_with_the_live_weights(tmp_path)
     assert summaries[0]["skipped_batches"] > 0 and summaries[0]["fault_tolerance"] == "live"
     healed = [r for r in victim.metrics() if r.get("healed")]
     assert healed, "the returning node did not copy the live state"
+    # comm=auto (the default): one hook on every node, the returning one's sent with the state.
+    comms = {r["comm"] for node in nodes for r in node.metrics()[-5:]}
+    assert len(comms) == 1 and comms <= {"none", "bf16"}, comms
 
 
 def test_two_ranks_per_node_train_the_same_parameters(tmp_path):
@@ -82,6 +86,27 @@ def test_two_ranks_per_node_train_the_same_parameters(tmp_path):
     assert all(s["replicas_in_sync"] for s in summaries), summaries
     assert summaries[0]["param_digests"] == summaries[1]["param_digests"]
     assert all(r["participants"] == 2 for r in nodes[0].metrics()), nodes[0].metrics()[:3]
+
+
+def test_powersgd_across_nodes_sends_less_and_survives_a_lost_node(tmp_path):
+    """Two ranks per node (the node's mean, then PowerSGD across the nodes through torchft); one
+    node killed and brought back: it heals, and both end with the same parameters."""
+    _lh, port = lighthouses.start_lighthouse(tmp_path / "lighthouse.log")
+    nodes = start_nodes(tmp_path, port, 2, [*BIG, "--steps", str(PSGD_STEPS), "--comm", "powersgd",
+                                            "--checkpoint-every", "5"], nproc=2)
+    victim = nodes[1]
+    victim.wait_step(8, RUN_S)
+    victim.kill()
+    nodes[0].wait_step(victim.last_step() + 3, 60)
+    victim.start()
+    summaries = check_finished_together(nodes)
+    assert all(s["replicas_in_sync"] and s["comm"] == "powersgd" for s in summaries), summaries
+    records = nodes[0].metrics()
+    assert [r["step"] for r in records] == list(range(1, PSGD_STEPS + 1))
+    # From the end of the warmup (3 steps), P and Q cross between the nodes, not the gradient.
+    assert all(r["wire_bytes"] < r["grad_bytes"] / 4 for r in records[4:]), records[4]
+    assert any(r.get("healed") for r in victim.metrics()), "the returning node did not heal"
+    assert records[-1]["participants"] == 2, records[-1]
 
 
 def test_the_lighthouse_restarted_on_its_address_costs_seconds_and_no_step(tmp_path):

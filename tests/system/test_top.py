@@ -28,7 +28,7 @@ NAME, OCTET, TIER = "tp-top", 143, 1.0
 STEPS, EVERY = 150, 5  # long enough that the run still goes when top answers
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "4", "--seq-len", "64", "--comm", "none",
          "--warmup-steps", "3", "--checkpoint-every", "1000", "--node-metrics-every", str(EVERY),
-         "--max-restarts", "0"]
+         "--max-restarts", "0", "--fault-tolerance", "restart"]  # one world: a straggler slows all
 RUN_TIMEOUT_S = 300
 
 

@@ -12,7 +12,7 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import find_run, new_run
-from fatpipe.ops.rdzv.nodefiles import IFACE_AWK
+from fatpipe.ops.rdzv.nodefiles import IFACE_AWK, lighthouse_args
 from fatpipe.ops.rdzv.rendezvous import (
     RunOptions,
     new_rendezvous,
@@ -40,10 +40,13 @@ def ssh_outputs():
 
 
 def test_files_for_loopback_nodes(project_dir):
+    """fault_tolerance = "restart": one rendezvous for the whole cluster, on node 0."""
     project = load_project()
     outputs = parse_outputs(sim_outputs(3))
     run_id, run_dir = new_run(project, "demo")
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir, options=RunOptions(max_restarts=2))
+    restart = project.train.model_copy(update={"fault_tolerance": "restart"})
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir, train=restart,
+                          options=RunOptions(max_restarts=2))
 
     doc = json.loads((run_dir / "rendezvous.json").read_text())
     assert doc["rdzv_backend"] == "c10d" and doc["rdzv_endpoint"] == "127.42.0.10:29400"
@@ -67,17 +70,19 @@ def test_files_for_loopback_nodes(project_dir):
         assert "localhost" not in script and "hostname -" not in script
 
 
-def test_live_nodes_each_host_their_own_store_and_node_0_the_lighthouse(project_dir):
-    """fault_tolerance = "live": one torchrun per node, each its own store host on a port of its
-    own (loopback nodes share one machine's ports), and the Lighthouse's address for every node."""
+def test_live_nodes_each_host_their_own_store_lighthouse_and_relay(project_dir):
+    """fault_tolerance = "live": one torchrun per node, each its own store host, Lighthouse and
+    relay on ports of its own (loopback nodes share one machine's ports); every node's trainer
+    reaches the serving Lighthouse through its relay on loopback."""
     project = load_project()
     outputs = parse_outputs(sim_outputs(3, port=29500))
     run_id, run_dir = new_run(project, "demo")
     train = project.train.model_copy(update={"fault_tolerance": "live"})
     rdzv = new_rendezvous(project, outputs, run_id, run_dir, train=train)
-    assert rdzv.live and rdzv.lighthouse == "127.42.0.10:29501"
+    assert rdzv.live and rdzv.lighthouse == "127.42.0.10:29501" and rdzv.min_replicas == 2
+    assert rdzv.lighthouses == ["127.42.0.10:29501", "127.42.0.11:29504", "127.42.0.12:29507"]
     assert read_rendezvous(run_dir) == rdzv
-    for rank, port in enumerate((29500, 29502, 29503)):
+    for rank, port in enumerate((29500, 29503, 29506)):
         script = (run_dir / f"node-{rank}.sh").read_text()
         argv = shlex.split(script.split('exec "$PY" ', 1)[1].replace("\\\n", " "))
         assert argv[argv.index("--nnodes") + 1] == "1"
@@ -85,11 +90,20 @@ def test_live_nodes_each_host_their_own_store_and_node_0_the_lighthouse(project_
         assert "is_host=1" in argv[argv.index("--rdzv-conf") + 1]
         assert argv[argv.index("--fault-tolerance") + 1] == "live"
         env = (run_dir / f"node-{rank}.env").read_text()
-        assert "FATPIPE_LIVE_LIGHTHOUSE=127.42.0.10:29501" in env and "FATPIPE_NODES=3" in env
+        assert f"FATPIPE_LIVE_LIGHTHOUSE=127.0.0.1:{port + 2}" in env and "FATPIPE_NODES=3" in env
+        assert "FATPIPE_LIVE_MIN_REPLICAS=2" in env
+        assert lighthouse_args(rdzv, rank) == [
+            "--relay-port", str(port + 2), "--lighthouses", ",".join(rdzv.lighthouses),
+            "--host", f"127.42.0.{10 + rank}", "--port", str(port + 1), "--min-replicas", "2"]
+    two = new_rendezvous(project, parse_outputs(sim_outputs(2, port=29500)),
+                         *new_run(project, "demo"), train=train)
+    # Two nodes: no majority survives a loss, so node 0's Lighthouse alone, asking for one.
+    assert two.lighthouses == ["127.42.0.10:29501"] and two.min_replicas == 1
+    assert lighthouse_args(two, 1) == ["--relay-port", "29505", "--lighthouses", "127.42.0.10:29501"]
     with pytest.raises(FatpipeError, match="not a torchrun entry of its own"):
         new_rendezvous(project, outputs, *new_run(project, "demo"), train=train, entry=["-m", "x"])
-    with pytest.raises(FatpipeError, match="leaves no room for the Lighthouse"):
-        new_rendezvous(project, parse_outputs(sim_outputs(3, port=65533)), *new_run(project, "demo"),
+    with pytest.raises(FatpipeError, match="leaves no room for 3 nodes' stores, Lighthouses"):
+        new_rendezvous(project, parse_outputs(sim_outputs(3, port=65528)), *new_run(project, "demo"),
                        train=train)
 
 

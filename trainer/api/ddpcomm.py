@@ -12,6 +12,7 @@ from ..bandwidth import MiB
 from ..comm.decision import CommDecision
 from ..comm.hooks import TimedCommHook, load_powersgd_state, make_powersgd_state
 from ..config import HOOK_NAMES, TrainConfig
+from ..live.powersgd import LivePowerSGD
 
 
 def one_bucket_cap_mb(model: torch.nn.Module) -> float:
@@ -40,7 +41,9 @@ def use_comm(meter: TimedCommHook, cfg: TrainConfig, decision: CommDecision,
     """Put the decided hook into `meter`; a periodic method's comm sends nothing per step.
 
     PowerSGD's warm-up counts from when it took over (`since_step`), so a switch and its resume
-    agree; `saved_powersgd` is this rank's error feedback from a checkpoint.
+    agree; `saved_powersgd` is this rank's error feedback from a checkpoint. Under live (the
+    meter's `across` set) its all-reduces go through the replica group's Manager and its state
+    follows the quorum's (`live.powersgd`).
     """
     comm = decision.comm
     state = None
@@ -50,3 +53,5 @@ def use_comm(meter: TimedCommHook, cfg: TrainConfig, decision: CommDecision,
         if saved_powersgd:
             load_powersgd_state(state, saved_powersgd, meter.clock.device)
     meter.use(comm if comm in HOOK_NAMES else "none", state)
+    if state is not None and meter.across is not None:
+        meter.keeper = LivePowerSGD(meter.across.manager, state, cfg.seed)

@@ -82,6 +82,7 @@ class LiveScript:
         self.manager = live_manager(self.settings, self._state, self._load, env.local_rank,
                                     env.world_size, init_sync=True)
         meter.across, meter.node_size = across_replicas(self.manager), env.world_size
+        self.meter = meter  # told each step's commit: PowerSGD keeps only what committed
         self.in_step, self.quorum_s, self.gathered = False, 0.0, False
         stop_before_join(self.close)  # the Manager's quorum thread would hold the script's end
         self.outcome: StepOutcome | None = None
@@ -110,6 +111,7 @@ class LiveScript:
             manager.report_error(RuntimeError("non-finite gradient after the all-reduce"))
         participants, healed = manager.num_participants(), not manager.is_participating()
         committed = manager.should_commit()  # applies the live state a returning node was sent
+        self.meter.settle(committed, healed)
         if committed:
             optimizer.step(closure)
         else:

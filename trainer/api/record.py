@@ -85,8 +85,9 @@ class RunRecord:
     def write_summary(self, records: list[dict], tokens_per_step: int, **fields) -> dict:
         """Rank 0: summary.json from `records`, the fault counts and `fields` (comm, comm_decision,
         preset, params, ...); faults.json saved beside it."""
+        fields.setdefault("world_size", self.env.world_size)  # live: the cluster's ranks
         summary = summarize(records, tokens_per_step, restarts=self.env.restarts,
-                            world_size=self.env.world_size, **fields, **self.faults.totals())
+                            **fields, **self.faults.totals())
         self.faults.save()
         path = self.cfg.out_dir / "summary.json"
         write_text_atomic(path, json.dumps(summary, indent=2) + "\n")

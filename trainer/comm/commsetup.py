@@ -79,7 +79,7 @@ def decide_measured(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, comp
         link = replace(link, half_rate=probe_half_rates(env.device, size))
     else:
         link = probe_link(env.device, grad_bytes)
-    return _decide(cfg, env, model, Measured(link, compute_s, hook_s), step=step, hooks=hooks)
+    return decide_from(cfg, env, model, Measured(link, compute_s, hook_s), step=step, hooks=hooks)
 
 
 @dataclass(frozen=True)
@@ -105,9 +105,9 @@ def plain_steps(cfg: TrainConfig, step: int, current: CommDecision | None) -> in
     return max(2, cfg.warmup_steps - step)
 
 
-def _decide(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, m: Measured, step: int,
-            current: CommDecision | None = None,
-            hooks: tuple[str, ...] | None = None) -> CommDecision:
+def decide_from(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, m: Measured, step: int,
+                current: CommDecision | None = None,
+                hooks: tuple[str, ...] | None = None) -> CommDecision:
     """The model applied to measured numbers at `step`; the same record on every rank."""
     grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
     shapes = [p.shape for p in model.parameters()]
@@ -133,7 +133,7 @@ def redecide_comm(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module,
     method's state is built at setup, not mid-run."""
     link = probe_link(env.device, current.grad_bytes)
     hook_s = {name: p.get("hook_s", 0.0) for name, p in current.predicted.items()}
-    return _decide(cfg, env, model, Measured(link, current.compute_s, hook_s), step, current,
+    return decide_from(cfg, env, model, Measured(link, current.compute_s, hook_s), step, current,
                    hooks=candidate_hooks())
 
 

@@ -81,6 +81,10 @@ class TimedCommHook:
         # the default group, then `across(tensor)` averages it over the replica groups that are up.
         self.across = None
         self.node_size = 1
+        # Live PowerSGD: keeps its state agreed with the quorum's (`live.powersgd.LivePowerSGD`).
+        self.keeper = None
+        # Live comm=auto: true in a step where the hook sends plain float32 (`comm.autolive`).
+        self.plain_while = None
         self.begin_step()
 
     def use(self, name: str, powersgd_state: psgd.PowerSGDState | None = None) -> None:
@@ -88,7 +92,12 @@ class TimedCommHook:
             raise ValueError(f"unknown comm hook {name!r}")
         if (name == "powersgd") != (powersgd_state is not None):
             raise ValueError("a PowerSGDState is required with, and only with, comm=powersgd")
-        self.name, self.state = name, powersgd_state
+        self.name, self.state, self.keeper = name, powersgd_state, None
+
+    def settle(self, committed: bool, healed: bool) -> None:
+        """Live: the step's commit (`healed`: this replica was sent the live state in it)."""
+        if self.keeper is not None:
+            self.keeper.settle(committed, healed)
 
     def begin_step(self) -> None:
         self._origin = self.clock.mark()
@@ -138,7 +147,7 @@ class TimedCommHook:
         """Call the chosen hook; return its future and the bytes it passed to all-reduce."""
         full = buffer.numel() * buffer.element_size()
         if self.across is not None:
-            return self._run_across(buffer)
+            return self._run_across(bucket, buffer)
         if self.name == "none":
             return default_hooks.allreduce_hook(None, bucket), full
         if self.name in ("bf16", "fp16"):
@@ -147,6 +156,11 @@ class TimedCommHook:
             hook = default_hooks.bf16_compress_hook if self.name == "bf16" else \
                 default_hooks.fp16_compress_hook
             return hook(None, bucket), buffer.numel() * 2
+        return self._powersgd(bucket, buffer)
+
+    def _powersgd(self, bucket: dist.GradBucket, buffer: torch.Tensor):
+        """PowerSGD on the state's process group; its future and the bytes it passed to it."""
+        full = buffer.numel() * buffer.element_size()
         self.ran_powersgd = True
         state = self.state
         before = state.total_numel_after_compression
@@ -157,21 +171,29 @@ class TimedCommHook:
         sent = (state.total_numel_after_compression - before) * buffer.element_size()
         return fut, sent if compressing else full
 
-
-    def _run_across(self, buffer: torch.Tensor):
+    def _run_across(self, bucket: dist.GradBucket, buffer: torch.Tensor):
         """Live: the node's ranks average over loopback, then the replica groups over the link
-        (bf16/fp16 cast for the link, as torch's compress hooks do); PowerSGD is refused earlier."""
-        if self.name in ("bf16", "fp16"):
+        (bf16/fp16 cast for the link, as torch's compress hooks do; PowerSGD compresses the
+        node's mean, its P and Q summed through the Manager: `live.powersgd`)."""
+        if self.name == "powersgd":
+            self._node_mean(buffer)
+            self.keeper.begin()
+            return self._powersgd(bucket, buffer)
+        plain = self.plain_while is not None and self.plain_while()
+        if self.name in ("bf16", "fp16") and not plain:
             send = buffer.to(torch.bfloat16 if self.name == "bf16" else torch.float16)
         else:
             send = buffer
-        if self.node_size > 1:
-            dist.all_reduce(send)
-            send.div_(self.node_size)
+        self._node_mean(send)
         fut = self.across(send)
         if send is not buffer:
             fut = fut.then(lambda f: buffer.copy_(f.value()))
         return fut, send.numel() * send.element_size()
+
+    def _node_mean(self, tensor: torch.Tensor) -> None:
+        if self.node_size > 1:
+            dist.all_reduce(tensor)
+            tensor.div_(self.node_size)
 
 
 def make_powersgd_state(rank: int, start_iter: int, seed: int) -> psgd.PowerSGDState:

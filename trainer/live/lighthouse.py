@@ -1,19 +1,25 @@
-"""`python -m fatpipe.trainer.live.lighthouse`: torchft's Lighthouse, the quorum's coordinator.
+"""`python -m fatpipe.trainer.live.lighthouse`: torchft's Lighthouse, the quorum's coordinator,
+and the node's relay to whichever Lighthouse of the run serves (`relay`).
 
-It runs on the leader node under the node's supervisor, bound to the node's private address
-only (the firewall admits that network alone), and holds no training state: killed and started
-again on the same address, the replica groups' managers reconnect and the next quorum forms
-(docs/ARCHITECTURE.md, "Live fault tolerance"). It imports no torch: it starts in a second.
+It runs on every node under the node's supervisor (node 0 alone serves a Lighthouse in runs of
+1 or 2 nodes), bound to the node's private address only (the firewall admits that network
+alone); the relay listens on loopback. A Lighthouse holds no training state: killed and started
+again, or replaced by the next node's, the replica groups' managers reconnect and the next
+quorum forms (docs/ARCHITECTURE.md, "Live fault tolerance"). It imports no torch: it starts in a
+second.
 """
 
 from __future__ import annotations
 
 import argparse
 import ipaddress
+import logging
 import os
 import signal
 import sys
 import threading
+
+from .relay import run_relay
 
 # A replica that misses heartbeats this long is out of the next quorum. The managers beat every
 # 100 ms; 3 s rides out a loaded machine's stalls (1 s made false leaves under the test suite).
@@ -29,27 +35,80 @@ def bind_address(host: str, port: int) -> str:
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
+def majority(nodes: int) -> int:
+    """The replica groups a quorum needs: a majority of the cluster's nodes from 3 nodes on
+    (with one Lighthouse per node, two quorums at once are then impossible); 1 below that."""
+    return nodes // 2 + 1 if nodes >= 3 else 1
+
+
+def address(text: str) -> tuple[str, int]:
+    """IP:PORT (an IPv6 address in brackets) as (ip, port); ValueError names a bad one."""
+    host, _, port = text.rpartition(":")
+    ip = ipaddress.ip_address(host.strip("[]"))
+    if not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"{text!r} has no port 1-65535")
+    return str(ip), int(port)
+
+
 def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.live.lighthouse",
-                                description="torchft's Lighthouse on a private address")
-    p.add_argument("--host", required=True, help="the node's private IP address")
-    p.add_argument("--port", type=int, required=True)
+                                description="torchft's Lighthouse on a private address, and the "
+                                            "node's relay to the run's serving Lighthouse")
+    p.add_argument("--host", help="the node's private IP address, where its Lighthouse serves")
+    p.add_argument("--port", type=int, help="this node's Lighthouse port (none: relay only)")
     p.add_argument("--min-replicas", type=int, default=1)
     p.add_argument("--heartbeat-timeout-ms", type=int, default=HEARTBEAT_TIMEOUT_MS)
     p.add_argument("--join-timeout-ms", type=int, default=JOIN_TIMEOUT_MS)
+    p.add_argument("--relay-port", type=int, help="loopback port of the node's relay")
+    p.add_argument("--lighthouses", default="",
+                   help="every Lighthouse of the run, IP:PORT,... in the order they serve")
     return p
 
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    error = _bad_arguments(args)
+    if error:
+        print(f"lighthouse: error: {error}", file=sys.stderr)
+        return 2
+    bind = bind_address(args.host, args.port) if args.port is not None else None
+    lighthouses = [address(a) for a in args.lighthouses.split(",") if a]
+    logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stdout)
+    server = _serve(bind, args) if bind else None
+    if args.relay_port is not None:
+        threading.Thread(target=run_relay, args=(("127.0.0.1", args.relay_port), lighthouses),
+                         daemon=True, name="relay").start()
+        print(f"lighthouse: relay on 127.0.0.1:{args.relay_port} to {args.lighthouses}", flush=True)
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, lambda *_: stop.set())
+    stop.wait()
+    if server:
+        server.shutdown()
+    return 0
+
+
+def _bad_arguments(args: argparse.Namespace) -> str | None:
+    """What is wrong with the arguments, in one line; None when nothing is."""
+    if args.port is not None:
+        try:
+            bind_address(args.host or "", args.port)
+        except ValueError:
+            return f"--host {args.host!r} is not an IP address"
+        if not 0 < args.port < 65536:
+            return "--port must be 1-65535"
     try:
-        bind = bind_address(args.host, args.port)
+        lighthouses = [address(a) for a in args.lighthouses.split(",") if a]
     except ValueError:
-        print(f"lighthouse: error: --host {args.host!r} is not an IP address", file=sys.stderr)
-        return 2
-    if not 0 < args.port < 65536 or args.min_replicas < 1:
-        print("lighthouse: error: --port must be 1-65535 and --min-replicas >= 1", file=sys.stderr)
-        return 2
+        return f"--lighthouses {args.lighthouses!r} must be IP:PORT,..."
+    if args.relay_port is not None and not (lighthouses and 0 < args.relay_port < 65536):
+        return "--relay-port must be 1-65535, with --lighthouses"
+    if args.min_replicas < 1 or (args.port is None and args.relay_port is None):
+        return "--min-replicas must be >= 1, and --port or --relay-port given"
+    return None
+
+
+def _serve(bind: str, args: argparse.Namespace):
     # Quorum changes (a join, a leave) at info; not every step's requests.
     os.environ.setdefault("RUST_LOG", "torchft::lighthouse=info,warn")
     from torchft._torchft import LighthouseServer
@@ -57,14 +116,9 @@ def main(argv: list[str] | None = None) -> int:
     server = LighthouseServer(bind=bind, min_replicas=args.min_replicas,
                               join_timeout_ms=args.join_timeout_ms,
                               heartbeat_timeout_ms=args.heartbeat_timeout_ms)
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        signal.signal(sig, lambda *_: stop.set())
     print(f"lighthouse: serving on {bind} (min replicas {args.min_replicas}, heartbeat timeout "
           f"{args.heartbeat_timeout_ms} ms, join timeout {args.join_timeout_ms} ms)", flush=True)
-    stop.wait()
-    server.shutdown()
-    return 0
+    return server
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ from ..config import ConfigError
 LIGHTHOUSE_ENV = "FATPIPE_LIVE_LIGHTHOUSE"  # host:port of the run's Lighthouse
 MANAGER_PORT_ENV = "FATPIPE_LIVE_PORT"  # the replica group's manager server port (0: any)
 NODES_ENV = "FATPIPE_NODES"  # the cluster's node count: the data stream is cut for all of them
+MIN_REPLICAS_ENV = "FATPIPE_LIVE_MIN_REPLICAS"  # replica groups a quorum needs (lighthouse.majority)
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 # How long a collective across replica groups may take before the group counts the step as
@@ -46,6 +47,7 @@ class LiveSettings:
     store_port: int  # the node's torchrun store, where peers form the cross-node gloo group
     node_rank: int = 0  # this node's index in the cluster file
     nodes: int = 1  # the cluster's node count
+    min_replicas: int = 1  # replica groups a step needs to commit: the Lighthouses' majority
     manager_port: int = 0
     timeout_s: float = COLLECTIVE_TIMEOUT_S
     quorum_timeout_s: float = QUORUM_TIMEOUT_S
@@ -79,9 +81,12 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> LiveSettings:
     if not (node_rank.isdigit() and nodes.isdigit() and int(node_rank) < int(nodes)):
         raise ConfigError(f"FATPIPE_NODE_RANK ({node_rank!r}) must be a node index below "
                           f"{NODES_ENV} ({nodes!r})")
+    min_replicas = env.get(MIN_REPLICAS_ENV, "1")
+    if not (min_replicas.isdigit() and 1 <= int(min_replicas) <= int(nodes)):
+        raise ConfigError(f"{MIN_REPLICAS_ENV} ({min_replicas!r}) must be 1 to {NODES_ENV} ({nodes})")
     return LiveSettings(lighthouse=lighthouse, private_ip=private_ip, replica_id=name,
                         store_port=int(store_port), node_rank=int(node_rank), nodes=int(nodes),
-                        manager_port=int(manager_port))
+                        manager_port=int(manager_port), min_replicas=int(min_replicas))
 
 
 def _is_ip(text: str) -> bool:
@@ -162,7 +167,7 @@ def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
     with _private_servers(settings.private_ip, settings.manager_port):
         transport = _private_transport(settings.private_ip, timeout)
         return Manager(
-            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=1,
+            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=settings.min_replicas,
             state_dict=state_dict, load_state_dict=load_state_dict,
             timeout=timeout, quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
             connect_timeout=timedelta(seconds=30), rank=group_rank, world_size=group_size,

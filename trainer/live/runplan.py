@@ -9,7 +9,8 @@ from pathlib import Path
 
 from ..config import ConfigError
 
-LIVE_COMMS = ("none", "bf16", "fp16")  # the hooks that go through torchft's all-reduce
+# The hooks that go through torchft's all-reduce (PowerSGD's P and Q: `live.powersgd`).
+LIVE_COMMS = ("none", "bf16", "fp16", "powersgd")
 
 
 def require_torchft() -> None:
@@ -19,12 +20,16 @@ def require_torchft() -> None:
 
 
 def live_comm(comm: str) -> str:
-    """The per-step comm under live: comm=auto means none (one method for every quorum)."""
+    """The per-step comm under live: a script's comm=auto means none (the built-in trainer decides
+    it once for every group: comm.autolive)."""
     if comm == "auto":
         return "none"
     if comm not in LIVE_COMMS:
         raise ConfigError(f"--comm {comm} does not run under --fault-tolerance live (use "
                           f"{', '.join(LIVE_COMMS)} or auto, or --fault-tolerance restart)")
+    if comm == "powersgd" and importlib.util.find_spec("numpy") is None:
+        raise ConfigError("--comm powersgd needs numpy (torch's PowerSGD seeds from it): "
+                          "pip install numpy, or pick another --comm")
     return comm
 
 

@@ -42,19 +42,26 @@ class LiveStepResult:
     quorum_s: float  # time spent waiting for the quorum (the replica groups' skew, mostly)
 
 
-def across_replicas(manager) -> Callable[[torch.Tensor], torch.futures.Future]:
-    """The comm hook's second half: `tensor` averaged over the replica groups in the quorum.
+class AcrossReplicas:
+    """The comm hook's second half: `across(tensor)` averages it over the replica groups in the
+    quorum. `manager`: the replica group's, for PowerSGD's own all-reduces (`live.powersgd`).
 
     Waits like torchft's own DDP hook: on an error the manager has recorded it, the tensor may
     be garbage, and the step will not commit.
     """
-    def across(tensor: torch.Tensor) -> torch.futures.Future:
-        manager.allreduce(tensor).wait()
+
+    def __init__(self, manager):
+        self.manager = manager
+
+    def __call__(self, tensor: torch.Tensor) -> torch.futures.Future:
+        self.manager.allreduce(tensor).wait()
         done = torch.futures.Future()
         done.set_result(tensor)
         return done
 
-    return across
+
+def across_replicas(manager) -> AcrossReplicas:
+    return AcrossReplicas(manager)
 
 
 def join_quorum(manager) -> None:

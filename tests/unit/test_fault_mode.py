@@ -1,0 +1,62 @@
+"""fault_tolerance = "auto" (the default): live where it works, restart elsewhere, with the reason;
+the launch's fall back to restart where a node has no torchft."""
+
+from __future__ import annotations
+
+import shlex
+
+import pytest
+
+from fatpipe.infra.outputs import parse_outputs
+from fatpipe.infra.project import load_project
+from fatpipe.infra.runs import new_run
+from fatpipe.infra.trainspec import TrainSpec
+from fatpipe.ops.rdzv.faultmode import choose_fault_mode, without_torchft
+from fatpipe.ops.rdzv.rendezvous import new_rendezvous, read_rendezvous, restart_instead
+
+from .test_rendezvous import sim_outputs
+
+
+@pytest.mark.parametrize(("train", "nodes", "builtin", "mode", "why"), [
+    ({}, 3, True, "live", "built-in trainer on 3 nodes"),
+    ({}, 2, True, "restart", "2 node(s); live needs 3"),
+    ({}, 1, True, "restart", "1 node(s)"),
+    ({}, 4, False, "restart", "a script runs live when it sets"),
+    ({"comm": "diloco"}, 4, True, "restart", "comm=diloco syncs every few steps"),
+    ({"auto_periodic": True}, 4, True, "restart", "auto_periodic syncs every few steps"),
+    ({"comm": "powersgd"}, 3, True, "live", "3 nodes"),
+    ({"fault_tolerance": "restart"}, 4, True, "restart", "[train] fault_tolerance"),
+    ({"fault_tolerance": "live"}, 2, False, "live", "[train] fault_tolerance"),
+])
+def test_auto_is_live_where_it_works(train, nodes, builtin, mode, why):
+    chosen = choose_fault_mode(TrainSpec(**train), nodes, builtin)
+    assert chosen.mode == mode and why in chosen.why, chosen
+    assert chosen.auto == ("fault_tolerance" not in train)
+    assert chosen.line().startswith(f"fault tolerance: {mode} (")
+
+
+def test_the_trainer_is_told_the_mode_in_force_never_auto(project_dir):
+    project = load_project()
+    for nodes, mode in ((3, "live"), (2, "restart")):
+        run_id, run_dir = new_run(project, "demo")
+        rdzv = new_rendezvous(project, parse_outputs(sim_outputs(nodes)), run_id, run_dir)
+        assert rdzv.fault_tolerance == mode and rdzv.fault_auto
+        assert rdzv.entry[rdzv.entry.index("--fault-tolerance") + 1] == mode
+
+
+def test_a_live_run_auto_chose_turns_restart_and_its_files_say_so(project_dir):
+    project = load_project()
+    run_id, run_dir = new_run(project, "demo")
+    live = new_rendezvous(project, parse_outputs(sim_outputs(3)), run_id, run_dir)
+    assert without_torchft({"demo-0": {"torchft": "0.2.0"}, "demo-1": {"torchft": None},
+                            "demo-2": {}}) == ["demo-1", "demo-2"]
+    rdzv = restart_instead(live, run_dir, "no torchft on demo-1")
+    assert live.live and not rdzv.live and read_rendezvous(run_dir) == rdzv
+    assert rdzv.fault_why == "auto: no torchft on demo-1" and rdzv.lighthouses == []
+    for node in rdzv.nodes:
+        script = (run_dir / f"node-{node.rank}.sh").read_text()
+        argv = shlex.split(script.split('exec "$PY" ', 1)[1].replace("\\\n", " "))
+        assert argv[argv.index("--nnodes") + 1] == "3"  # one rendezvous again, on node 0
+        assert argv[argv.index("--fault-tolerance") + 1] == "restart"
+        env = (run_dir / f"node-{node.rank}.env").read_text()
+        assert "FATPIPE_LIVE_" not in env and "FATPIPE_NODES" not in env
