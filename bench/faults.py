@@ -9,8 +9,9 @@ CPU for the others and the nodes that are up have the capacity the ceiling below
 The fault: every --kill-every seconds a node chosen by a seeded draw (node 0 among them at least
 once) loses its torchrun agent and workers (kill -9) and stays down --down seconds (its wrapper
 stopped meanwhile, then let go: it starts torchrun again). When the victim is node 0 under live,
-its Lighthouse goes down with it for the same time. The same schedule runs under live and
-under restart; a fault-free live run gives the rate the ceiling is measured against:
+its Lighthouse and relay go down with it for the same time (the others move to node 1's). The
+same schedule runs under live and under restart; a fault-free live run gives the rate the
+ceiling is measured against, and a fault-free restart run beside it what live itself costs:
 
     ceiling = fault-free tokens/s x (node-seconds up / node-seconds of the run)
 

@@ -221,7 +221,6 @@ class LiveTrainer:
 
 def run_live_training(cfg: TrainConfig, env: DistEnv, store: dist.Store,
                       data: tuple[Corpus, Corpus | None]) -> Path:
-    logging.getLogger("torchft").setLevel(logging.WARNING)  # its per-step INFO lines
     trainer = LiveTrainer(cfg, env, store, data)
     try:
         trainer.setup()

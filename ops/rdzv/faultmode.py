@@ -30,12 +30,15 @@ class FaultMode:
         return f"fault tolerance: {self.mode} ({self.why})"
 
 
-def choose_fault_mode(spec, nnodes: int, builtin: bool) -> FaultMode:
-    """The mode for a run of `spec` (a TrainSpec) on `nnodes` nodes; `builtin`: the built-in
-    trainer (not a script, not a torchrun entry)."""
+def choose_fault_mode(spec, nnodes: int, runs: str) -> FaultMode:
+    """The mode for a run of `spec` (a TrainSpec) on `nnodes` nodes; `runs`: "trainer" (the
+    built-in one), "script" (a user's) or "entry" (a torchrun entry of fatpipe's own, netcheck's
+    benchmark: restart, and nothing to say)."""
+    if runs == "entry" and spec.fault_tolerance != "live":
+        return FaultMode("restart", "")
     if spec.fault_tolerance != "auto":
         return FaultMode(spec.fault_tolerance, "[train] fault_tolerance")
-    if not builtin:
+    if runs == "script":
         return FaultMode("restart", "auto: a script runs live when it sets fault_tolerance = "
                                     "\"live\" and wraps its optimizer with fatpipe.optimizer", True)
     if nnodes < LIVE_MIN_NODES:

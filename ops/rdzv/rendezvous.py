@@ -98,7 +98,8 @@ def new_rendezvous(project, outputs, run_id: str, run_dir: Path, *, train=None,
     (netcheck's benchmark), or else the built-in trainer with `train` (a TrainSpec; default the
     project's [train], whose settings a script's run gets too)."""
     spec = train or project.train
-    fault = choose_fault_mode(spec, len(outputs.nodes), builtin=not script and not entry)
+    runs = "entry" if entry else "script" if script else "trainer"
+    fault = choose_fault_mode(spec, len(outputs.nodes), runs)
     live = fault.mode == "live"
     if live and entry:
         raise FatpipeError("fault_tolerance = \"live\" runs the built-in trainer or a script "

@@ -17,7 +17,7 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.runs import find_run
 
 from ..env.nodeenv import ENV_FILE, check_node_envs
-from ..rdzv.faultmode import without_torchft
+from ..rdzv.faultmode import FaultMode, without_torchft
 from ..rdzv.noderun import (
     LaunchResult,
     Log,
@@ -145,7 +145,7 @@ def checked_envs(rdzv: Rendezvous, nodes: list[NodeRun], run_dir: Path, state_di
                 if not sent.ok:
                     raise FatpipeError(f"{node.name}: copy the run's inputs failed: {sent.reason()}")
     if rdzv.fault_why:
-        log(f"fault tolerance: {rdzv.fault_tolerance} ({rdzv.fault_why})")
+        log(FaultMode(rdzv.fault_tolerance, rdzv.fault_why).line())
     return rdzv, nodes
 
 

@@ -17,22 +17,27 @@ from fatpipe.ops.rdzv.rendezvous import new_rendezvous, read_rendezvous, restart
 from .test_rendezvous import sim_outputs
 
 
-@pytest.mark.parametrize(("train", "nodes", "builtin", "mode", "why"), [
-    ({}, 3, True, "live", "built-in trainer on 3 nodes"),
-    ({}, 2, True, "restart", "2 node(s); live needs 3"),
-    ({}, 1, True, "restart", "1 node(s)"),
-    ({}, 4, False, "restart", "a script runs live when it sets"),
-    ({"comm": "diloco"}, 4, True, "restart", "comm=diloco syncs every few steps"),
-    ({"auto_periodic": True}, 4, True, "restart", "auto_periodic syncs every few steps"),
-    ({"comm": "powersgd"}, 3, True, "live", "3 nodes"),
-    ({"fault_tolerance": "restart"}, 4, True, "restart", "[train] fault_tolerance"),
-    ({"fault_tolerance": "live"}, 2, False, "live", "[train] fault_tolerance"),
+@pytest.mark.parametrize(("train", "nodes", "runs", "mode", "why"), [
+    ({}, 3, "trainer", "live", "built-in trainer on 3 nodes"),
+    ({}, 2, "trainer", "restart", "2 node(s); live needs 3"),
+    ({}, 1, "trainer", "restart", "1 node(s)"),
+    ({}, 4, "script", "restart", "a script runs live when it sets"),
+    ({"comm": "diloco"}, 4, "trainer", "restart", "comm=diloco syncs every few steps"),
+    ({"auto_periodic": True}, 4, "trainer", "restart", "auto_periodic syncs every few steps"),
+    ({"comm": "powersgd"}, 3, "trainer", "live", "3 nodes"),
+    ({"fault_tolerance": "restart"}, 4, "trainer", "restart", "[train] fault_tolerance"),
+    ({"fault_tolerance": "live"}, 2, "script", "live", "[train] fault_tolerance"),
 ])
-def test_auto_is_live_where_it_works(train, nodes, builtin, mode, why):
-    chosen = choose_fault_mode(TrainSpec(**train), nodes, builtin)
+def test_auto_is_live_where_it_works(train, nodes, runs, mode, why):
+    chosen = choose_fault_mode(TrainSpec(**train), nodes, runs)
     assert chosen.mode == mode and why in chosen.why, chosen
     assert chosen.auto == ("fault_tolerance" not in train)
     assert chosen.line().startswith(f"fault tolerance: {mode} (")
+
+
+def test_a_benchmark_entry_restarts_and_says_nothing():
+    assert choose_fault_mode(TrainSpec(), 4, "entry").why == ""
+    assert choose_fault_mode(TrainSpec(fault_tolerance="live"), 4, "entry").mode == "live"  # refused later
 
 
 def test_the_trainer_is_told_the_mode_in_force_never_auto(project_dir):

@@ -75,7 +75,6 @@ class LiveScript:
             raise RuntimeError("under fault_tolerance = \"live\" DDP must keep one bucket layout: "
                                "build it with find_unused_parameters=True and no static_graph, "
                                "or let fatpipe.wrap() build it")
-        logging.getLogger("torchft").setLevel(logging.WARNING)  # its per-step INFO lines
         self.settings = settings_from_env()
         self.module = ddp.module
         self.stateful: list = []  # what fatpipe.optimizer() was given, sent to a returning node

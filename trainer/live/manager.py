@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import ipaddress
+import logging
 import os
 import re
 import socket
@@ -160,6 +161,10 @@ def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
     `init_sync`: the first quorum sends every replica the state of one (a script's model that
     each node initialised on its own); the built-in trainer's start from one seed or checkpoint."""
     os.environ.setdefault("RUST_LOG", "warn")  # torchft's servers log every step at info
+    # ... and its Python side: each step's lines, and its quorum and commit records (empty
+    # messages with `extra`, for its OpenTelemetry export) at info.
+    for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
+        logging.getLogger(name).setLevel(logging.WARNING)
     from torchft import Manager
     from torchft.process_group import ProcessGroupGloo
 

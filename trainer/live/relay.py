@@ -81,15 +81,15 @@ class Relay:
     def _switch(self, chosen: int | None) -> None:
         if chosen == self.current:
             return
-        was, self.current = self.current, chosen
+        was = "" if self.current is None else f" (was node {self.current}'s)"
+        self.current = chosen
         if chosen is None:
             self._chosen.clear()
-            log.warning("relay: no Lighthouse takes connections (was node %s's)", was)
+            log.warning("relay: no Lighthouse takes connections%s", was)
         else:
             self._chosen.set()
             host, port = self.lighthouses[chosen]
-            log.warning("relay: the Lighthouse of node %d at %s:%d serves (was node %s's)",
-                        chosen, host, port, was)
+            log.warning("relay: the Lighthouse of node %d at %s:%d serves%s", chosen, host, port, was)
         for pipe in list(self._pipes):  # each Manager reconnects, through the new choice
             pipe.cancel()
 
@@ -98,6 +98,8 @@ class Relay:
         self._pipes.add(task)
         try:
             await asyncio.wait_for(self._chosen.wait(), CHOICE_WAIT_S)
+            if self.current is None:  # gone again while this connection waited
+                return
             host, port = self.lighthouses[self.current]
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
