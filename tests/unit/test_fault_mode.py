@@ -65,3 +65,38 @@ def test_a_live_run_auto_chose_turns_restart_and_its_files_say_so(project_dir):
         assert argv[argv.index("--fault-tolerance") + 1] == "restart"
         env = (run_dir / f"node-{node.rank}.env").read_text()
         assert "FATPIPE_LIVE_" not in env and "FATPIPE_NODES" not in env
+
+
+def test_the_launch_turns_an_auto_live_run_restart_where_a_node_has_no_torchft(project_dir, monkeypatch):
+    """ops.run.launch.checked_envs: the node environment check's report names a node without
+    torchft, so the `auto` live plan becomes restart, and the decision line says why; a node set
+    with torchft keeps live."""
+    import json
+
+    from fatpipe.ops.run import launch
+
+    project = load_project()
+    outputs = parse_outputs(sim_outputs(3))
+    seen: list[bool] = []
+
+    def check(nodes, run_dir, live):
+        seen.append(live)  # an `auto` plan is not refused for want of torchft
+        reports = {n.name: {"torchft": None if n.plan.rank == 1 else "0.2.0"} for n in nodes}
+        (run_dir / "env.json").write_text(json.dumps({"nodes": reports, "same": True}))
+        return "python 3.11 on 3 nodes"
+
+    monkeypatch.setattr(launch, "check_node_envs", check)
+    lines: list[str] = []
+    run_id, run_dir = new_run(project, "demo")
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir)
+    nodes = launch.node_runs(rdzv, project.state_dir("demo"))
+    turned, nodes = launch.checked_envs(rdzv, nodes, run_dir, project.state_dir("demo"), lines.append)
+    assert seen == [False] and not turned.live and read_rendezvous(run_dir) == turned
+    assert all(not n.rdzv.live for n in nodes)
+    assert lines[-1] == "fault tolerance: restart (auto: no torchft on demo-1)", lines
+    named = project.train.model_copy(update={"fault_tolerance": "live"})
+    run_id, run_dir = new_run(project, "demo")
+    rdzv = new_rendezvous(project, outputs, run_id, run_dir, train=named)
+    nodes = launch.node_runs(rdzv, project.state_dir("demo"))
+    kept, _ = launch.checked_envs(rdzv, nodes, run_dir, project.state_dir("demo"), lines.append)
+    assert seen[-1] is True and kept.live  # a named live is the check's to refuse, never turned
