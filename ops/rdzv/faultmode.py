@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-LIVE_MIN_NODES = 3
-LIVE_COMMS = ("auto", "none", "bf16", "fp16", "powersgd")  # every-step comms (trainer.live.runplan)
+from fatpipe.trainer.live.lighthouse import STANDBY_MIN_NODES
+from fatpipe.trainer.live.runplan import LIVE_COMMS
 
 
 @dataclass(frozen=True)
@@ -41,10 +41,10 @@ def choose_fault_mode(spec, nnodes: int, runs: str) -> FaultMode:
     if runs == "script":
         return FaultMode("restart", "auto: a script runs live when it sets fault_tolerance = "
                                     "\"live\" and wraps its optimizer with fatpipe.optimizer", True)
-    if nnodes < LIVE_MIN_NODES:
-        return FaultMode("restart", f"auto: {nnodes} node(s); live needs {LIVE_MIN_NODES} or more, "
+    if nnodes < STANDBY_MIN_NODES:
+        return FaultMode("restart", f"auto: {nnodes} node(s); live needs {STANDBY_MIN_NODES} or more, "
                                     "so that a majority is left when one is lost", True)
-    if spec.comm not in LIVE_COMMS or (spec.comm == "auto" and spec.auto_periodic):
+    if spec.comm not in ("auto", *LIVE_COMMS) or (spec.comm == "auto" and spec.auto_periodic):
         what = "auto_periodic" if spec.comm == "auto" else f"comm={spec.comm}"
         return FaultMode("restart", f"auto: {what} syncs every few steps, live every step", True)
     return FaultMode("live", f"auto: the built-in trainer on {nnodes} nodes; a lost node costs "

@@ -7,6 +7,7 @@ command, runnable by hand from the project folder on that node: `bash <run>/node
 
 from __future__ import annotations
 
+import copy
 import json
 import os
 import shlex
@@ -24,7 +25,7 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import DEFAULT_REMOTE_DIR, REMOTE_VENV
 from fatpipe.infra.tiers import tier_name, tier_profile
-from fatpipe.trainer.live.lighthouse import majority
+from fatpipe.trainer.live.lighthouse import bind_address, majority
 
 from .faultmode import choose_fault_mode
 from .nodefiles import (
@@ -118,7 +119,7 @@ def new_rendezvous(project, outputs, run_id: str, run_dir: Path, *, train=None,
 def restart_instead(rdzv: Rendezvous, run_dir: Path, why: str) -> Rendezvous:
     """An `auto` run's live plan turned to restart (a node the environment check found without
     torchft), its files written again; the given `rdzv` is left as it was."""
-    rdzv = Rendezvous.from_json(json.loads(json.dumps(rdzv.to_json())))
+    rdzv = copy.deepcopy(rdzv)
     flag = rdzv.entry.index("--fault-tolerance") + 1
     rdzv.entry[flag] = "restart"
     rdzv.fault_tolerance, rdzv.fault_why = "restart", f"auto: {why}"
@@ -141,8 +142,8 @@ def _plan_live(rdzv: Rendezvous, outputs) -> None:
     rdzv.fault_tolerance = "live"
     rdzv.min_replicas = majority(nnodes)
     serving = rdzv.nodes if rdzv.min_replicas > 1 else rdzv.nodes[:1]
-    rdzv.lighthouses = [f"{f'[{n.private_ip}]' if ':' in n.private_ip else n.private_ip}:"
-                        f"{live_port(rdzv, n.rank, LIVE_LIGHTHOUSE)}" for n in serving]
+    rdzv.lighthouses = [bind_address(n.private_ip, live_port(rdzv, n.rank, LIVE_LIGHTHOUSE))
+                        for n in serving]
     rdzv.lighthouse = rdzv.lighthouses[0]
     for node in rdzv.nodes:
         node.env |= dict(zip(LIVE_ENV, (f"127.0.0.1:{live_port(rdzv, node.rank, LIVE_RELAY)}",

@@ -19,8 +19,6 @@ import signal
 import sys
 import threading
 
-from .relay import run_relay
-
 # A replica that misses heartbeats this long is out of the next quorum. The managers beat every
 # 100 ms; 3 s rides out a loaded machine's stalls (1 s made false leaves under the test suite).
 HEARTBEAT_TIMEOUT_MS = 3000
@@ -35,10 +33,16 @@ def bind_address(host: str, port: int) -> str:
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
 
 
+# From this many nodes on, a majority is left when one is lost: every node runs a Lighthouse
+# and a quorum needs a majority (`majority`); below it, node 0's Lighthouse alone, asking for 1.
+STANDBY_MIN_NODES = 3
+
+
 def majority(nodes: int) -> int:
-    """The replica groups a quorum needs: a majority of the cluster's nodes from 3 nodes on
-    (with one Lighthouse per node, two quorums at once are then impossible); 1 below that."""
-    return nodes // 2 + 1 if nodes >= 3 else 1
+    """The replica groups a quorum needs: a majority of the cluster's nodes from
+    STANDBY_MIN_NODES on (with one Lighthouse per node, two quorums at once are then
+    impossible); 1 below that."""
+    return nodes // 2 + 1 if nodes >= STANDBY_MIN_NODES else 1
 
 
 def address(text: str) -> tuple[str, int]:
@@ -76,6 +80,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stdout)
     server = _serve(bind, args) if bind else None
     if args.relay_port is not None:
+        from .relay import run_relay  # asyncio: not for the launch path that imports `majority`
+
         threading.Thread(target=run_relay, args=(("127.0.0.1", args.relay_port), lighthouses),
                          daemon=True, name="relay").start()
         print(f"lighthouse: relay on 127.0.0.1:{args.relay_port} to {args.lighthouses}", flush=True)
