@@ -37,6 +37,34 @@ def test_the_hook_sends_plain_float32_while_a_group_heals():
     assert fut.wait().dtype == torch.float32
 
 
+class _QuorumInFlight:
+    """A Manager whose quorum is still configuring its process group when the hook asks, as on
+    a step right after a node was lost; `fails`: the configuration then fails (torchft leaves
+    the Manager errored and its process group unset)."""
+
+    def __init__(self, fails: bool):
+        self.fails, self.waited = fails, False
+        self._pg = self
+
+    def num_participants(self) -> int:
+        self.waited = True
+        return 2
+
+    def errored(self):
+        return RuntimeError("pg configure failed") if self.fails else None
+
+    def size(self) -> int:
+        assert self.waited and not self.fails, "process group not initialized"
+        return 3  # a group heals: three in the quorum, two participate
+
+
+@pytest.mark.parametrize("fails", [False, True])
+def test_a_step_asks_about_healing_only_after_its_quorum(fails):
+    from fatpipe.trainer.comm import autolive
+
+    assert autolive.healing_in_quorum(_QuorumInFlight(fails)) is True
+
+
 def _replica(rank: int, behind: bool, slow: float | None, lighthouse_port: int, out) -> None:
     """One group: its quorum, whether it sees a group healing, and (`slow`: its measured compute
     seconds) the hook comm=auto takes."""

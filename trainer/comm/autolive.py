@@ -42,8 +42,16 @@ def replicas_in_quorum(manager) -> int:
 
 def healing_in_quorum(manager) -> bool:
     """Whether a group in this step's quorum is healing: it does not know the hook yet, so every
-    group sends plain float32 in this step (`TimedCommHook.plain_while`)."""
-    return replicas_in_quorum(manager) > manager.num_participants()
+    group sends plain float32 in this step (`TimedCommHook.plain_while`).
+
+    The quorum is waited for first (num_participants does), since the process group is being
+    configured until then. A quorum that failed (to configure the group, or to heal) leaves the
+    Manager errored, its process group possibly unset and the step uncommitted: plain float32,
+    the wire every group can sum, is sent."""
+    participants = manager.num_participants()
+    if manager.errored():
+        return True
+    return replicas_in_quorum(manager) > participants
 
 
 def _timed(manager, nbytes: int, device: torch.device) -> float:
