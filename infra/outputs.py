@@ -46,6 +46,9 @@ class NodeOutput(BaseModel):
     # Clouds: the machine's id; another id under the same name is a recreated node (its old host
     # key is forgotten), and AWS reads its host keys from the console by it (ops/reach/hostkeys.py).
     instance_id: str | None = Field(None, pattern=r"^[A-Za-z0-9-]{1,64}$")
+    # The region the node was declared in (clusters across regions: an AWS region, a sim or vm
+    # region "r0", "r1"...); None on one region. netcheck's measured grouping is checked against it.
+    region: str | None = Field(None, pattern=r"^[a-z0-9][a-z0-9-]{0,31}$")
 
     @field_validator("private_ip")
     @classmethod
