@@ -92,6 +92,9 @@ class ClusterOutputs(BaseModel):
     gpus_per_node: int = Field(0, ge=0)
     rdzv_port: int = Field(29400, ge=1, le=65535)
     max_rtt_ms: float = Field(DEFAULT_MAX_RTT_MS, gt=0)  # the round trip the nodes' buffers are sized for
+    # Clusters across regions: the declared rate between regions (the sim's and vm's shaped
+    # link), which netcheck judges cross-region pairs against; None where unknown or one region.
+    cross_region_gbps: float | None = Field(None, gt=0)
     isolation: Literal["netns", "loopback"] | None = None  # sim clusters: what `auto` resolved to
     nccl: dict[str, str] = Field(default_factory=dict)  # NCCL_* settings the nodes' runs get
     # Machines fatpipe did not make: whether their host firewall is on (launch checks it, or
