@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from rich.markup import escape
 
 from fatpipe.ops.net.netgate import fmt_size, link_cell, link_matrix
+from fatpipe.ops.net.regions import region_lines
 
 PHASES = ("synth", "wheels", "deploy", "wait", "netcheck", "data", "rendezvous", "launch", "summary")
 
@@ -231,6 +232,8 @@ def netcheck_tables(doc: dict, console) -> None:
                           f"peer), {p2p['multi_flow_gbps']:.3f} on {max(counts)} (what NCCL can spread over)")
     if doc.get("pairs"):
         pairs_matrix(doc["pairs"], doc["tier_gbps"], console)
+    for line, warning in region_lines(doc):
+        console.print(line, style="yellow" if warning else None, markup=False)
     console.print(f"small-message all-reduce latency: {doc['latency_s'] * 1e6:.1f} us "
                   f"({doc['latency_bytes']} B, slowest rank)")
     gate = doc["gate"]
@@ -242,6 +245,8 @@ def netcheck_tables(doc: dict, console) -> None:
         console.print(head + ":")
         for reason in gate["reasons"]:
             console.print(f"  - {reason}", markup=False)
+    for note in gate.get("notes", []):
+        console.print(f"reported: {note}", markup=False)
 
 
 def pairs_matrix(pairs: dict, tier_gbps: float, console) -> None:

@@ -19,6 +19,7 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
 
 from .netgate import (
+    Bars,
     PairResult,
     evaluate_gate,
     links_from_bench,
@@ -26,6 +27,7 @@ from .netgate import (
     worst_link,
 )
 from .netoptions import NetcheckOptions
+from .regions import judge_regions
 
 RESULT_PREFIX = "NETBENCH_JSON "  # netbench's rank 0 prints its result on one such line
 
@@ -166,8 +168,11 @@ def netcheck_doc(bench: dict, outputs, options: NetcheckOptions, run_id: str = "
     if bench_pairs:  # in the cluster's node order, whatever order the ranks reported them in
         bench_pairs = {**bench_pairs, "links": sorted(bench_pairs["links"], key=lambda r: (r["a_node"], r["b_node"]))}
     links = links_from_bench(bench_pairs, names)
+    # Regions: measured from the pairs (when run) and held against the declared ones; the gate
+    # holds cross-region pairs to the declared cross-region rate.
+    regions, crossing = judge_regions(outputs, links if bench_pairs else None)
     gate = evaluate_gate(outputs.tier_gbps, bench.get("busbw_gbps"), bench.get("busbw_size"), pairs,
-                         options.min_fraction, nnodes=bench["nnodes"], links=links)
+                         options.min_fraction, nnodes=bench["nnodes"], links=links, regions=crossing)
     rows = bench["allreduce"]
     p2p = bench.get("p2p")
     return {
@@ -199,18 +204,20 @@ def netcheck_doc(bench: dict, outputs, options: NetcheckOptions, run_id: str = "
             "single_flow_gbps": worst_pair(pairs, min) if 1 in p2p["streams"] else None,
             "multi_flow_gbps": worst_pair(pairs, max),
         },
-        "pairs": pairs_doc(bench_pairs, links, names, gate.threshold_gbps),
+        "pairs": pairs_doc(bench_pairs, links, names, Bars(outputs.tier_gbps, options.min_fraction, crossing)),
+        "regions": regions,
         "gate": {**gate.to_json(), "enforced": options.enforce},
         "bench_elapsed_s": bench.get("elapsed_s"),
     }
 
 
-def pairs_doc(bench_pairs: dict | None, links: list, names: dict[str, str], threshold: float) -> dict | None:
+def pairs_doc(bench_pairs: dict | None, links: list, names: dict[str, str], bars: Bars) -> dict | None:
     """netcheck.json's `pairs`: every node pair's throughput, latency and jitter, the slow ones
-    marked, the worst named, and the node every slow link touches (when there is one)."""
+    (below their bar: `bars`) marked, the worst named, and the node every slow link touches (when
+    there is one)."""
     if not bench_pairs:
         return None
-    slow = [link for link in links if link.slow(threshold)]
+    slow = [link for link in links if bars.slow(link)]
     worst = worst_link(links)
     return {
         "tool": bench_pairs["tool"],
@@ -222,7 +229,7 @@ def pairs_doc(bench_pairs: dict | None, links: list, names: dict[str, str], thre
                    "gbps_by_streams": {str(n): g for n, g in sorted(link.gbps_by_streams.items())},
                    "rtt_p50_s": row.get("rtt_p50_s"), "rtt_p95_s": row.get("rtt_p95_s"),
                    "jitter_s": row.get("jitter_s"), "rtt_count": row.get("rtt_count"),
-                   "round": row.get("round"), "error": link.error, "slow": link.slow(threshold)}
+                   "round": row.get("round"), "error": link.error, "slow": bars.slow(link)}
                   for link, row in zip(links, bench_pairs["links"], strict=True)],
         "worst": None if worst is None else {"a": worst.a, "b": worst.b, "best_gbps": worst.best_gbps,
                                              "error": worst.error},

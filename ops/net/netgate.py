@@ -3,12 +3,18 @@
 Pass when all-reduce bus bandwidth at the largest size is at least `min_fraction` of the tier,
 every node reaches it point-to-point from node 0 and, when measured (`netcheck --pairs`), every
 node pair reaches it too. A pair's throughput is the best of its
-1-stream and N-stream runs: the link's capacity, whatever one flow's window allows.
+1-stream and N-stream runs: the link's capacity, whatever one flow's window allows. On a cluster
+across regions a pair between regions, and the all-reduce that crosses them, are held to the
+declared cross-region rate instead, or only reported without one (docs/netcheck.md, "Regions").
 """
 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from .regions import CrossRegions
 
 DEFAULT_MIN_FRACTION = 0.8
 
@@ -97,10 +103,47 @@ def link_cell(link: dict) -> tuple[str, str]:
 
 
 @dataclass(frozen=True)
+class Bars:
+    """The bar a node pair is held to: the tier's inside a region; across regions the declared
+    cross-region rate's, or none (the pair is reported, not judged)."""
+
+    tier_gbps: float
+    min_fraction: float
+    regions: CrossRegions | None = None
+
+    @property
+    def tier(self) -> tuple[float, str]:
+        return self.min_fraction * self.tier_gbps, f"{self.min_fraction:.2f} x {self.tier_gbps:g} Gbit/s"
+
+    @property
+    def cross(self) -> tuple[float, str] | None:
+        gbps = self.regions.gbps if self.regions else None
+        return None if gbps is None else (self.min_fraction * gbps,
+                                          f"{self.min_fraction:.2f} x {gbps:g} Gbit/s across regions")
+
+    def of(self, a: str, b: str) -> tuple[float, str] | None:
+        return self.cross if self.regions and self.regions.crosses(a, b) else self.tier
+
+    def ring(self) -> tuple[float, str] | None:
+        """The all-reduce's bar: its ring crosses every region, so the cross-region one where they span."""
+        return self.cross if self.regions and self.regions.spans else self.tier
+
+    def slow(self, link: LinkResult | PairResult) -> bool:
+        """Failed, or below its bar (never a pair that is only reported)."""
+        ends = (link.a, link.b) if isinstance(link, LinkResult) else (link.server, link.client)
+        bar = self.of(*ends)
+        return bool(link.error) or (bar is not None and link.best_gbps < bar[0])
+
+
+UNJUDGED = "not judged: the cluster declares no cross_region_gbps"
+
+
+@dataclass(frozen=True)
 class GateResult:
     passed: bool
     threshold_gbps: float
     reasons: list[str]
+    notes: list[str] = field(default_factory=list)  # across regions with no declared rate: reported
 
     def to_json(self) -> dict:
         return asdict(self)
@@ -125,33 +168,43 @@ def evaluate_gate(
     min_fraction: float = DEFAULT_MIN_FRACTION,
     nnodes: int = 2,
     links: list[LinkResult] = (),
+    regions: CrossRegions | None = None,
 ) -> GateResult:
     """The verdict and, when it fails, one reason per slow node or pair, each with its numbers."""
     if not 0 < min_fraction <= 1.5:
         raise ValueError(f"min_fraction {min_fraction} must be in (0, 1.5]")
-    threshold = min_fraction * tier_gbps
-    bar = f"{min_fraction:.2f} x {tier_gbps:g} Gbit/s"
+    bars = Bars(tier_gbps, min_fraction, regions)
     reasons: list[str] = []
+    notes: list[str] = []
     for pair in pairs:
+        held = bars.of(pair.server, pair.client)
         if pair.error:
             reasons.append(f"node {pair.client}: p2p to {pair.server} failed: {pair.error}")
-        elif pair.best_gbps < threshold:
+        elif held is None:
+            notes.append(f"node {pair.client}: p2p {fmt_gbps(pair.best_gbps)} Gbit/s to {pair.server} {UNJUDGED}")
+        elif pair.best_gbps < held[0]:
             detail = ", ".join(f"{n} stream{'s' if n > 1 else ''} {fmt_gbps(g)}"
                                for n, g in sorted(pair.gbps_by_streams.items()))
             reasons.append(f"node {pair.client}: p2p {fmt_gbps(pair.best_gbps)} Gbit/s to {pair.server} "
-                           f"is below {bar} ({detail})")
+                           f"is below {held[1]} ({detail})")
     for link in links:
+        held = bars.of(link.a, link.b)
         if link.error:
             reasons.append(f"link {link.name} failed: {link.error}")
-        elif link.best_gbps < threshold:
-            reasons.append(f"link {link.name}: {fmt_gbps(link.best_gbps)} Gbit/s is below {bar}")
+        elif held is None:
+            notes.append(f"link {link.name}: {fmt_gbps(link.best_gbps)} Gbit/s {UNJUDGED}")
+        elif link.best_gbps < held[0]:
+            reasons.append(f"link {link.name}: {fmt_gbps(link.best_gbps)} Gbit/s is below {held[1]}")
+    held = bars.ring()
     if nnodes > 1:  # one node: all-reduce crosses no network link, nothing to hold to the tier
         if busbw_gbps is None:
             reasons.append("no all-reduce result")
-        elif busbw_gbps < threshold:
-            culprit = shared_node([link for link in links if link.slow(threshold)])
-            slow = sorted({p.client for p in pairs if p.error or p.best_gbps < threshold} | ({culprit} - {None}))
+        elif held is None:
+            notes.append(f"all-reduce busbw {fmt_gbps(busbw_gbps)} Gbit/s crosses regions, {UNJUDGED}")
+        elif busbw_gbps < held[0]:
+            culprit = shared_node([link for link in links if bars.slow(link)])
+            slow = sorted({p.client for p in pairs if bars.slow(p)} | ({culprit} - {None}))
             hint = f"; slow: {', '.join(slow)}" if slow else ""
             reasons.append(f"all-reduce busbw {fmt_gbps(busbw_gbps)} Gbit/s at {fmt_size(busbw_size or 0)} "
-                           f"is below {bar}{hint}")
-    return GateResult(passed=not reasons, threshold_gbps=threshold, reasons=reasons)
+                           f"is below {held[1]}{hint}")
+    return GateResult(passed=not reasons, threshold_gbps=bars.tier[0], reasons=reasons, notes=notes)
