@@ -27,7 +27,7 @@ def image(cache):
 
 def node_from_env():
     from fatpipe.infra.errors import FatpipeError
-    from fatpipe.stacks.providers.vm_stack import BOOT_KEYS, NODE_KEYS, VM_ENV_PREFIX
+    from fatpipe.stacks.providers.vm_stack import BOOT_KEYS, NODE_KEYS, RATE_KEYS, VM_ENV_PREFIX
     from fatpipe.stacks.vmnode import VmNode
 
     values = {key: os.environ.get(f"{VM_ENV_PREFIX}{key.upper()}") for key in NODE_KEYS}
@@ -39,36 +39,48 @@ def node_from_env():
     if node_dir.is_absolute() or len(node_dir.parts) != 4 or node_dir.parts[::2] != (".fatpipe", "nodes") \
             or ".." in node_dir.parts:
         raise FatpipeError(f"fatpipe vm: {VM_ENV_PREFIX}NODE_DIR {str(node_dir)!r} is not .fatpipe/<cluster>/nodes/<node>")
-    boot = {key: os.environ[f"{VM_ENV_PREFIX}{key.upper()}"] for key in BOOT_KEYS[:-1]
+    boot = {key: os.environ[f"{VM_ENV_PREFIX}{key.upper()}"] for key in (*BOOT_KEYS[:-1], *RATE_KEYS)
             if f"{VM_ENV_PREFIX}{key.upper()}" in os.environ}  # node-up's alone (not the user data)
     try:
         return VmNode(**{**values, **boot, "rtt_ms": float(boot.get("rtt_ms", 0)),
                          "peer_rtt_ms": peer_rtts(boot.get("peer_rtt_ms", "{}")),
+                         "peer_gbps": peer_rates(boot.get("peer_gbps", "{}")),
                          "rate_gbit": float(values["rate_gbit"]), "mtu": int(values["mtu"]), "vcpus": int(values["vcpus"]), "memory_mib": int(values["memory_mib"]),
                          "node_dir": node_dir})
     except ValueError as e:
         raise FatpipeError(f"fatpipe vm: a bad FATPIPE_VM_* value ({e})") from None
 
 
-def peer_rtts(text: str) -> tuple[tuple[str, float], ...]:
-    """FATPIPE_VM_PEER_RTT_MS, the stack's JSON {peer IP: round trip in ms}, checked: it comes
-    from the environment, and its values become tc's arguments in the guest."""
+def peer_map(text: str, variable: str, label: str, unit: str, bounds: tuple[float, float]) -> tuple[tuple[str, float], ...]:
+    """A FATPIPE_VM_* JSON {peer IP: number} from the stack, checked: it comes from the
+    environment, and its values become tc's arguments in the guest."""
     import ipaddress
     import json
 
     from fatpipe.infra.errors import FatpipeError
 
+    low, high = bounds
     try:
         peers = json.loads(text)
         if not isinstance(peers, dict):
             raise ValueError("not a JSON object")
-        for rtt in peers.values():  # a number from 0 to 1000 (NaN and booleans are not)
-            if isinstance(rtt, bool) or not isinstance(rtt, (int, float)) or not 0 <= rtt <= 1000:
-                raise ValueError(f"{rtt!r} is not a round trip of 0 to 1000 ms")
-        checked = tuple((str(ipaddress.IPv4Address(ip)), float(rtt)) for ip, rtt in sorted(peers.items()))
+        for value in peers.values():  # a number within the bounds (NaN and booleans are not)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value <= high:
+                raise ValueError(f"{value!r} is not a {label} of {low:g} to {high:g} {unit}")
+        checked = tuple((str(ipaddress.IPv4Address(ip)), float(value)) for ip, value in sorted(peers.items()))
     except ValueError as e:
-        raise FatpipeError(f"fatpipe vm: FATPIPE_VM_PEER_RTT_MS is not {{peer IPv4: round trip ms}} ({e})") from None
+        raise FatpipeError(f"fatpipe vm: {variable} is not {{peer IPv4: {label} {unit}}} ({e})") from None
     return checked
+
+
+def peer_rtts(text: str) -> tuple[tuple[str, float], ...]:
+    """FATPIPE_VM_PEER_RTT_MS, the stack's JSON {peer IP: round trip in ms}, checked."""
+    return peer_map(text, "FATPIPE_VM_PEER_RTT_MS", "round trip", "ms", (0, 1000))
+
+
+def peer_rates(text: str) -> tuple[tuple[str, float], ...]:
+    """FATPIPE_VM_PEER_GBPS, the stack's JSON {peer IP: Gbit/s it may send}, checked."""
+    return peer_map(text, "FATPIPE_VM_PEER_GBPS", "rate", "Gbit/s", (0.001, 100))
 
 
 @vm.command("node-up", hidden=True)

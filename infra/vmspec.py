@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections import Counter
 from typing import Literal
 
 from pydantic import Field, model_validator
@@ -11,6 +12,9 @@ from .spec import LocalCluster
 
 # The login of the image's cloud-init default user (Debian's cloud.cfg): the seed's key goes there.
 VM_LOGIN = "debian"
+# A cross-region rate gives each far peer its own netem under the guest's prio qdisc, whose 16
+# bands leave 15 beside the default (stacks/vmseed.py, MAX_PEER_DELAYS).
+MAX_RATED_PEERS = 15
 
 
 class VmCluster(LocalCluster):
@@ -30,6 +34,9 @@ class VmCluster(LocalCluster):
     rtt_ms: float = Field(0, ge=0, le=1000)
     regions: int = Field(1, ge=1, le=64)
     cross_region_rtt_ms: float | None = Field(None, ge=0, le=1000)
+    # The rate between two VMs of different regions, per pair and direction: netem's `rate` on
+    # the peer's own class in the receiving guest (stacks/vmseed.py).
+    cross_region_gbps: float | None = Field(None, ge=0.001, le=100)
     ssh_user: str = VM_LOGIN  # the taps are shaped to link_rate_gbps
 
     @property
@@ -45,6 +52,16 @@ class VmCluster(LocalCluster):
             raise ValueError("cross_region_rtt_ms: needs regions >= 2 (one region has no cross-region link)")
         if self.regions > 1 and self.cross_region_rtt_ms is None:
             raise ValueError(f"regions = {self.regions}: give cross_region_rtt_ms, the round trip between regions")
+        if self.cross_region_gbps is not None:
+            if self.regions == 1:
+                raise ValueError("cross_region_gbps: needs regions >= 2 (one region has no cross-region link)")
+            if self.cross_region_gbps > self.link_rate_gbps:
+                raise ValueError(f"cross_region_gbps = {self.cross_region_gbps:g}: above the links' "
+                                 f"{self.link_rate_gbps:g} Gbit/s, it would limit nothing")
+            far = self.nodes - min(Counter(map(self.region_of, range(self.nodes))).values())
+            if far > MAX_RATED_PEERS:
+                raise ValueError(f"cross_region_gbps: a VM would have {far} peers in other regions, each its own "
+                                 f"class; at most {MAX_RATED_PEERS} (fewer nodes, or more in each region)")
         return self
 
     def region_of(self, index: int) -> int:
@@ -56,3 +73,19 @@ class VmCluster(LocalCluster):
         theirs = {self.private_ip(peer): self.rtt_ms if self.region_of(peer) == self.region_of(index)
                   else self.cross_region_rtt_ms for peer in range(self.nodes) if peer != index}
         return {ip: rtt for ip, rtt in theirs.items() if rtt != self.rtt_ms}
+
+    def peer_gbps(self, index: int) -> dict[str, float]:
+        """Node `index`'s peers in other regions and the rate each may send it, by private IP (empty
+        without `cross_region_gbps`)."""
+        if self.cross_region_gbps is None:
+            return {}
+        return {self.private_ip(peer): self.cross_region_gbps for peer in range(self.nodes)
+                if self.region_of(peer) != self.region_of(index)}
+
+    def output(self, nodes: list[dict], **extra) -> dict:
+        """In regions, each node names its own ("r0", "r1"...) and the cluster its cross-region rate;
+        one region's output is as it always was."""
+        if self.regions > 1:
+            nodes = [{**node, "region": f"r{self.region_of(i)}"} for i, node in enumerate(nodes)]
+            extra = {**extra, "cross_region_gbps": self.cross_region_gbps}
+        return super().output(nodes, **extra)

@@ -47,6 +47,7 @@ class VmNode:
     wheels: str = ""  # JSON: the wheel disk's requirements and index (stacks/vmwheels.py)
     rtt_ms: float = 0.0  # the cluster's round trip, as netem inside the guest (stacks/vmseed.py)
     peer_rtt_ms: tuple[tuple[str, float], ...] = ()  # (peer IP, round trip) where not rtt_ms (regions)
+    peer_gbps: tuple[tuple[str, float], ...] = ()  # (peer IP, Gbit/s it may send) (cross_region_gbps)
 
     @property
     def ip(self) -> str:
@@ -158,7 +159,8 @@ def _seed(node: VmNode, user_data: str, public_key: str, node_dir: Path, wheels:
     network = {"version": 2, "ethernets": {"private": {
         "match": {"macaddress": node.mac}, "addresses": [node.address]}}}
     (seed / "network-config").write_text(json.dumps(network, indent=1) + "\n")
-    (seed / "vendor-data").write_text(vendor_data(wheels, node.mac, node.rtt_ms, dict(node.peer_rtt_ms)))
+    (seed / "vendor-data").write_text(vendor_data(wheels, node.mac, node.rtt_ms, dict(node.peer_rtt_ms),
+                                                       dict(node.peer_gbps)))
     run(["cloud-localds", "-N", str(seed / "network-config"), "-V", str(seed / "vendor-data"),
          str(node_dir / "seed.img"), str(seed / "user-data"), str(seed / "meta-data")])
 

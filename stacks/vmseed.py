@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import ipaddress
 import json
+import math
 
 from fatpipe.infra.tiers import tier_profile
 
@@ -44,13 +45,14 @@ RTT_SCRIPT = _RTT_INGRESS + f"""tc qdisc replace dev {RTT_IFB} root netem delay 
 """
 # Per-pair delays (`regions`): the ifb's root is a prio qdisc whose every band holds a netem;
 # band 0 (all that no filter picks: the default round trip, this machine's SSH, ARP) gets $2.
-# After them come groups "DELAY IP..." (a delay ends in "ms", an IP never does): each group is
-# the next band, each IP a u32 filter on the packet's source. The root is deleted first, so a
-# boot's bootcmd builds the same tree again. A class's minor number is hex to tc.
+# After them come groups "DELAY IP..." (a delay ends in "ms", an IP never does) or, for a peer
+# whose rate is limited (`cross_region_gbps`), "DELAY/RATE/LIMIT IP" (only these hold a "/"):
+# each group is the next band, each IP a u32 filter on the packet's source. The root is deleted
+# first, so a boot's bootcmd builds the same tree again. A class's minor number is hex to tc.
 PEER_RTT_SCRIPT = _RTT_INGRESS + f"""default=$2
 shift 2
 bands=1
-for a in "$@"; do case $a in *ms) bands=$((bands + 1));; esac; done
+for a in "$@"; do case $a in *ms|*/*) bands=$((bands + 1));; esac; done
 tc qdisc del dev {RTT_IFB} root 2>/dev/null || true
 tc qdisc add dev {RTT_IFB} root handle 1: prio bands "$bands" priomap 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0 0
 tc qdisc add dev {RTT_IFB} parent 1:1 netem delay "$default" limit 100000
@@ -59,11 +61,17 @@ for a in "$@"; do
   case $a in
     *ms) band=$((band + 1))
          tc qdisc add dev {RTT_IFB} parent "$(printf 1:%x "$band")" netem delay "$a" limit 100000;;
+    */*) band=$((band + 1)); rest=${{a#*/}}
+         tc qdisc add dev {RTT_IFB} parent "$(printf 1:%x "$band")" netem delay "${{a%%/*}}" rate "${{rest%/*}}" limit "${{rest#*/}}";;
     *) tc filter add dev {RTT_IFB} parent 1: protocol ip prio 1 u32 match ip src "$a/32" flowid "$(printf 1:%x "$band")";;
   esac
 done
 """
 MAX_PEER_DELAYS = 15  # prio has at most 16 bands, band 0 being the default
+# A rated band's queue holds a round trip at its rate in 1500-byte packets (half of it is the
+# delay line, the rest a router's buffer), at least a NIC's default txqueuelen: a queue of
+# seconds, as the default band's 100000 packets would be at a low rate, would bloat the RTT.
+MIN_RATED_LIMIT = 1000
 
 # The distribution's values of the tier profile's sysctls and the private NIC's root qdisc, taken
 # before the user data's sysctl file exists (bootcmd runs before write_files; on first boot
@@ -100,26 +108,43 @@ def half_delay(rtt_ms: float) -> str:
     return f"{rtt / 2:g}ms"
 
 
-def peer_delay_args(rtt_ms: float, peer_rtt_ms: dict[str, float]) -> list[str]:
+def rated_band(rtt_ms: float, gbps: float) -> str:
+    """A rate-limited peer's band as the script reads it: "DELAY/RATE/LIMIT" (half the round trip,
+    the rate in kbit/s, the queue in packets), from numbers checked here."""
+    rate = float(gbps)
+    if not 0.001 <= rate <= 100:  # NaN fails too
+        raise ValueError(f"a rate of {gbps!r} Gbit/s is not 0.001 to 100")
+    limit = max(MIN_RATED_LIMIT, math.ceil(rate * 1e9 / 8 * float(rtt_ms) / 1000 / 1500))
+    return f"{half_delay(rtt_ms)}/{round(rate * 1e6)}kbit/{limit}"
+
+
+def peer_delay_args(rtt_ms: float, peer_rtt_ms: dict[str, float], peer_gbps: dict[str, float] | None = None) -> list[str]:
     """PEER_RTT_SCRIPT's arguments after the MAC: the default delay, then "DELAY IP..." per
-    distinct delay other than the default (in increasing order). Every IP and delay is checked
-    here, so only an IPv4 address or a number reaches the script."""
+    distinct delay other than the default (in increasing order), then "DELAY/RATE/LIMIT IP" per
+    peer in `peer_gbps` (peer IP -> Gbit/s it may send, each its own band: the rate is per pair).
+    Every IP, delay and rate is checked here, so only an IPv4 address or numbers reach the script."""
     default = half_delay(rtt_ms)
+    rtts = {str(ipaddress.IPv4Address(ip)): rtt for ip, rtt in peer_rtt_ms.items()}
+    rated = {str(ipaddress.IPv4Address(ip)): gbps for ip, gbps in (peer_gbps or {}).items()}
     groups: dict[str, list[str]] = {}
-    for ip, rtt in sorted(peer_rtt_ms.items(), key=lambda item: (float(item[1]), ipaddress.IPv4Address(item[0]))):
+    for ip, rtt in sorted(rtts.items(), key=lambda item: (float(item[1]), ipaddress.IPv4Address(item[0]))):
         delay = half_delay(rtt)
-        if delay != default:
-            groups.setdefault(delay, []).append(str(ipaddress.IPv4Address(ip)))
-    if len(groups) > MAX_PEER_DELAYS:
-        raise ValueError(f"{len(groups)} distinct round trips to peers: at most {MAX_PEER_DELAYS}")
-    return [default] + [arg for delay, ips in groups.items() for arg in (delay, *ips)]
+        if delay != default and ip not in rated:
+            groups.setdefault(delay, []).append(ip)
+    bands = [(delay, *ips) for delay, ips in groups.items()]
+    bands += [(rated_band(rtts.get(ip, rtt_ms), rated[ip]), ip) for ip in sorted(rated, key=ipaddress.IPv4Address)]
+    if len(bands) > MAX_PEER_DELAYS:
+        raise ValueError(f"{len(bands)} distinct round trips or rated peers: at most {MAX_PEER_DELAYS}")
+    return [default] + [arg for band in bands for arg in band]
 
 
-def vendor_data(wheels: bool, mac: str, rtt_ms: float, peer_rtt_ms: dict[str, float] | None = None) -> str:
+def vendor_data(wheels: bool, mac: str, rtt_ms: float, peer_rtt_ms: dict[str, float] | None = None,
+                peer_gbps: dict[str, float] | None = None) -> str:
     """The vendor data of one VM: with `wheels`, mount the wheel disk, show its packages to every
     venv and point pip in every SSH session (launch's venv build) at its wheels alone; with
     `rtt_ms`, delay the private NIC's ingress; with `peer_rtt_ms` (peer IP -> round trip), delay
-    those peers' packets by their own round trip instead; always, snapshot the kernel's TCP
+    those peers' packets by their own round trip instead; with `peer_gbps` (peer IP -> Gbit/s),
+    limit what each of those peers sends to its rate; always, snapshot the kernel's TCP
     settings on first boot."""
     bootcmd: list[list[str]] = []
     if wheels:
@@ -133,7 +158,7 @@ def vendor_data(wheels: bool, mac: str, rtt_ms: float, peer_rtt_ms: dict[str, fl
             # PIP_NO_COMPILE=0 skips byte-compiling, minutes under emulation.
             ["sh", "-c", PIP_ENV_SCRIPT, "fatpipe-pip", *PIP_ENV],
         ]
-    delays = peer_delay_args(rtt_ms, peer_rtt_ms or {})
+    delays = peer_delay_args(rtt_ms, peer_rtt_ms or {}, peer_gbps)
     if len(delays) > 1:
         bootcmd.append(["sh", "-c", PEER_RTT_SCRIPT, "fatpipe-rtt", mac, *delays])
     elif rtt_ms > 0:

@@ -18,6 +18,9 @@ from .sim_stack import ROOT_FROM_STACK_DIR
 NODE_KEYS = ("name", "address", "mac", "rate_gbit", "mtu", "node_dir", "bridge", "tap", "accel",
              "vcpus", "memory_mib", "cache")
 BOOT_KEYS = ("wheels", "rtt_ms", "peer_rtt_ms", "user_data")  # the user data last
+# Boot keys only a cluster with `cross_region_gbps` has: absent elsewhere, so other stacks (and
+# the VMs they replace on a change) stay as they were.
+RATE_KEYS = ("peer_gbps",)
 VM_ENV_PREFIX = "FATPIPE_VM_"
 
 
@@ -55,7 +58,10 @@ def node_input(cluster, project, index: int, mtu: int, user_data: str) -> dict:
             "accel": cluster.accel, "vcpus": cluster.vcpus, "memory_mib": cluster.memory_mib, "cache": cache,
             "wheels": wheels_input(project, cluster), "rtt_ms": cluster.rtt_ms,
             # JSON {peer IP: round trip} (`regions`); "{}" for one region.
-            "peer_rtt_ms": json.dumps(cluster.peer_rtt_ms(index), sort_keys=True), "user_data": user_data, **names}
+            "peer_rtt_ms": json.dumps(cluster.peer_rtt_ms(index), sort_keys=True), "user_data": user_data, **names,
+            # JSON {peer IP: Gbit/s} of the peers in other regions (`cross_region_gbps`).
+            **({"peer_gbps": json.dumps(cluster.peer_gbps(index), sort_keys=True)}
+               if cluster.cross_region_gbps is not None else {})}
 
 
 def node_output(cluster, project, node: dict) -> dict:
@@ -80,7 +86,8 @@ class VmClusterConstruct(ClusterConstruct):
                 provisioners=[
                     LocalExecProvisioner(type="local-exec", command="node-up", interpreter=vm_interpreter(),
                                          working_dir=ROOT_FROM_STACK_DIR,
-                                         environment=vm_environment((*NODE_KEYS, *BOOT_KEYS))),
+                                         environment=vm_environment(
+                                             (*NODE_KEYS, *BOOT_KEYS, *(key for key in RATE_KEYS if key in node)))),
                     LocalExecProvisioner(type="local-exec", command="node-down", when="destroy",
                                          interpreter=vm_interpreter(), working_dir=ROOT_FROM_STACK_DIR,
                                          environment=vm_environment(NODE_KEYS)),
