@@ -23,6 +23,9 @@ def node_options(func):
         click.option("--host-if", default=""),
         click.option("--transport", type=click.Choice(["netns", "ssh", "local"]), default="netns"),
         click.option("--firewall", type=bool, default=True, help="transport ssh: the host firewall."),
+        click.option("--region", type=int, default=-1, help="Across regions: the node's region."),
+        click.option("--cross-gbit", type=float, default=0.0, help="Across regions: the link's rate."),
+        click.option("--flow-gbit", type=float, default=0.0, help="Across regions: each flow's cap (0: none)."),
         click.option("--project-id", default=None,
                      help="Whose node it is (default: the working folder's .fatpipe/project-id)."),
     ]
@@ -78,8 +81,8 @@ def tune_over_ssh(node, firewall: bool = True) -> None:
     from fatpipe.stacks.simsshd import cluster_key, host_address, start_sshd
 
     state_dir = node.node_dir.parent.parent  # .fatpipe/<cluster>
-    key = cluster_key(state_dir, node.bridge)
-    host_address(node.bridge, node.address)
+    key = cluster_key(state_dir, node.home_bridge)
+    host_address(node.home_bridge, node.address)
     start_sshd(node.netns, node.ip, node.node_dir, key)
     network = str(ipaddress.IPv4Interface(node.address).network)
     spec = SimCluster(provider="sim", name=node.cluster, tier=node.tier, private_cidr=network, nodes=1,

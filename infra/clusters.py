@@ -37,6 +37,13 @@ class SimCluster(LocalCluster):
     transport: Literal["netns", "ssh"] = "netns"
     ssh_user: str = ""
     firewall: bool = True  # transport ssh: the host firewall rented machines get (infra/firewall.py)
+    # Regions rehearsed: the nodes split into `regions` consecutive groups (node i is in region
+    # i * regions // nodes), each on its own bridge at the tier's rate, joined by one link of
+    # `cross_region_gbps` that every cross-region flow shares; `cross_region_flow_gbps` caps each
+    # flow on it (stacks/simregions.py).
+    regions: int = Field(1, ge=1, le=16)
+    cross_region_gbps: float | None = Field(None, ge=0.001, le=100)
+    cross_region_flow_gbps: float | None = Field(None, ge=0.001, le=100)
 
     @field_validator("max_rtt_ms")
     @classmethod
@@ -52,6 +59,24 @@ class SimCluster(LocalCluster):
         if self.transport == "ssh" and self.isolation == "loopback":
             raise ValueError("transport = \"ssh\" needs isolation = \"netns\" (or \"auto\" as root)")
         return self
+
+    @model_validator(mode="after")
+    def _regions_fit(self):
+        if self.regions > self.nodes:
+            raise ValueError(f"regions = {self.regions}: more regions than nodes ({self.nodes})")
+        if self.regions == 1 and (self.cross_region_gbps or self.cross_region_flow_gbps):
+            raise ValueError("cross_region_gbps: needs regions >= 2 (one region has no cross-region link)")
+        if self.regions > 1 and self.cross_region_gbps is None:
+            raise ValueError(f"regions = {self.regions}: give cross_region_gbps, the rate between regions")
+        if self.regions > 1 and self.isolation == "loopback":
+            raise ValueError(f"regions = {self.regions}: regions are shaped netns links; loopback nodes are not shaped")
+        flow = self.cross_region_flow_gbps
+        if flow and flow > self.cross_region_gbps:
+            raise ValueError(f"cross_region_flow_gbps {flow:g} is above cross_region_gbps {self.cross_region_gbps:g}")
+        return self
+
+    def region_of(self, index: int) -> int:
+        return index * self.regions // self.nodes
 
     @model_validator(mode="after")
     def _link_rate_needs_namespaces(self):

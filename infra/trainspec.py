@@ -38,6 +38,10 @@ class TrainSpec(Strict):
     # comm=auto may pick diloco/localsgd, and only at an interval of MIN_AUTO_SYNC_EVERY (50)
     # steps or more: they change the optimizer, so auto takes them only when asked.
     auto_periodic: bool = False
+    # Between regions (a cluster across regions): flat, one ring over every node at every step;
+    # diloco, DiLoCo's outer step between regions every H steps on int8 pseudo-gradients, DDP
+    # inside each; auto: diloco where auto_periodic allows periodic methods, else flat.
+    cross_comm: Literal["auto", "flat", "diloco"] = "auto"
     # What a lost node costs (docs/ARCHITECTURE.md, "Live fault tolerance"): restart resumes every
     # node from the last checkpoint; live keeps the nodes that are up training; auto: live where
     # it works (ops.rdzv.faultmode), else restart.

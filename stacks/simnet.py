@@ -31,6 +31,7 @@ from .simlinks import (
     tbf_burst_bytes,
 )
 from .simowner import OWNER_FILE, describe_owner, mark_owner, owns
+from .simregions import region_link_names, sweep_bridges, uplink_down, uplink_up
 
 SIM_MTU = 1500  # a veth on a bridge, like the plain Ethernet of most VPS networks
 
@@ -52,6 +53,11 @@ class SimNode:
     # False: a bare machine (the sim reached over ssh): the node profile tunes it over SSH, and
     # records the kernel's defaults first, so `down` restores them.
     tune: bool = True
+    # A cluster across regions: this node's region (-1: one region), the rate of the link
+    # between regions and each flow's cap on it (0: none) (stacks/simregions.py).
+    region: int = -1
+    cross_gbit: float = 0.0
+    flow_gbit: float = 0.0
 
     @property
     def name(self) -> str:
@@ -65,13 +71,31 @@ class SimNode:
     def ready_file(self) -> Path:
         return self.node_dir / "ready.json"
 
+    @property
+    def region_links(self) -> dict[str, str] | None:
+        if self.region < 0:
+            return None
+        return region_link_names(cluster_digest(self.cluster), self.region)
 
-def link_names(cluster: str, index: int) -> dict[str, str]:
-    """Namespace, bridge and host-side veth names; interface names stay within IFNAMSIZ (15)."""
-    digest = hashlib.sha1(cluster.encode()).hexdigest()[:6]
+    @property
+    def home_bridge(self) -> str:
+        """Where this machine takes an address to reach every node (ssh transport): the WAN
+        bridge across regions, else the cluster's bridge."""
+        links = self.region_links
+        return links["wan"] if links else self.bridge
+
+
+def cluster_digest(cluster: str) -> str:
+    return hashlib.sha1(cluster.encode()).hexdigest()[:6]
+
+
+def link_names(cluster: str, index: int, region: int = 0) -> dict[str, str]:
+    """Namespace, bridge (its region's) and host-side veth names; interface names stay within
+    IFNAMSIZ (15)."""
+    digest = cluster_digest(cluster)
     return {
         "netns": f"fp-{cluster}-{index}",
-        "bridge": f"fpbr-{digest}",
+        "bridge": region_link_names(digest, region)["bridge"],
         "host_if": f"fpv{digest}-{index}",
     }
 
@@ -141,7 +165,9 @@ def node_down(node: SimNode, log=print) -> None:
             # Deleting the namespace destroys the pair; this catches a host end left by a failed up.
             run(["ip", "link", "del", node.host_if], check=False)
         with bridge_lock(node.bridge):
-            if link_exists(node.bridge) and not bridge_ports(node.bridge):
+            if node.region_links:
+                uplink_down(node.region_links)
+            elif link_exists(node.bridge) and not bridge_ports(node.bridge):
                 run(["ip", "link", "del", node.bridge], check=False)
     shutil.rmtree(node.node_dir, ignore_errors=True)
 
@@ -170,6 +196,8 @@ def _netns_up(node: SimNode) -> dict:
     with bridge_lock(node.bridge):
         ensure_bridge(node.bridge)
         run(["ip", "link", "set", node.host_if, "master", node.bridge, "up"])
+        if node.region_links:
+            uplink_up(node.region_links, node.cross_gbit, node.flow_gbit or None)
     run(ns + ["addr", "add", node.address, "dev", NODE_IFACE])
     run(ns + ["link", "set", NODE_IFACE, "up"])
     shape_link(node.netns, node.host_if, node.rate_gbit)
@@ -187,6 +215,8 @@ def _netns_up(node: SimNode) -> dict:
         "project_id": node.project_id,
         **sysctls,
     }
+    if node.region_links:
+        ready["region"] = {"index": node.region, "cross_gbit": node.cross_gbit, "flow_gbit": node.flow_gbit or None}
     write_json_atomic(node.ready_file, ready)
     return ready
 
@@ -249,9 +279,5 @@ def sweep_cluster(cluster: str, nodes_dir: Path, log=print, project_id: str | No
             continue
         node_down(node, log)
         removed.append(ns)
-    bridge = link_names(cluster, 0)["bridge"]
-    with bridge_lock(bridge):
-        if link_exists(bridge) and not bridge_ports(bridge):
-            run(["ip", "link", "del", bridge], check=False)
-            removed.append(bridge)
+    removed += sweep_bridges(cluster_digest(cluster))
     return removed

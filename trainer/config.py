@@ -24,6 +24,8 @@ HOOK_NAMES = ("none", "bf16", "fp16", "powersgd")
 # lower loss than plain parameter averaging (DiLoCo, Douillard et al. 2023).
 PERIODIC_NAMES = ("diloco", "localsgd")
 COMMS = ("auto", *HOOK_NAMES, *PERIODIC_NAMES)
+# Between regions (trainer/comm/regions.py): one ring over every rank, or DiLoCo between regions.
+CROSS_COMMS = ("auto", "flat", "diloco")
 # What a lost node costs (docs/ARCHITECTURE.md, "Live fault tolerance"): "restart" stops every
 # worker and resumes from the last checkpoint (torchrun's elastic restart); "live" keeps the
 # nodes that are up training at the next step (torchft), one replica group per node.
@@ -61,6 +63,7 @@ class TrainConfig:
     eval_windows: int = 128  # held-out windows the final eval loss reads (fewer: a faster end)
     redecide: bool = True  # comm=auto: re-probe and maybe switch hooks when steps drift off
     auto_periodic: bool = False  # comm=auto may pick diloco/localsgd (every >= 50 steps)
+    cross_comm: str = "auto"  # across regions: flat, diloco (auto: diloco with auto_periodic)
     out: str = "run"  # run directory: metrics, summary, checkpoints, tb/
     deterministic: bool = False  # deterministic kernels, for bitwise-reproducible runs
     timeout_s: float = 300.0  # process-group timeout: a lost peer fails the run instead of hanging
@@ -76,6 +79,8 @@ class TrainConfig:
                               f"not {self.fault_tolerance!r}")
         if self.comm not in COMMS:
             raise ConfigError(f"--comm must be one of {', '.join(COMMS)}, not {self.comm!r}")
+        if self.cross_comm not in CROSS_COMMS:
+            raise ConfigError(f"--cross-comm must be one of {', '.join(CROSS_COMMS)}, not {self.cross_comm!r}")
         for name in ("steps", "batch_size", "seq_len", "grad_accum", "powersgd_rank",
                      "sync_every", "eval_windows"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
@@ -138,6 +143,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--redecide", action=argparse.BooleanOptionalAction, default=d.redecide)
     p.add_argument("--auto-periodic", action=argparse.BooleanOptionalAction,
                    default=d.auto_periodic)
+    p.add_argument("--cross-comm", choices=CROSS_COMMS, default=d.cross_comm,
+                   help="across regions: flat (one ring), diloco (int8 every H steps), auto")
     p.add_argument("--out", metavar="RUN_DIR", default=d.out)
     p.add_argument("--deterministic", action="store_true", default=d.deterministic)
     p.add_argument("--timeout-s", type=float, default=d.timeout_s)

@@ -11,6 +11,7 @@ fault counts, summary.json).
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -26,6 +27,7 @@ from .collectives import all_gather_objects
 from .comm.allreduce import barrier, sync
 from .comm.commsetup import decide_comm
 from .comm.decision import decision_payload
+from .comm.hiersetup import decide_inner, make_region_diloco, open_regions
 from .comm.hooks import powersgd_state_dict
 from .comm.layout import settle_layout
 from .comm.periodic import make_periodic
@@ -73,9 +75,15 @@ class Trainer:
         self.start_step = ckpt["step"] if ckpt else 0
         if ckpt:
             self.model.load_state_dict(ckpt["model"])
-        self.decision = decide_comm(cfg, env, self.model, self.grad_bytes, ckpt)
+        self.regions = open_regions(cfg, env)  # across regions: DDP inside each, DiLoCo between
+        if self.regions:
+            self.decision = decide_inner(cfg, env, self.model, self.grad_bytes, ckpt, self.regions)
+        else:
+            self.decision = decide_comm(cfg, env, self.model, self.grad_bytes, ckpt)
         self.comm = self.decision.comm
-        self.auto = AutoComm(cfg, env, self.decision, self.start_step)  # check, re-decision
+        # Mid-run re-decisions probe the world's link: not the region's, so not across regions.
+        auto_cfg = dataclasses.replace(cfg, redecide=False) if self.regions else cfg
+        self.auto = AutoComm(auto_cfg, env, self.decision, self.start_step)  # check, re-decision
         self._wrap_ddp()
         settle_layout(self.forward, self.ddp, self.meter, cfg.batch_size, cfg.seq_len)
         self._install_hook(mine)
@@ -86,7 +94,10 @@ class Trainer:
             self.scheduler.load_state_dict(ckpt["scheduler"])
             if mine:
                 set_rng_state(mine["rng"], self.device)
-        self.periodic = make_periodic(self, ckpt, mine)  # localsgd, diloco
+        if self.regions:
+            self.periodic = make_region_diloco(self, self.regions, ckpt, mine)
+        else:
+            self.periodic = make_periodic(self, ckpt, mine)  # localsgd, diloco
         self.record.open()  # the NIC's rates from here; steps past the checkpoint are written again
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks (%s), comm %s, NIC %s, fault tolerance "
@@ -106,10 +117,12 @@ class Trainer:
             cap = one_bucket_cap_mb(self.model)  # or the P and Q all-reduces interleave
             log.warning("comm=powersgd on gloo: one DDP bucket (bucket_cap_mb %.1f instead of "
                         "%.1f) to avoid a collective mismatch", cap, self.cfg.bucket_cap_mb)
+        group = self.regions.region_group if self.regions else None
         self.ddp = DDP(self.model, device_ids=[self.env.local_rank]
-                       if self.device.type == "cuda" else None,
+                       if self.device.type == "cuda" else None, process_group=group,
                        bucket_cap_mb=cap, gradient_as_bucket_view=True, init_sync=init_sync)
         self.meter = register_timed_hook(self.ddp, self.device)
+        self.meter.group = group
         self.forward = self.ddp
         if self.cfg.compile and self.device.type == "cuda":
             # Compiling the DDP module lets Dynamo split graphs at bucket boundaries (overlap).
@@ -142,7 +155,7 @@ class Trainer:
             x, y = (t.to(self.device, non_blocking=True) for t in self.data.next_batch())
             # Only the last micro-batch synchronises gradients; the others accumulate locally.
             # Under a periodic method none does: it syncs parameters every H steps instead.
-            last = micro == cfg.grad_accum - 1 and not self.periodic
+            last = micro == cfg.grad_accum - 1 and not (self.periodic and self.periodic.skips_step_sync)
             with contextlib.nullcontext() if last else self.ddp.no_sync():
                 with autocast(self.device):
                     _, loss = self.forward(x, y)
@@ -157,7 +170,8 @@ class Trainer:
         loss_value = loss_sum.item() / cfg.grad_accum
         sync(self.device)  # all streams, so the step time and the hook's CUDA events are final
         step_s = time.perf_counter() - start
-        comm = self.periodic.end_step() if self.periodic else self.meter.end_step()
+        inner = None if self.periodic and self.periodic.skips_step_sync else self.meter.end_step()
+        comm = self.periodic.end_step(inner) if self.periodic else inner
         return self.record.measure(step, loss_value, lr, step_s, self.tokens_per_step, comm,
                                    self.comm)
 
@@ -214,6 +228,7 @@ class Trainer:
             replicas_in_sync=len(set(digests)) == 1, eval_loss=eval_loss,
             eval_windows=eval_windows,
             data=describe_data(self.corpus, self.val_corpus, self.cfg.seq_len),
+            regions=self.periodic.summary() if self.regions else None,
             **self.auto.summary(records))
 
     def close(self) -> None:

@@ -21,6 +21,9 @@ ROOT_FROM_STACK_DIR = "../../.."
 # Each input key becomes the node-up/node-down option --<key with dashes>.
 NODE_KEYS = ("cluster", "index", "isolation", "address", "tier", "rate_gbit", "node_dir",
              "netns", "bridge", "host_if", "transport")
+# Only the nodes of a cluster across regions have these (node-down needs them too: the region's
+# uplink goes with its last node); a one-region node's input is as it was.
+REGION_KEYS = ("region", "cross_gbit", "flow_gbit")
 
 
 def resolve_isolation(isolation: str, transport: str = "netns") -> str:
@@ -54,7 +57,11 @@ def node_input(cluster, index: int, isolation: str) -> dict:
         node["firewall"] = cluster.firewall
     if isolation == "netns":
         prefix = cluster.private_cidr.split("/")[1]
-        node.update(link_names(cluster.name, index), address=f"{cluster.private_ip(index)}/{prefix}")
+        region = cluster.region_of(index)
+        node.update(link_names(cluster.name, index, region), address=f"{cluster.private_ip(index)}/{prefix}")
+        if cluster.regions > 1:
+            node.update(region=region, cross_gbit=cluster.cross_region_gbps,
+                        flow_gbit=cluster.cross_region_flow_gbps or 0.0)
     else:
         node["address"] = loopback_ip(cluster.private_cidr, index, FIRST_HOST_OFFSET) + "/8"
     return node
@@ -63,8 +70,10 @@ def node_input(cluster, index: int, isolation: str) -> dict:
 def node_command(action: str, extra: tuple[str, ...] = ()) -> str:
     """`<python> -m fatpipe.cli sim node-<action>` with every option taken from self.input."""
     # node-down needs no transport: leaving it out keeps nodes deployed before it existed
-    # (their state has no such input key) removable. `extra`: keys only some nodes have.
-    keys = (*NODE_KEYS, *extra) if action == "up" else tuple(k for k in NODE_KEYS if k != "transport")
+    # (their state has no such input key) removable. `extra`: keys only some nodes have (the
+    # region's reach node-down too).
+    down = tuple(k for k in NODE_KEYS if k != "transport") + tuple(k for k in extra if k in REGION_KEYS)
+    keys = (*NODE_KEYS, *extra) if action == "up" else down
     options = " ".join(f"--{key.replace('_', '-')}=${{self.input.{key}}}" for key in keys)
     # The interpreter's absolute path is baked in at synth time: fine for a stack that only
     # ever runs on the machine that synthesized it.
@@ -82,6 +91,8 @@ def node_output(cluster, project, node: dict) -> dict:
     }
     if node["isolation"] == "netns":
         out["netns"] = node["netns"]
+    if "region" in node:
+        out["region"] = f"r{node['region']}"
     if node["transport"] == "ssh":
         # Reached as a rented machine is: sshd on its private IP, the cluster's key, and the
         # node's files below its own folder (it shares this machine's filesystem).
@@ -101,13 +112,14 @@ class SimClusterConstruct(ClusterConstruct):
         self.nodes, outputs = [], []
         for index in range(cluster.nodes):
             node = node_input(cluster, index, isolation)
+            extra = tuple(key for key in ("firewall", *REGION_KEYS) if key in node)
             resource = TerraformResource(
                 self, f"node-{index}",
                 terraform_resource_type="terraform_data",
                 provisioners=[
-                    LocalExecProvisioner(type="local-exec", command=node_command("up", ("firewall",) if "firewall" in node else ()),
+                    LocalExecProvisioner(type="local-exec", command=node_command("up", extra),
                                          working_dir=ROOT_FROM_STACK_DIR),
-                    LocalExecProvisioner(type="local-exec", command=node_command("down"),
+                    LocalExecProvisioner(type="local-exec", command=node_command("down", extra),
                                          when="destroy", working_dir=ROOT_FROM_STACK_DIR),
                 ],
             )
@@ -117,4 +129,6 @@ class SimClusterConstruct(ClusterConstruct):
             self.nodes.append(resource)
             outputs.append(node_output(cluster, project, node))
         guarded = {"firewall": cluster.firewall} if isolation == "netns" and cluster.transport == "ssh" else {}
+        if cluster.regions > 1:
+            guarded["cross_region_gbps"] = cluster.cross_region_gbps
         self.output = cluster.output(outputs, isolation=isolation, **guarded)

@@ -52,6 +52,7 @@ def use_comm(meter: TimedCommHook, cfg: TrainConfig, decision: CommDecision,
                                     cfg.seed)
         if saved_powersgd:
             load_powersgd_state(state, saved_powersgd, meter.clock.device)
+        state.process_group = meter.group  # across regions: the region's
     meter.use(comm if comm in HOOK_NAMES else "none", state)
     if state is not None and meter.across is not None:
         meter.keeper = LivePowerSGD(meter.across.manager, state, cfg.seed)

@@ -81,6 +81,9 @@ class TimedCommHook:
         # the default group, then `across(tensor)` averages it over the replica groups that are up.
         self.across = None
         self.node_size = 1
+        # Across regions: the region's process group, which DDP and every hook sync over (None:
+        # the world).
+        self.group = None
         # Live PowerSGD: keeps its state agreed with the quorum's (`live.powersgd.LivePowerSGD`).
         self.keeper = None
         # Live comm=auto: true in a step where the hook sends plain float32 (`comm.autolive`).
@@ -149,13 +152,13 @@ class TimedCommHook:
         if self.across is not None:
             return self._run_across(bucket, buffer)
         if self.name == "none":
-            return default_hooks.allreduce_hook(None, bucket), full
+            return default_hooks.allreduce_hook(self.group, bucket), full
         if self.name in ("bf16", "fp16"):
             # Called through this wrapper, DDP's name check that refuses the bf16 hook off NCCL
             # is not applied; gloo in this torch all-reduces bfloat16 correctly.
             hook = default_hooks.bf16_compress_hook if self.name == "bf16" else \
                 default_hooks.fp16_compress_hook
-            return hook(None, bucket), buffer.numel() * 2
+            return hook(self.group, bucket), buffer.numel() * 2
         return self._powersgd(bucket, buffer)
 
     def _powersgd(self, bucket: dist.GradBucket, buffer: torch.Tensor):

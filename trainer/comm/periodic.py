@@ -59,6 +59,10 @@ MIN_AUTO_SYNC_EVERY = 50
 class Periodic:
     """Train H steps locally, then synchronise; measures each step as TimedCommHook does."""
 
+    # Whether the steps between syncs send nothing (every backward under DDP's no_sync). Across
+    # regions DDP still syncs every step inside each region (`regiondiloco`).
+    skips_step_sync = True
+
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  sync_every: int, total_steps: int, device: torch.device):
         self.model, self.optimizer, self.device = model, optimizer, device
@@ -83,7 +87,8 @@ class Periodic:
         # Nothing hides a sync that runs after the optimizer step: all of it is exposed.
         self._comm = StepComm(took, took, self.param_bytes, self.param_bytes, 1)
 
-    def end_step(self) -> StepComm:
+    def end_step(self, inner: StepComm | None = None) -> StepComm:
+        """The step's sync (`inner`: the per-step hook's, where steps sync too)."""
         return self._comm
 
     def _advance(self, step: int) -> None:
@@ -152,8 +157,7 @@ class DiLoCo(Periodic):
     def _sync(self, step: int) -> None:
         params = list(self.model.parameters())
         flat = torch.cat([(a - p).reshape(-1) for a, p in zip(self.anchor, params, strict=True)])
-        flat /= dist.get_world_size()
-        dist.all_reduce(flat)  # the mean pseudo-gradient, in one collective
+        flat = self._mean(flat)
         offset = 0
         for a in self.anchor:
             a.grad = flat[offset:offset + a.numel()].view_as(a)
@@ -162,6 +166,12 @@ class DiLoCo(Periodic):
         for a, p in zip(self.anchor, params, strict=True):
             a.grad = None
             p.copy_(a)
+
+    def _mean(self, flat: torch.Tensor) -> torch.Tensor:
+        """The pseudo-gradient averaged over the replicas: every rank is one, one all-reduce."""
+        flat /= dist.get_world_size()
+        dist.all_reduce(flat)
+        return flat
 
     def shared_state(self) -> dict:
         return {"anchor": [a.detach().cpu().clone() for a in self.anchor],

@@ -1,0 +1,117 @@
+"""The trainer's setup across regions: the groups, comm=auto per level, and DiLoCo between regions
+(docs/ARCHITECTURE.md, "Regions").
+
+Inside a region comm=auto decides the per-step hook as it does on one link, from the region's
+own link (probed on its group) and the measured compute; between regions it picks DiLoCo's
+interval H from the link measured between them (`regiondiloco.decide_outer`), within
+OUTER_BUDGET of the step. The run logs one decision line naming both levels and the predicted
+share of each.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+
+import torch
+
+from ..bandwidth import busbw_gbs
+from ..config import PERIODIC_NAMES, ConfigError, TrainConfig
+from ..distenv import DistEnv
+from .allreduce import slowest
+from .commsetup import Measured, candidate_hooks, decide_comm, decide_from, measure_compute
+from .decision import CommDecision, LinkEstimate
+from .hookcost import measure_hook_costs
+from .regiondiloco import RegionDiLoCo, decide_outer
+from .regions import RegionLayout, cross_streams, probe_group, read_region, region_layout
+
+log = logging.getLogger(__name__)
+
+# The share of a step the exchange between regions may leave exposed: INTELLECT-1 kept 96%
+# compute utilization inside the US with DiLoCo between sites.
+OUTER_BUDGET = 0.05
+_PROBE_SMALL, _PROBE_LARGE = 4 << 10, 4 << 20
+
+
+def hierarchical(cfg: TrainConfig) -> bool:
+    return cfg.cross_comm == "diloco" or (cfg.cross_comm == "auto" and cfg.auto_periodic)
+
+
+def open_regions(cfg: TrainConfig, env: DistEnv) -> RegionLayout | None:
+    """Collective: the region groups when the run spans regions and syncs hierarchically."""
+    if env.world_size == 1 or cfg.cross_comm == "flat":
+        return None
+    layout = region_layout(env.device, read_region(), cross_streams())
+    if layout is None:
+        return None
+    where = ", ".join(f"{name}" for name in layout.regions)
+    if not hierarchical(cfg):
+        if env.is_main:
+            log.info("regions %s: one ring over every rank (cross_comm auto syncs hierarchically "
+                     "with auto_periodic = true, or name cross_comm = \"diloco\")", where)
+        return None
+    if cfg.comm in PERIODIC_NAMES:
+        raise ConfigError(f"--comm {cfg.comm} with --cross-comm diloco: inside a region name a "
+                          f"per-step hook (none, bf16, fp16, powersgd) or auto")
+    return layout
+
+
+def probe_region(layout: RegionLayout, grad_bytes: int, device: torch.device) -> LinkEstimate:
+    """Collective over the world: each region's link, probed on its own group (slowest region)."""
+    size = max(_PROBE_SMALL, min(_PROBE_LARGE, grad_bytes))
+    latency = slowest(probe_group(layout.region_group, _PROBE_SMALL, device), device)
+    seconds = slowest(probe_group(layout.region_group, size, device), device)
+    busbw = busbw_gbs(size, seconds, len(layout.region_ranks)) * 8
+    return LinkEstimate(busbw, latency, f"probe inside each of {layout.count} regions")
+
+
+def decide_inner(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, grad_bytes: int,
+                 ckpt: dict | None, layout: RegionLayout) -> CommDecision:
+    """The per-step hook inside the regions: named, the checkpoint's, or comm=auto's from the
+    region's link; its ring is the region's ranks."""
+    if cfg.comm != "auto" or (ckpt and ckpt.get("comm_decision")):
+        return decide_comm(cfg, env, model, grad_bytes, ckpt)
+    region_env = dataclasses.replace(env, world_size=len(layout.region_ranks))
+    compute_s = measure_compute(model, cfg, env.device)
+    hook_s = measure_hook_costs(model, candidate_hooks(), cfg.powersgd_rank, env.device)
+    link = probe_region(layout, grad_bytes, env.device)
+    # Periodic methods are the level between regions here, not a choice inside one.
+    inner_cfg = dataclasses.replace(cfg, auto_periodic=False)
+    return decide_from(inner_cfg, region_env, model, Measured(link, compute_s, hook_s), step=0,
+                       hooks=candidate_hooks())
+
+
+def make_region_diloco(trainer, layout: RegionLayout, ckpt: dict | None, mine: dict | None) -> RegionDiLoCo:
+    """DiLoCo between regions at comm=auto's H (kept from a checkpoint) or --sync-every's."""
+    cfg, decision = trainer.cfg, trainer.decision
+    shared = ckpt.get("periodic") if ckpt else None
+    if shared and shared.get("outer_decision"):
+        outer = dict(shared["outer_decision"])
+    elif cfg.cross_comm == "auto":
+        step_s = (decision.chosen or {}).get("step_s") or decision.compute_s
+        params = sum(p.numel() for p in trainer.model.parameters())
+        outer = decide_outer(layout, step_s, params, cfg, trainer.device, OUTER_BUDGET)
+    else:
+        outer = {"method": "diloco", "quantized": "int8", "sync_every": cfg.sync_every,
+                 "why": "set by --cross-comm diloco (--sync-every)"}
+    method = RegionDiLoCo(trainer.model, trainer.optimizer, int(outer["sync_every"]), cfg.steps,
+                          trainer.device, layout=layout, start_step=ckpt["step"] if ckpt else 0)
+    method.outer_decision = outer
+    method.restore(shared, mine.get("periodic") if mine else None)
+    if trainer.env.is_main:
+        log.info("%s", describe_levels(layout, decision, outer))
+    return method
+
+
+def describe_levels(layout: RegionLayout, inner: CommDecision, outer: dict) -> str:
+    """The decision line of a run across regions: both levels and each one's predicted share."""
+    chosen = inner.chosen or {}
+    inside = f"{inner.comm}" + (f" ({chosen['share']:.0%} of the step)" if "share" in chosen else "")
+    across = f"diloco every {outer['sync_every']} steps, int8 + error feedback"
+    if "share" in outer:
+        across += (f" ({outer['share']:.1%} of the step; {outer['link_gbps']:.3g} Gbit/s measured, "
+                   f"{outer['crossing_bytes'] / 1e6:.2f} MB per sync)")
+    sizes = "+".join(str(len(r)) for r in [layout.region_ranks])
+    return (f"comm across {layout.count} regions ({', '.join(layout.regions)}; {sizes} ranks here, "
+            f"{layout.shards} shard(s) x {len(layout.cross_groups) or 1} stream(s)): inside each "
+            f"region {inside}; between regions {across}")
