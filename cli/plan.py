@@ -11,7 +11,8 @@ from fatpipe.infra.errors import ConfigError
 
 from .options import console, pass_project
 
-_ACCELERATORS = ("rtx4090", "h100", "cpu")  # infra.jobmodel.ACCELERATORS, without importing it
+# infra.accelerators.ACCELERATORS' keys, without importing it (a unit test keeps them equal)
+_ACCELERATORS = ("rtx4090", "t4", "a10g", "l4", "l40s", "a100", "a100-80gb", "h100", "cpu")
 
 
 def parse_nodes(text: str) -> range:
@@ -31,9 +32,12 @@ def parse_nodes(text: str) -> range:
 @click.option("--tokens", help="Tokens to train on (10B, 2.5B, 350000000). Default: --steps x --batch, else 10B.")
 @click.option("--steps", type=int, default=None, help="Optimizer steps (with --batch).")
 @click.option("--batch", help="Tokens per optimizer step, all nodes together. Default 524288.")
-@click.option("--accelerator", "accel", type=click.Choice(_ACCELERATORS), default="rtx4090",
-              show_default=True, help="What computes on each node (sourced tokens/s for GPT-2 124M).")
-@click.option("--tokens-per-s", type=float, help="Your own tokens/s per GPU (per vCPU with cpu) on GPT-2 124M.")
+@click.option("--accelerator", "accel", type=click.Choice(_ACCELERATORS), default=None,
+              help="Force one accelerator on every node (sourced tokens/s for GPT-2 124M). Default: "
+              "each machine type's own GPUs; cpu: the types without a GPU.")
+@click.option("--tokens-per-s", type=float,
+              help="Your own tokens/s per GPU (per vCPU with cpu) on GPT-2 124M; without "
+              "--accelerator, for every GPU of every type.")
 @click.option("--catalog", "providers", multiple=True, type=click.Choice(["aws", "digitalocean"]),
               help="Provider catalogs to rank (repeatable; default: all, none with --link).")
 @click.option("--tier", "tiers", multiple=True, type=click.Choice(["1g", "10g", "25g"]),
@@ -54,11 +58,12 @@ def parse_nodes(text: str) -> range:
 def plan(project, **opts):
     """Rank machine types, tiers and node counts by predicted step time or cost.
 
-    Compute comes from the accelerator's published throughput, communication from a ring
-    all-reduce over each type's baseline bandwidth (capped per flow), and the method from
-    comm=auto's own model. Nothing is deployed.
+    Compute comes from each type's own GPUs at their sourced throughput (or the one
+    --accelerator forces), communication from a ring all-reduce across the nodes over each
+    type's baseline bandwidth (capped per flow), and the method from comm=auto's own model. A
+    type whose GPU has no sourced figure is listed, not ranked. Nothing is deployed.
     """
-    from fatpipe.infra.jobmodel import accelerator
+    from fatpipe.infra.accelerators import accelerator
     from fatpipe.ops.plan import plan as planner
     from fatpipe.ops.plan.planmeasured import measured_candidates
 
@@ -74,11 +79,15 @@ def plan(project, **opts):
                                opts["tiers"] or ("1g", "10g", "25g"), project.root, opts["span"])
     cands += planner.link_candidates(list(opts["links"]), count) + measured_candidates(project)
     if not cands:
-        need = "a GPU" if acc.gpus else "no GPU"
+        need = "no GPU" if acc is not None and not acc.gpus else "a GPU"
         raise ConfigError(f"no machine type with {need} reaches the tiers asked; try another "
                           "--catalog, --tier or --accelerator, or give --link")
     by = opts["by"]
     ranked = planner.plan(job, acc, traffic, cands, by, bool(opts["auto_periodic"]))
+    left = planner.unranked(cands, acc)
+    if not ranked:
+        raise ConfigError(f"no machine type has a sourced figure for its GPU ({_reasons(left)}); "
+                          "give --accelerator NAME or --tokens-per-s")
     written = _write(project, opts["write_name"], ranked) if opts["write_name"] else None
     if written and not opts["as_json"]:
         console(stderr=True).print(f"wrote \\[clusters.{written['cluster']}] to {written['path']}: "
@@ -86,24 +95,58 @@ def plan(project, **opts):
                                    f"{written['nodes']}, tier {written['tier']}")
     ranked = ranked[: opts["top"]]
     if opts["as_json"]:
-        head = {"job": {"model": opts["model"], "params": job.params, "tokens": job.tokens,
-                        "tokens_per_step": job.tokens_per_step, "steps": job.steps},
-                "accelerator": {"name": acc.name, "tokens_per_s": acc.tokens_per_s,
-                                "per_vcpu": acc.per_vcpu, "source": acc.source}, "by": by}
-        doc = {**head, "plans": [p.to_dict() for p in ranked], "written": written}
-        click.echo(json.dumps(doc, indent=1))
-        return
+        click.echo(json.dumps(_doc(opts["model"], job, acc, by, ranked, left, written), indent=1))
+    else:
+        _show(opts["model"], job, acc, by, ranked, left)
+
+
+def _used(ranked) -> list:
+    """The accelerators of the rows shown, once each, in row order."""
+    return list({(p.accel.kind, p.accel.name): p.accel for p in ranked}.values())
+
+
+def _doc(model: str, job, acc, by: str, ranked, left, written) -> dict:
+    return {"job": {"model": model, "params": job.params, "tokens": job.tokens,
+                    "tokens_per_step": job.tokens_per_step, "steps": job.steps},
+            "accelerator": _accel_dict(acc) if acc else None, "by": by,
+            "accelerators": {a.kind or a.name: _accel_dict(a) for a in _used(ranked)},
+            "plans": [p.to_dict() for p in ranked], "unranked": [u.to_dict() for u in left],
+            "written": written}
+
+
+def _show(model: str, job, acc, by: str, ranked, left) -> None:
     out = console()
-    out.print(f"[bold]{opts['model']}[/] ({job.params / 1e6:,.1f}M parameters), {job.tokens:,} "
-              f"tokens in {job.steps:,} steps of {job.tokens_per_step:,}; {acc.name} at "
-              f"{acc.tokens_per_s:,.0f} tokens/s per {'vCPU' if acc.per_vcpu else 'GPU'} on GPT-2 "
-              f"124M ({acc.source})", soft_wrap=True)
+    whose = "" if acc else "; each machine computes with its own GPUs"
+    out.print(f"[bold]{model}[/] ({job.params / 1e6:,.1f}M parameters), {job.tokens:,} "
+              f"tokens in {job.steps:,} steps of {job.tokens_per_step:,}{whose}", soft_wrap=True)
+    for a in _used(ranked):
+        out.print(f"  {a.name} at {a.tokens_per_s:,.0f} tokens/s per {'vCPU' if a.per_vcpu else 'GPU'} "
+                  f"on GPT-2 124M ({a.source})", soft_wrap=True, markup=False)
     out.print(_table(ranked, by))
-    out.print("[dim]link: the baseline (never the burst), capped by the flows the job opens; "
+    if left:
+        out.print(f"not ranked: {_reasons(left)}; give --accelerator NAME or --tokens-per-s to "
+                  "plan them", soft_wrap=True, markup=False)
+    out.print("[dim]GPUs: each node's, one trainer rank each, summed inside the node before the ring "
+              "across the nodes (a node outside the catalogs: the seed's RTX 4090 unless --accelerator); "
+              "link: the baseline (never the burst), capped by the flows the job opens; "
               "step: comm=auto's method (plain DDP's step in brackets); exposed: hook + exposed "
               "communication over the step. burst-only: baseline under half the advertised rate; "
               "flow-capped: the tier's rate is more than the planned flows carry; measured: a declared "
               "cluster's link as its newest netcheck measured it (below tier: under its tier's rate).[/]")
+
+
+def _accel_dict(acc) -> dict:
+    return {"name": acc.name, "kind": acc.kind, "tokens_per_s": acc.tokens_per_s,
+            "per_vcpu": acc.per_vcpu, "source": acc.source}
+
+
+def _reasons(left) -> str:
+    """The unranked types grouped by why, `reason: type, type`; past four types, counted."""
+    by_reason: dict[str, list[str]] = {}
+    for u in left:
+        by_reason.setdefault(u.reason, []).append(u.machine.name)
+    return "; ".join(f"{why}: {', '.join(names[:4])}{f' and {len(names) - 4} more' if len(names) > 4 else ''}"
+                     for why, names in by_reason.items())
 
 
 def _write(project, name: str, ranked) -> dict:
@@ -143,10 +186,10 @@ def _table(ranked, by: str):
     from rich.table import Table
 
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=f"ranked by {by}")
-    for column in ("#", "provider", "machine", "tier", "nodes", "link Gbit/s", "method",
+    for column in ("#", "provider", "machine", "GPUs", "tier", "nodes", "link Gbit/s", "method",
                    "exposed", "step s (plain)", "hours", "$", "marks"):
         table.add_column(column, no_wrap=True, justify="left" if column in (
-            "provider", "machine", "tier", "method", "marks") else "right")
+            "provider", "machine", "GPUs", "tier", "method", "marks") else "right")
     for i, p in enumerate(ranked, 1):
         c, link = p.candidate, p.link
         marks = [m for m, on in (("measured", c.measured is not None),
@@ -154,8 +197,15 @@ def _table(ranked, by: str):
                                  ("below tier" if c.measured else "flow-capped",
                                   link.tier_unreachable)) if on]
         gbps = f"{link.gbps:g}" + (f" of {link.baseline_gbps:g}" if link.gbps < link.baseline_gbps else "")
-        table.add_row(str(i), c.provider, c.machine.name, c.tier, str(c.nodes), gbps, p.method,
+        table.add_row(str(i), c.provider, c.machine.name, _gpus(p), c.tier, str(c.nodes), gbps, p.method,
                       f"{p.exposed_share:.0%}", f"{p.step_s:.2f} ({p.plain_step_s:.2f})",
                       f"{p.hours:,.1f}", f"{p.dollars:,.0f}" if p.dollars is not None else "?",
                       ", ".join(marks))
     return table
+
+
+def _gpus(p) -> str:
+    """What computes on each node: `4x T4`, `8 vCPU`."""
+    if p.accel is None:
+        return "?"
+    return f"{p.per_node} vCPU" if p.accel.per_vcpu else f"{p.per_node}x {p.accel.name}"

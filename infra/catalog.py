@@ -1,4 +1,4 @@
-"""Machine catalogs: each type's baseline private bandwidth and price, and the pick for a tier.
+"""Machine catalogs: each type's baseline bandwidth, price and GPUs, and the pick for a tier.
 
 Offline catalogs ship beside this file (`aws_catalog.json`, `digitalocean_catalog.json`,
 each with its date and source). A provider whose API lists its types refreshes its catalog
@@ -11,6 +11,7 @@ refresh keeps the offline table's, or takes the provider API's own), else the of
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -41,6 +42,10 @@ class MachineType:
     # What the provider publishes: a measured "baseline" (AWS), or a "documented limit" that
     # says nothing about what a node sustains (DigitalOcean); netcheck measures either way.
     bandwidth_basis: str = "baseline"
+    # Which GPU the type carries (`gpu_kind()`: "t4", "a10g", "h100", ...) and its name as the
+    # provider gives it; None: no GPU, or a catalog written before kinds were recorded.
+    gpu_kind: str | None = None
+    gpu_name: str | None = None
 
     def bandwidth_text(self) -> str:
         if self.baseline_gbps is None:
@@ -99,7 +104,30 @@ def _machine(name: str, raw: dict, prices: dict[str, float], basis: str) -> Mach
         cluster_placement=bool(raw.get("cluster_placement", True)),
         price_hourly=prices.get(name, raw.get("price_hourly")),
         bandwidth_basis=basis,
+        gpu_kind=raw.get("gpu_kind"),  # absent in catalogs written before kinds were recorded
+        gpu_name=raw.get("gpu_name"),
     )
+
+
+# -- which GPU a type carries -------------------------------------------------------------------
+
+# Words a provider puts around a GPU's model that say nothing of which it is.
+_VENDOR_WORDS = re.compile(r"\b(nvidia|amd|tesla|geforce|radeon|instinct)\b")
+# Kinds whose memory variants compute at different speeds: (the memory from which, the kind then).
+_MEMORY_VARIANTS = {"a100": (79.0, "a100-80gb")}
+
+
+def gpu_kind(name: str, memory_gib: float | None = None) -> str:
+    """A GPU's key in the planner's table (`infra.accelerators.ACCELERATORS`) from the name a
+    provider gives it: EC2's GpuInfo "T4" -> "t4", "A10G" -> "a10g", "L40S" -> "l40s";
+    DigitalOcean's "nvidia_h100" -> "h100"; "NVIDIA GeForce RTX 4090" -> "rtx4090". An A100 with
+    80 GB is "a100-80gb" (EC2 names both A100s alike; their memory bandwidth differs)."""
+    words = _VENDOR_WORDS.sub(" ", str(name).lower().replace("_", " "))
+    kind = re.sub(r"[^a-z0-9]", "", words)
+    floor, variant = _MEMORY_VARIANTS.get(kind, (None, None))
+    if floor is not None and memory_gib is not None and memory_gib >= floor:
+        return variant
+    return kind
 
 
 @lru_cache(maxsize=8)

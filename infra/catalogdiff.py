@@ -12,7 +12,7 @@ from .errors import ConfigError
 
 # Fields a change is reported for, with their unit in the printed line.
 _WATCHED = {"baseline_gbps": " Gbit/s", "peak_gbps": " Gbit/s", "vcpus": " vCPU",
-            "memory_gib": " GiB", "gpus": " GPU", "cluster_placement": "", "ena": ""}
+            "memory_gib": " GiB", "gpus": " GPU", "gpu_kind": "", "cluster_placement": "", "ena": ""}
 MAX_NAMED = 12  # names listed per added/removed line; the rest are counted
 
 

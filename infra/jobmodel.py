@@ -2,13 +2,16 @@
 
 Pure arithmetic on published figures, before anything is deployed:
 
-- compute: an accelerator's tokens/s for GPT-2 124M, scaled to another model by parameter
-  count (training compute ~ 6 x params x tokens, so tokens/s ~ 1 / params);
+- compute: the node's accelerators (by default the machine type's own GPUs, `infra.accelerators`)
+  at their sourced tokens/s for GPT-2 124M, scaled to another model by parameter count
+  (training compute ~ 6 x params x tokens, so tokens/s ~ 1 / params);
 - the link: a machine type's **baseline** bandwidth from its catalog (never the burst), capped
   by what the planned flows can carry (AWS caps one TCP flow; gloo opens one flow per peer,
   NCCL's socket transport as many as the tier's profile sets) and, for nodes in different
   regions or reached over the internet, by the provider's egress cap;
-- the traffic: a ring all-reduce of the gradient sends 2 x (N-1)/N x bytes per node.
+- the traffic: a ring all-reduce of the gradient over the N nodes sends 2 x (N-1)/N x bytes per
+  node. A node of G GPUs runs G ranks, which sum their gradients over the node's own path first
+  (`IN_NODE_GBPS`): the private link carries the ring of N nodes, not of N x G ranks.
 
 The comm method, its exposed share and the step time come from the trainer's own comm=auto
 model, applied by `ops.plan.plan` (the model layer imports no trainer, docs/ARCHITECTURE.md, "Layers").
@@ -19,66 +22,17 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+# What computes on a node lives in `infra.accelerators`; its names are imported from here too.
+from .accelerators import ACCELERATORS as ACCELERATORS
+from .accelerators import REFERENCE_PARAMS as REFERENCE_PARAMS
+from .accelerators import Accelerator
+from .accelerators import accelerator as accelerator
 from .catalog import MachineType
 from .errors import ConfigError
 from .tiers import NCCL_SOCKETS
 
-# llm.c's GPT-2 124M (vocabulary padded to 50,304): the model every throughput below was measured on.
-REFERENCE_PARAMS = 124_475_904
 # llm.c's GPT-2 124M batch: 0.5M tokens per optimizer step, shared by every node.
 DEFAULT_TOKENS_PER_STEP = 524_288
-
-
-@dataclass(frozen=True)
-class Accelerator:
-    """What computes on one node, and its sourced training throughput on REFERENCE_PARAMS."""
-
-    name: str
-    tokens_per_s: float  # per GPU, or per vCPU when per_vcpu
-    source: str
-    gpus: int = 1  # GPUs a machine type must have (0: the CPU case)
-    per_vcpu: bool = False
-
-    def node_tokens_per_s(self, params: int, machine: MachineType | None = None) -> float:
-        """Tokens/s of one node training a model of `params`: compute ~ 6 x params x tokens."""
-        rate = self.tokens_per_s * REFERENCE_PARAMS / params
-        if machine is None:
-            return rate
-        # A node computes with all its GPUs (data parallel inside it too), or all its vCPUs;
-        # a node of unknown size (a --link) counts as one.
-        return rate * max(machine.vcpus if self.per_vcpu else machine.gpus, 1)
-
-
-# The figures docs/BENCHMARKS.md cites ("The seed's table, time-scaled").
-ACCELERATORS: dict[str, Accelerator] = {
-    "rtx4090": Accelerator(
-        "RTX 4090", 220.7e3 / 2,
-        "llm.c's PyTorch GPT-2 trainer on 2x RTX 4090: 220.7k tokens/s (T. Romero, NanoGPT "
-        "Speedrun Living Worklog, record 1)"),
-    "h100": Accelerator(
-        "H100 SXM", 10e9 / (45 * 60) / 8,
-        "llm.c GPT-2 124M on 8x H100: 10B tokens in 45 minutes"),
-    # The seed table's sim: the `tiny` preset (829,750 parameters, 3.319 MB of gradients) at
-    # 98.6 ms per step of 512 tokens per rank, 4 ranks on 2 vCPUs: 10,385 tokens/s per vCPU,
-    # i.e. 69 tokens/s per vCPU on REFERENCE_PARAMS. A CPU node's rate grows with its vCPUs.
-    "cpu": Accelerator(
-        "CPU", 4 * 512 / 0.0986 / 2 * 829_750 / REFERENCE_PARAMS,
-        "docs/BENCHMARKS.md, the seed table's sim compute: tiny preset, 98.6 ms/step, 4 ranks "
-        "on 2 vCPUs, torch 2.13 CPU", gpus=0, per_vcpu=True),
-}
-
-
-def accelerator(name: str, tokens_per_s: float | None = None) -> Accelerator:
-    """The named accelerator; `tokens_per_s` (the user's own figure, for GPT-2 124M) replaces its own."""
-    if name not in ACCELERATORS:
-        raise ConfigError(f"unknown accelerator {name!r}; known: {', '.join(ACCELERATORS)}")
-    found = ACCELERATORS[name]
-    if tokens_per_s is None:
-        return found
-    if not tokens_per_s > 0 or math.isinf(tokens_per_s):
-        raise ConfigError(f"--tokens-per-s must be a positive number, not {tokens_per_s!r}")
-    return Accelerator(found.name, tokens_per_s, "given (--tokens-per-s)", found.gpus,
-                       found.per_vcpu)
 
 
 @dataclass(frozen=True)
@@ -109,8 +63,17 @@ class Job:
         return self.tokens_per_step / nodes / accel.node_tokens_per_s(self.params, machine)
 
 
+# The GPUs inside a node reduce over NVLink or PCIe, not over the private link, and that sum is
+# not counted: its path is faster than the link. The slowest, PCIe 3.0 x16 (g4dn's T4s), carries
+# 15.75 GB/s a direction, 126 Gbit/s, above every link of the shipped catalogs' GPU types (100 at
+# most); PCIe 4.0 x16 (g5, g6, g6e) 252, above the 160 that 16 NCCL flows of 10 carry on AWS;
+# NVLink (p4d, p5) 600-900 GB/s.
+IN_NODE_GBPS = 126.0
+
+
 def ring_allreduce_bytes(grad_bytes: int, nodes: int) -> float:
-    """Bytes each node sends (and receives) in a ring all-reduce: 2 x (N-1)/N x the message."""
+    """Bytes each node sends (and receives) in a ring all-reduce over `nodes` nodes (its GPUs
+    having summed theirs inside it): 2 x (N-1)/N x the message."""
     return 2 * (nodes - 1) / nodes * grad_bytes if nodes > 1 else 0.0
 
 

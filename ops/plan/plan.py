@@ -1,7 +1,11 @@
 """`fatpipe plan`: predict each candidate cluster's step, comm method, hours and dollars.
 
-The candidates are the catalogs' machine types at each tier and node count; the job model
-(`infra.jobmodel`) gives each one's compute and link; the trainer's own comm=auto model
+The candidates are the catalogs' machine types at each tier and node count, each computing
+with its own GPUs (`infra.accelerators.node_accelerator`) unless one accelerator is forced on
+every node; a type whose GPU has no sourced figure is left out of the ranking and listed
+(`unranked`). The job model (`infra.jobmodel`) gives each one's compute and link; a node of G
+GPUs is G ranks that sum inside the node first, so the link carries a ring over the nodes. The
+trainer's own comm=auto model
 (`trainer.comm.autocomm.choose_comm`, the same code the run will use, docs/ARCHITECTURE.md, "Data
 flow") picks the method and predicts the step from a synthetic "measured" link: the catalog's
 baseline, capped by the flows, at default hook costs (none measured yet: 0 s).
@@ -15,6 +19,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
+from fatpipe.infra.accelerators import OUTSIDE_CATALOG_GPU, missing_figure, node_accelerator
 from fatpipe.infra.catalog import MachineType, load_catalog
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.jobmodel import Accelerator, Job, Link, plan_link, ring_allreduce_bytes
@@ -102,11 +107,17 @@ class Prediction:
     hours: float
     dollars: float | None  # None: no price in the catalog
     reason: str
+    accel: Accelerator | None = None  # what computes on each node
+    per_node: int = 1  # of it on each node: its GPUs (or vCPUs)
+    ranks_per_node: int = 1  # trainer processes on each node: one per GPU
 
     def to_dict(self) -> dict:
         c, link = self.candidate, self.link
+        accel = self.accel
         return {
             "provider": c.provider, "machine": c.machine.name, "tier": c.tier, "nodes": c.nodes,
+            "accelerator": (accel.kind or accel.name) if accel else None, "per_node": self.per_node,
+            "ranks_per_node": self.ranks_per_node,
             "baseline_gbps": link.baseline_gbps, "link_gbps": link.gbps,
             "flow_cap_gbps": link.flow_cap_gbps, "burst_only": link.burst_only,
             "tier_unreachable": link.tier_unreachable, "compute_s": self.compute_s,
@@ -123,24 +134,32 @@ def _hourly(c: Candidate) -> float | None:
     return (c.machine.price_hourly + c.extras_hourly) * c.nodes
 
 
-def predict(job: Job, accel: Accelerator, traffic: ModelTraffic, cand: Candidate,
+def predict(job: Job, accel: Accelerator | None, traffic: ModelTraffic, cand: Candidate,
             auto_periodic: bool = False) -> Prediction:
-    """One candidate's step as comm=auto would run it, and the job's hours and dollars."""
+    """One candidate's step as comm=auto would run it, and the job's hours and dollars; `accel`
+    on every node, or None for the machine's own (ConfigError where it has no sourced figure).
+
+    A node's G GPUs sum their gradients inside it first (`infra.jobmodel.IN_NODE_GBPS`), so the
+    link carries a ring over the N nodes: comm=auto's model is fed N, not N x G ranks."""
     n = cand.nodes
     if n < 2:
         raise ConfigError("a plan needs 2 nodes or more: one node sends nothing")
+    node = node_accelerator(cand.machine, accel)
+    if node is None:
+        raise ConfigError(f"{cand.provider} {cand.machine.name}: {missing_figure(cand.machine)}; "
+                          "give --accelerator NAME (or --tokens-per-s) to plan it")
     if cand.measured is not None:  # what netcheck measured already holds every cap
         measured = cand.measured
         link = Link(measured.busbw_gbps, measured.busbw_gbps, None, False,
                     measured.busbw_gbps < TIER_GBPS[cand.tier])
     else:
-        link = plan_link(cand.provider, cand.machine, accel, cand.tier, TIER_GBPS[cand.tier], cand.span)
+        link = plan_link(cand.provider, cand.machine, node, cand.tier, TIER_GBPS[cand.tier], cand.span)
         measured = LinkEstimate(link.gbps, 2 * (n - 1) * HOP_LATENCY_S, "catalog baseline")
-    compute_s = job.compute_s(accel, n, cand.machine)
+    compute_s = job.compute_s(node, n, cand.machine)
     grad_bytes = 4 * traffic.params
     grads = GradTraffic(grad_bytes, max(1, math.ceil(grad_bytes / (_DEFAULTS.bucket_cap_mb * MiB))),
                         traffic.powersgd_bytes,
-                        powersgd_buckets=1 if accel.gpus == 0 else None)  # gloo: one bucket
+                        powersgd_buckets=1 if node.gpus == 0 else None)  # gloo: one bucket
     warmup = _DEFAULTS.warmup_steps if job.warmup_steps is None else job.warmup_steps
     cost = HookCost({}, {"powersgd": max(2, warmup)}, job.steps)
     decision = choose_comm(measured, compute_s, 1, grads, n, hooks=HOOK_NAMES + PERIODIC_NAMES,
@@ -152,20 +171,23 @@ def predict(job: Job, accel: Accelerator, traffic: ModelTraffic, cand: Candidate
     return Prediction(cand, link, compute_s, step_s, decision.predicted["none"]["step_s"],
                       decision.comm, chosen["share"],
                       ring_allreduce_bytes(grad_bytes, n), hours,
-                      hours * hourly if hourly is not None else None, decision.reason)
+                      hours * hourly if hourly is not None else None, decision.reason,
+                      node, node.count_on(cand.machine), node.ranks_on(cand.machine))
 
 
-def candidates(accel: Accelerator, nodes: range, providers=PROVIDERS, tiers=tuple(TIER_GBPS),
+def candidates(accel: Accelerator | None, nodes: range, providers=PROVIDERS, tiers=tuple(TIER_GBPS),
                root: Path | None = None, span: str = "region") -> list[Candidate]:
     """Every priced type of each catalog at the highest of `tiers` its baseline reaches, its
-    nodes `span` apart (one region, several, or over the internet)."""
+    nodes `span` apart (one region, several, or over the internet): the types with a GPU, or
+    with none when `accel` is the CPU (`accel` None: each type's own GPUs)."""
+    gpus = accel.gpus if accel is not None else 1
     found = []
     for provider in providers:
         catalog = load_catalog(provider, None, root)
         extras = sum(catalog.per_node_extras.values())
         placed: dict[str, str] = {}
         for tier in sorted(tiers, key=TIER_GBPS.get):
-            for machine in catalog.qualifying(TIER_GBPS[tier], accel.gpus):
+            for machine in catalog.qualifying(TIER_GBPS[tier], gpus):
                 placed[machine.name] = tier
         for name, tier in sorted(placed.items()):
             found += [Candidate(provider, catalog.types[name], tier, n, extras, span=span) for n in nodes]
@@ -174,13 +196,14 @@ def candidates(accel: Accelerator, nodes: range, providers=PROVIDERS, tiers=tupl
 
 def link_candidates(gbps: list[float], nodes: range) -> list[Candidate]:
     """Machines the catalogs do not hold (rented nodes, the seed's 1 vs 10 Gbit/s): a link of
-    `gbps` each, no published flow cap, no price, at the highest tier it reaches."""
+    `gbps` each, no published flow cap, no price, at the highest tier it reaches, and one of the
+    seed's GPUs (`OUTSIDE_CATALOG_GPU`) unless an accelerator is forced."""
     found = []
     for rate in gbps:
         if not 0 < rate < math.inf:
             raise ConfigError(f"--link must be a positive rate in Gbit/s, not {rate!r}")
         tier = max((t for t, g in TIER_GBPS.items() if g <= rate), key=TIER_GBPS.get, default="1g")
-        link = MachineType(f"{rate:g} Gbit/s link", rate, rate, 0, 0.0, gpus=1)
+        link = MachineType(f"{rate:g} Gbit/s link", rate, rate, 0, 0.0, gpus=1, gpu_kind=OUTSIDE_CATALOG_GPU)
         found += [Candidate("link", link, tier, n) for n in nodes]
     return found
 
@@ -201,7 +224,33 @@ def rank(predictions: list[Prediction], by: str = "time") -> list[Prediction]:
     return sorted(predictions, key=key)
 
 
-def plan(job: Job, accel: Accelerator, traffic: ModelTraffic, cands: list[Candidate],
+def plan(job: Job, accel: Accelerator | None, traffic: ModelTraffic, cands: list[Candidate],
          by: str = "time", auto_periodic: bool = False) -> list[Prediction]:
-    """Every candidate predicted and ranked."""
-    return rank([predict(job, accel, traffic, c, auto_periodic) for c in cands], by)
+    """Every candidate with a sourced figure predicted and ranked (`accel` on every node, or
+    None for each machine's own); the others are `unranked`'s."""
+    return rank([predict(job, accel, traffic, c, auto_periodic) for c in cands
+                 if node_accelerator(c.machine, accel) is not None], by)
+
+
+@dataclass(frozen=True)
+class Unranked:
+    """A machine type left out of the ranking: no sourced figure for what computes on it."""
+
+    provider: str
+    machine: MachineType
+    reason: str
+
+    def to_dict(self) -> dict:
+        return {"provider": self.provider, "machine": self.machine.name, "gpus": self.machine.gpus,
+                "gpu_kind": self.machine.gpu_kind, "reason": self.reason}
+
+
+def unranked(cands: list[Candidate], accel: Accelerator | None = None) -> list[Unranked]:
+    """The candidates' machine types `plan` leaves out, once each, and why: never ranked on a
+    guessed figure."""
+    found: dict[tuple[str, str], Unranked] = {}
+    for c in cands:
+        if node_accelerator(c.machine, accel) is None:
+            found.setdefault((c.provider, c.machine.name),
+                             Unranked(c.provider, c.machine, missing_figure(c.machine)))
+    return list(found.values())

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from fatpipe.infra.accelerators import OUTSIDE_CATALOG_GPU
 from fatpipe.infra.catalog import MachineType, load_catalog, machine_for
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.runs import runs_dir
@@ -51,11 +52,13 @@ def measured_candidates(project) -> list[Candidate]:
 
 
 def _machine(project, cluster, gbps: float) -> tuple[MachineType, float]:
-    """A cloud cluster's catalog type and per-node extras; for others, a node of unknown size."""
+    """A cloud cluster's catalog type and per-node extras; for others, a node of unknown size
+    carrying the seed's GPU, one per GPU it declares (`OUTSIDE_CATALOG_GPU`)."""
     if getattr(cluster, "machine_field", None):
         try:
             catalog = load_catalog(cluster.provider, cluster.region, project.root)
             return machine_for(cluster, project.root), sum(catalog.per_node_extras.values())
         except ConfigError:
             pass
-    return MachineType(f"{cluster.name} nodes", gbps, gbps, 0, 0.0, gpus=cluster.gpus_per_node), 0.0
+    return MachineType(f"{cluster.name} nodes", gbps, gbps, 0, 0.0, gpus=max(cluster.gpus_per_node, 1),
+                       gpu_kind=OUTSIDE_CATALOG_GPU), 0.0

@@ -1,19 +1,22 @@
 """The DigitalOcean catalog refreshed from the sizes API (GET /v2/sizes, paged; the token from
 DIGITALOCEAN_TOKEN, never from a file, never printed).
 
-The API gives each size's vCPUs, memory, GPUs, regions and prices, but no bandwidth: that is
+The API gives each size's vCPUs, memory, GPUs (which one: `gpu_info.model`, else the slug, as in
+gpu-h100x1-80gb), regions and prices, but no bandwidth: that is
 DigitalOcean's documented limit (the offline catalog's source: 10 Gbit/s for Premium CPUs, 2 for
 all others), applied here by the size's CPU class, so the catalog keeps saying "documented limit".
 """
 
 from __future__ import annotations
 
+import re
 from datetime import date
 from pathlib import Path
 
 from fatpipe.infra.catalog import (
     catalog_file,
     clear_cache,
+    gpu_kind,
     load_catalog,
     offline_path,
     refreshed_path,
@@ -33,11 +36,36 @@ def size_record(size: dict) -> dict:
     slug = str(size.get("slug", ""))
     premium = "premium" in str(size.get("description", "")).lower() or slug.endswith(PREMIUM_SUFFIXES)
     gbps = PREMIUM_GBPS if premium else REGULAR_GBPS
-    gpu = size.get("gpu_info") or {}
     return {"baseline_gbps": gbps, "peak_gbps": gbps, "vcpus": int(size.get("vcpus") or 0),
             "memory_gib": round(float(size.get("memory") or 0) / 1024, 3),
-            "gpus": int(gpu.get("count") or 0), "arch": "x86_64",
+            **gpu_record(size), "arch": "x86_64",
             "cpu": "premium" if premium else "regular"}
+
+
+# A GPU size's slug names its GPU, their count and their memory together: gpu-h100x8-640gb.
+_GPU_SLUG = re.compile(r"^gpu-(?P<kind>[a-z0-9]+?)x(?P<count>\d+)-(?P<memory>\d+)gb$")
+
+
+def gpu_record(size: dict) -> dict:
+    """A size's GPUs: their count and, where it has any, which GPU (`gpu_kind`, the planner's
+    key) and each one's memory, from the API's `gpu_info` (model, count, vram), else the slug."""
+    gpu = size.get("gpu_info") or {}
+    slug = _GPU_SLUG.match(str(size.get("slug", "")))
+    count = int(gpu.get("count") or (slug and slug["count"]) or 0)
+    record: dict = {"gpus": count}
+    model = gpu.get("model") or (slug and slug["kind"])
+    if not count or not model:
+        return record
+    vram, memory = gpu.get("vram") or {}, None
+    if vram.get("amount") and str(vram.get("unit", "gib")).lower() in ("gib", "gb"):
+        memory = float(vram["amount"])
+    elif slug:
+        memory = int(slug["memory"]) / int(slug["count"])
+    record["gpu_kind"] = gpu_kind(model, memory)
+    record["gpu_name"] = str(gpu.get("model") or size.get("description") or model)
+    if memory is not None:
+        record["gpu_memory_gib"] = round(memory, 3)
+    return record
 
 
 def refresh_digitalocean_catalog(region: str | None, root: Path, api: DigitalOceanApi | None = None,

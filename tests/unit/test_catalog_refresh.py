@@ -41,6 +41,31 @@ def test_moto_reports_baseline_and_peak_per_network_card(mocked, tmp_path):  # n
     assert not [line for line in changed if "_gbps" in line]
 
 
+def test_the_refresh_keeps_each_type_s_gpu_kind_from_gpuinfo(mocked, tmp_path):  # noqa: F811
+    families = ("g4dn", "g6e", "g6f", "p3dn", "p4d", "p4de", "c5n")
+    path, _ = aws_api.refresh_aws_catalog("us-east-1", tmp_path, families=families)
+    types = json.loads(path.read_text())["types"]
+    g4dn = types["g4dn.12xlarge"]  # GpuInfo: 4 x NVIDIA T4, 16 GiB each
+    assert (g4dn["gpus"], g4dn["gpu_kind"], g4dn["gpu_name"], g4dn["gpu_memory_gib"]) == (4, "t4", "NVIDIA T4", 16.0)
+    assert types["g6e.xlarge"]["gpu_kind"] == "l40s" and types["p3dn.24xlarge"]["gpu_kind"] == "v100"
+    # EC2 names both A100s "A100": their memory tells them apart.
+    assert (types["p4d.24xlarge"]["gpu_kind"], types["p4de.24xlarge"]["gpu_kind"]) == ("a100", "a100-80gb")
+    # A share of one L4 (g6f): no whole GPU, its kind and share kept.
+    assert types["g6f.large"]["gpus"] == 0 and types["g6f.large"]["gpu_kind"] == "l4"
+    assert types["g6f.large"]["gpu_fraction"] == 0.125
+    assert "gpu_kind" not in types["c5n.large"] and types["c5n.large"]["gpus"] == 0
+    found = catalog.load_catalog("aws", "us-east-1", tmp_path).types
+    assert (found["g4dn.12xlarge"].gpu_kind, found["g4dn.12xlarge"].gpus) == ("t4", 4)
+    # A changed kind is reported; a catalog that had none (written before kinds) reports none.
+    doc = json.loads(path.read_text())
+    doc["types"]["g4dn.xlarge"]["gpu_kind"] = "a10g"
+    del doc["types"]["g4dn.2xlarge"]["gpu_kind"]
+    path.write_text(json.dumps(doc))
+    catalog.clear_cache()
+    _, changed = aws_api.refresh_aws_catalog("us-east-1", tmp_path, families=families)
+    assert changed == ["g4dn.xlarge: gpu_kind a10g -> t4"]
+
+
 def test_a_second_refresh_reports_only_what_changed(mocked, tmp_path):  # noqa: F811
     path, _ = aws_api.refresh_aws_catalog("us-east-1", tmp_path, types=("c5n.large", "c5n.xlarge"))
     doc = json.loads(path.read_text())
@@ -122,6 +147,8 @@ def test_digitalocean_refresh_from_the_paged_sizes_api(do_api, tmp_path):  # noq
     assert types["s-2vcpu-4gb"]["baseline_gbps"] == 2.0 and types["s-2vcpu-4gb-amd"]["baseline_gbps"] == 10.0
     assert types["s-4vcpu-8gb-intel"]["cpu"] == "premium" and types["c-4"]["baseline_gbps"] == 2.0
     assert types["gpu-h100x1-80gb"]["gpus"] == 1 and types["gpu-h100x1-80gb"]["memory_gib"] == 240.0
+    assert (types["gpu-h100x1-80gb"]["gpu_kind"], types["gpu-h100x1-80gb"]["gpu_memory_gib"]) == ("h100", 80.0)
+    assert "gpu_kind" not in types["c-4"]
     assert types["s-new-size"]["unpriced"] is True and "s-new-size" not in data["prices"]["hourly"]
     assert "/v2/sizes" in data["prices"]["source"] and data["prices"]["date"] == data["date"]
     assert TOKEN not in path.read_text()
@@ -147,3 +174,14 @@ def test_digitalocean_refresh_for_one_region_and_without_a_token(do_api, run_cli
     assert result.exit_code == 0 and "refreshed" not in result.output
     result = run_cli("catalog", "digitalocean", "--types", "c-4")
     assert result.exit_code == 2 and "set DIGITALOCEAN_TOKEN" in result.output
+
+
+def test_a_digitalocean_gpu_size_is_known_by_its_gpu_info_else_its_slug():
+    from fatpipe.stacks.providers.digitalocean_sizes import size_record
+
+    by_info = size_record({"slug": "gpu-l40sx1-48gb", "vcpus": 8, "memory": 65536,
+                           "gpu_info": {"count": 1, "model": "nvidia_l40s", "vram": {"amount": 48, "unit": "gib"}}})
+    assert (by_info["gpus"], by_info["gpu_kind"], by_info["gpu_memory_gib"]) == (1, "l40s", 48.0)
+    by_slug = size_record({"slug": "gpu-h100x8-640gb", "vcpus": 160, "memory": 1966080})
+    assert (by_slug["gpus"], by_slug["gpu_kind"], by_slug["gpu_memory_gib"]) == (8, "h100", 80.0)
+    assert size_record({"slug": "s-2vcpu-4gb", "vcpus": 2, "memory": 4096})["gpus"] == 0
