@@ -6,8 +6,8 @@ other's through its uplink, so they all share the cross-region rate as they shar
 ends of an uplink are shaped (htb: the link's rate). With a per-flow cap (a provider's limit
 on one flow between regions, a window-bound long link) each flow gets an htb class of its own
 under the link's, chosen by a u32 hash of the flow's ports: this host's kernel has no fq, whose
-`maxrate` would otherwise cap each flow. The hash folds bits 1-4 of each port (connect() picks
-even ephemeral ports) into 16 classes; two flows that collide share one flow's rate.
+`maxrate` would otherwise cap each flow. The hash folds bits 1-5 of each port (connect() picks
+even ephemeral ports) into 32 classes; two flows that collide share one flow's rate.
 
 The uplink's host end counts what crosses: its tx bytes left the region, its rx bytes entered it.
 """
@@ -23,8 +23,8 @@ from fatpipe.infra.errors import FatpipeError
 
 from .simlinks import bridge_lock, bridge_ports, ensure_bridge, link_exists, run
 
-FLOW_CLASSES = 16
-_PORT_BITS = 0x1E  # bits 1-4 of a port
+FLOW_CLASSES = 32
+_PORT_BITS = 0x3E  # bits 1-5 of a port
 
 
 def region_link_names(digest: str, region: int) -> dict[str, str]:

@@ -187,16 +187,6 @@ def judge_regions(outputs, links: list | None) -> tuple[dict | None, CrossRegion
     return doc, crossing
 
 
-def regions_from_doc(doc: dict) -> list[list[str]] | None:
-    """The measured grouping read back from a netcheck.json document (one group: one region);
-    None when the pairs were not measured or the section is not a list of lists of node names."""
-    groups = (doc.get("regions") or {}).get("groups") if isinstance(doc, dict) else None
-    if not isinstance(groups, list) or not groups or not all(
-            isinstance(group, list) and group and all(isinstance(name, str) for name in group) for group in groups):
-        return None
-    return [list(group) for group in groups]
-
-
 def region_lines(doc: dict) -> list[tuple[str, bool]]:
     """netcheck's printed lines about regions, each with whether it is a warning."""
     regions = doc.get("regions")

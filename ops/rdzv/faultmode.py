@@ -44,6 +44,9 @@ def choose_fault_mode(spec, nnodes: int, runs: str) -> FaultMode:
     if nnodes < STANDBY_MIN_NODES:
         return FaultMode("restart", f"auto: {nnodes} node(s); live needs {STANDBY_MIN_NODES} or more, "
                                     "so that a majority is left when one is lost", True)
+    if getattr(spec, "cross_comm", "auto") == "diloco":
+        return FaultMode("restart", "auto: cross_comm = diloco syncs between regions every few steps, "
+                                    "live every step", True)
     if spec.comm not in ("auto", *LIVE_COMMS) or (spec.comm == "auto" and spec.auto_periodic):
         what = "auto_periodic" if spec.comm == "auto" else f"comm={spec.comm}"
         return FaultMode("restart", f"auto: {what} syncs every few steps, live every step", True)

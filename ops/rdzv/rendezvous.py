@@ -38,6 +38,7 @@ from .nodefiles import (
     torchrun_command,
 )
 from .record import NodePlan, Rendezvous
+from .regionenv import region_env
 
 TRAINER_MODULE = "fatpipe.trainer"
 # What a live run adds to every node's environment (trainer.live.manager reads them).
@@ -175,6 +176,9 @@ def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
     )
     if live:
         _plan_live(rdzv, outputs)
+    regions = region_env(outputs, run_dir)
+    for node in nodes:
+        node.env |= regions.get(node.name, {})
     for node in nodes:
         node.command = torchrun_command(rdzv, node)
         if not builtin:  # where a script using fatpipe.trainer.api finds its run (trainer/api/__init__.py)
