@@ -50,15 +50,29 @@ def node_regions(outputs, run_dir: Path) -> dict[str, str]:
     return {}
 
 
-def cross_streams(run_dir: Path) -> int:
-    """Connections per shard between regions: the slowest pair's multi-flow over its one-flow rate."""
-    p2p = _netcheck(run_dir).get("p2p") or {}
+def flow_rates(doc: dict, regions: dict[str, str]) -> tuple[float, float] | None:
+    """(one flow's, several flows' Gbit/s) on the slowest link between regions: from the pairs
+    that cross (netcheck --pairs), else the p2p pairs to node 0."""
+    crossing = []
+    for link in (doc.get("pairs") or {}).get("links") or []:
+        rates = link.get("gbps_by_streams") or {}
+        if regions.get(link.get("a")) != regions.get(link.get("b")) and "1" in rates and len(rates) > 1:
+            crossing.append((rates["1"], max(rates.values())))
+    if crossing:
+        return min(one for one, _ in crossing), min(many for _, many in crossing)
+    p2p = doc.get("p2p") or {}
     single, multi = p2p.get("single_flow_gbps"), p2p.get("multi_flow_gbps")
-    if not (isinstance(single, (int, float)) and isinstance(multi, (int, float))) or single <= 0:
+    if isinstance(single, (int, float)) and isinstance(multi, (int, float)):
+        return single, multi
+    return None
+
+
+def cross_streams(run_dir: Path, regions: dict[str, str]) -> int:
+    """Connections per shard between regions: the slowest crossing's multi-flow over its one-flow rate."""
+    rates = flow_rates(_netcheck(run_dir), regions)
+    if not rates or rates[0] <= 0 or rates[0] >= FLOW_CAPPED_BELOW * rates[1]:
         return 1
-    if single >= FLOW_CAPPED_BELOW * multi:
-        return 1
-    return max(1, min(MAX_STREAMS, math.ceil(multi / single)))
+    return max(1, min(MAX_STREAMS, math.ceil(rates[1] / rates[0])))
 
 
 def region_env(outputs, run_dir: Path) -> dict[str, dict[str, str]]:
@@ -66,6 +80,6 @@ def region_env(outputs, run_dir: Path) -> dict[str, dict[str, str]]:
     regions = node_regions(outputs, run_dir)
     if not regions:
         return {}
-    streams = str(cross_streams(run_dir))
+    streams = str(cross_streams(run_dir, regions))
     return {name: {"FATPIPE_REGION": region, "FATPIPE_CROSS_STREAMS": streams}
             for name, region in regions.items()}

@@ -1,0 +1,116 @@
+"""The exchange between regions: int8 with a scale per chunk and error feedback against the exact
+float32 mean, in real gloo processes (4 ranks in 2 regions, 2 streams per shard); the groups are
+the same whatever order the ranks' regions come in; and the launch's regions and streams."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+from fatpipe.trainer.comm.quant import CHUNK, ErrorFeedback, dequantize, quantize, wire_bytes
+
+pytestmark = pytest.mark.timeout(180)
+
+
+def test_int8_chunks_round_to_within_half_a_step_of_each_chunks_scale():
+    torch.manual_seed(0)
+    values = torch.randn(3 * CHUNK + 17) * torch.logspace(-4, 1, 3 * CHUNK + 17)
+    q, scales = quantize(values)
+    assert q.dtype == torch.int8 and scales.numel() == 4
+    error = (dequantize(q, scales) - values).abs()
+    step = scales.repeat_interleave(CHUNK)[:values.numel()]
+    assert torch.all(error <= step / 2 + 1e-7)
+    assert wire_bytes(values.numel()) == values.numel() + 16  # 1 byte a value, 4 per chunk
+
+
+def test_error_feedback_carries_what_rounding_dropped_into_the_next_exchange():
+    torch.manual_seed(1)
+    feedback, sent, exact = ErrorFeedback(), torch.zeros(CHUNK), torch.zeros(CHUNK)
+    for _ in range(50):
+        values = torch.randn(CHUNK) * 1e-3
+        exact += values
+        sent += dequantize(*feedback.quantize(values))
+    # With feedback the sum sent trails the exact sum by what the last rounding kept back, no
+    # more: the rounding errors of 50 exchanges do not add up.
+    assert torch.allclose(sent + feedback.residual, exact, atol=1e-6)
+    scale = exact.abs().max() / 127
+    assert (sent - exact).abs().max() <= scale
+
+
+def _worker(rank: int, labels: list[str], port: int, queue) -> None:
+    from fatpipe.trainer.comm.regions import CrossExchange, region_layout
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=len(labels))
+    layout = region_layout(torch.device("cpu"), labels[rank], streams=2)
+    # Every rank of a region holds the same tensor (DDP's replicas); regions differ.
+    region = layout.regions.index(labels[rank])
+    torch.manual_seed(100 + region)
+    flat = torch.randn(5 * CHUNK + 3)
+    exchange = CrossExchange(layout, torch.device("cpu"))
+    mean = exchange.mean(flat.clone())
+    queue.put((rank, labels[rank], layout.shard, len(layout.cross_groups), mean, flat, exchange.sent_bytes))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("labels", [["r0", "r0", "r1", "r1"], ["east", "west", "west", "east"]])
+def test_the_int8_mean_between_regions_is_the_exact_mean_within_rounding(labels):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_worker, args=(r, labels, port, queue)) for r in range(len(labels))]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=150) for _ in procs)
+    for p in procs:
+        p.join(30)
+    by_region = {label: flat for _, label, _, _, _, flat, _ in results}
+    exact = sum(by_region.values()) / len(by_region)
+    means = [mean for *_, mean, _, _ in results]
+    for mean in means:
+        assert torch.equal(mean, means[0])  # every rank applies the same outer step
+    # One rounding of each region's values: half a step of the chunk's scale, averaged.
+    assert (means[0] - exact).abs().max() < 0.02
+    assert sorted(shard for _, _, shard, _, _, _, _ in results) == [0, 0, 1, 1]
+    assert all(streams == 2 for _, _, _, streams, _, _, _ in results)
+    # Each rank sent its shard (half of its region's tensor) to the other region, as int8.
+    half = -(-len(exact) // 2)
+    assert sorted(sent for *_, sent in results) == sorted([wire_bytes(half)] * 2 + [wire_bytes(len(exact) - half)] * 2)
+
+
+def test_the_launch_takes_netchecks_grouping_and_splits_a_capped_link(tmp_path):
+    from fatpipe.infra.outputs import parse_outputs
+    from fatpipe.ops.rdzv.regionenv import region_env
+
+    nodes = [{"name": f"c-{i}", "private_ip": f"10.1.0.{10 + i}", "transport": "local", "region": r}
+             for i, r in enumerate(["r0", "r0", "r1", "r1"])]
+    outputs = parse_outputs({"name": "c", "provider": "sim", "tier_gbps": 10, "private_cidr": "10.1.0.0/24",
+                             "nodes": nodes})
+    # Declared only: the regions, one stream.
+    env = region_env(outputs, tmp_path)
+    assert env["c-2"] == {"FATPIPE_REGION": "r1", "FATPIPE_CROSS_STREAMS": "1"}
+    # netcheck measured c-1 with c-2 and c-3 (the declared grouping is wrong), and one flow
+    # between regions at a quarter of four's rate.
+    links = [{"a": "c-0", "b": "c-1", "gbps_by_streams": {"1": 0.05, "4": 0.19}},
+             {"a": "c-2", "b": "c-3", "gbps_by_streams": {"1": 9.0, "4": 9.4}}]
+    doc = {"regions": {"groups": [["c-0"], ["c-1", "c-2", "c-3"]]}, "pairs": {"links": links}}
+    (tmp_path / "netcheck.json").write_text(json.dumps(doc))
+    env = region_env(outputs, tmp_path)
+    assert {name: e["FATPIPE_REGION"] for name, e in env.items()} == {"c-0": "r0", "c-1": "r1", "c-2": "r1", "c-3": "r1"}
+    assert {e["FATPIPE_CROSS_STREAMS"] for e in env.values()} == {"4"}
+    # One region: no variables, the run is flat.
+    one = parse_outputs({**outputs.model_dump(), "nodes": [{**n, "region": None} for n in nodes]})
+    assert region_env(one, tmp_path / "none") == {}
