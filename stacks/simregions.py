@@ -117,6 +117,13 @@ def sweep_bridges(digest: str) -> list[str]:
     return removed
 
 
+def reshape_cross_region(digest: str, regions: int, gbit: float, flow_gbit: float | None = None) -> None:
+    """Set the link between regions of a deployed sim cluster to `gbit` (each flow to
+    `flow_gbit`), in place: a rehearsal of another WAN without redeploying."""
+    for region in range(regions):
+        shape_uplink(region_link_names(digest, region), gbit, flow_gbit)
+
+
 def crossed_bytes(digest: str, regions: int) -> dict[int, dict[str, int]]:
     """Per region, the bytes its uplink carried out of (`out`) and into (`in`) it so far."""
     counts = {}

@@ -34,10 +34,16 @@ from fatpipe.trainer.comm.autocomm import (
 )
 from fatpipe.trainer.config import HOOK_NAMES, PERIODIC_NAMES, PRESETS, TrainConfig
 
+from .regionplan import predict_levels
+
 # One hop of a ring step inside a region: in-region round trips are 0.05-2 ms (infra/tiers.py),
 # one way about half; a ring all-reduce takes 2 x (N-1) such steps.
 HOP_LATENCY_S = 100e-6
 PROVIDERS = ("aws", "digitalocean")
+# --span regions with auto_periodic: the nodes split into this many regions (the bench's and the
+# sim's two), whose round trip is a continent's (US coast to coast ~ 60-70 ms).
+PLANNED_REGIONS = 2
+CROSS_REGION_LATENCY_S = 0.07
 _DEFAULTS = TrainConfig()  # the trainer's own bucket size, PowerSGD rank and LR warmup
 
 
@@ -166,12 +172,26 @@ def predict(job: Job, accel: Accelerator | None, traffic: ModelTraffic, cand: Ca
                            cost=cost, auto_periodic=auto_periodic)
     chosen = decision.predicted[decision.comm]
     step_s = chosen["run_step_s"]
+    method, share, reason = decision.comm, chosen["share"], decision.reason
+    if cand.span == "regions" and auto_periodic and cand.measured is None and n >= PLANNED_REGIONS:
+        # The run across regions syncs per level (trainer/comm/hiersetup.py): DDP inside each
+        # region on its own link, DiLoCo between them on the cross-region one.
+        inside = plan_link(cand.provider, cand.machine, node, cand.tier, TIER_GBPS[cand.tier], "region")
+        per_region = max(1, n // PLANNED_REGIONS)
+        intra = LinkEstimate(inside.gbps, 2 * max(1, per_region - 1) * HOP_LATENCY_S, "catalog baseline")
+        levels = predict_levels(intra, LinkEstimate(link.gbps, CROSS_REGION_LATENCY_S, "catalog"),
+                                compute_s, grads, n, PLANNED_REGIONS, cost)
+        if levels.usable:
+            step_s, method, share = levels.step_s, levels.method, levels.inner_share + levels.outer_share
+            reason = (f"{PLANNED_REGIONS} regions of {per_region} node(s): inside each {levels.inner} "
+                      f"({levels.inner_share:.0%}), between them DiLoCo every {levels.sync_every} steps "
+                      f"on int8 ({levels.outer_share:.1%})")
     hours = job.steps * step_s / 3600
     hourly = _hourly(cand)
     return Prediction(cand, link, compute_s, step_s, decision.predicted["none"]["step_s"],
-                      decision.comm, chosen["share"],
+                      method, share,
                       ring_allreduce_bytes(grad_bytes, n), hours,
-                      hours * hourly if hourly is not None else None, decision.reason,
+                      hours * hourly if hourly is not None else None, reason,
                       node, node.count_on(cand.machine), node.ranks_on(cand.machine))
 
 
