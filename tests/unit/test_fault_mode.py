@@ -24,6 +24,7 @@ from .test_rendezvous import sim_outputs
     ({}, 4, "script", "restart", "a script runs live when it sets"),
     ({"comm": "diloco"}, 4, "trainer", "restart", "comm=diloco syncs every few steps"),
     ({"auto_periodic": True}, 4, "trainer", "restart", "auto_periodic syncs every few steps"),
+    ({"cross_comm": "diloco"}, 4, "trainer", "restart", "cross_comm = diloco syncs between regions"),
     ({"comm": "powersgd"}, 3, "trainer", "live", "3 nodes"),
     ({"fault_tolerance": "restart"}, 4, "trainer", "restart", "[train] fault_tolerance"),
     ({"fault_tolerance": "live"}, 2, "script", "live", "[train] fault_tolerance"),
