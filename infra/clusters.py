@@ -8,6 +8,7 @@ from typing import Annotated, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .awsspec import AwsCluster
 from .dataspec import DataSpec
 from .firewall import in_private_range, public_address_problem
 from .hostvalues import check_address, check_login, check_node_name, check_path
@@ -21,7 +22,6 @@ from .spec import (
     CloudCluster,
     ClusterBase,
     LocalCluster,
-    aws_regions,
 )
 from .trainspec import Strict, TrainSpec
 from .vmspec import VmCluster
@@ -83,21 +83,6 @@ class SimCluster(LocalCluster):
         if self.link_gbps is not None and self.isolation == "loopback":
             raise ValueError("link_gbps shapes netns links; loopback nodes are not shaped")
         return self
-
-
-class AwsCluster(CloudCluster):
-    provider: Literal["aws"]
-    machine_field: ClassVar[str] = "instance_type"  # the key that names a machine type
-    prefix_range: ClassVar[tuple[int, int]] = (16, 28)  # what EC2 accepts for a VPC and subnet
-    instance_type: str | None = None
-    availability_zone: str | None = None
-
-    @field_validator("region")
-    @classmethod
-    def _known_region(cls, value: str) -> str:
-        if value not in aws_regions():
-            raise ValueError(f"{value!r} is not an AWS region (for example us-east-1, eu-west-1)")
-        return value
 
 
 class DigitalOceanCluster(CloudCluster):

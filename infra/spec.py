@@ -34,6 +34,12 @@ DIGITALOCEAN_REGIONS = (
 )  # fmt: skip
 
 
+def group_of(index: int, groups: int, nodes: int) -> int:
+    """Which of `groups` consecutive, near-equal groups node `index` of `nodes` falls in: how a
+    cluster in several regions splits its nodes (vm regions, AWS regions)."""
+    return index * groups // nodes
+
+
 @lru_cache(maxsize=1)
 def aws_regions() -> frozenset[str]:
     """Regions botocore's bundled endpoint data knows for EC2 (offline; includes opt-in ones)."""
@@ -138,6 +144,11 @@ class ClusterBase(Strict):
 
     def node_name(self, index: int) -> str:
         return f"{self.name}-{index}"
+
+    @property
+    def node_regions(self) -> list[str]:
+        """The regions the nodes are in: the cluster's one region, unless its model spans several."""
+        return [self.region]
 
     @property
     def node_network(self) -> str:

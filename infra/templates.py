@@ -29,6 +29,8 @@ AWS = '''\
 [clusters.aws]
 provider = "aws"
 region = "us-east-1"
+# regions = ["us-east-1", "us-west-2"]  # nodes across regions (the first is `region`), peered;
+                                        # then set max_rtt_ms to the round trip between them
 nodes = 4
 tier = "10g"                          # 1g | 10g | 25g, judged on baseline (not burst) bandwidth
 # instance_type = "c5n.2xlarge"       # default: the cheapest type whose baseline meets the tier

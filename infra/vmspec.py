@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import Field, model_validator
 
-from .spec import LocalCluster
+from .spec import LocalCluster, group_of
 
 # The login of the image's cloud-init default user (Debian's cloud.cfg): the seed's key goes there.
 VM_LOGIN = "debian"
@@ -65,7 +65,7 @@ class VmCluster(LocalCluster):
         return self
 
     def region_of(self, index: int) -> int:
-        return index * self.regions // self.nodes
+        return group_of(index, self.regions, self.nodes)
 
     def peer_rtt_ms(self, index: int) -> dict[str, float]:
         """Node `index`'s peers whose round trip is not `rtt_ms`, by private IP: what its guest

@@ -73,7 +73,7 @@ def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGIN
     cluster = provider.preflight(cluster, project, log)
     project = project.with_cluster(cluster)
     if provider.paid and not yes:
-        question = (f"Create {cluster.nodes} {cluster.provider} node(s) in {cluster.region} for "
+        question = (f"Create {cluster.nodes} {cluster.provider} node(s) in {', '.join(cluster.node_regions)} for "
                     f"cluster {name}? They cost money until `fatpipe down {name}`.")
         if confirm is None or not confirm(question):
             raise FatpipeError(f"deploy of {name} cancelled; nothing was created (--yes skips the question)")

@@ -26,6 +26,9 @@ def deployment_mismatch(outputs: ClusterOutputs, spec) -> str | None:
         ("rdzv_port", outputs.rdzv_port, spec.rdzv_port),
         ("private_cidr", outputs.private_cidr, spec.node_network),
     ]
+    if spec.provider == "aws":  # nodes in other regions are other nodes
+        checks.append(("regions", [node.region for node in outputs.nodes],
+                       [spec.output_region(i) for i in range(spec.nodes)]))
     if spec.provider == "sim" and spec.isolation != "auto":
         checks.append(("isolation", outputs.isolation, spec.isolation))
     for key, have, want in checks:

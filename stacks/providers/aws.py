@@ -1,4 +1,5 @@
-"""AWS: EC2 nodes in one VPC subnet and cluster placement group, jumbo frames, an EC2 API preflight."""
+"""AWS: EC2 nodes in one VPC subnet and cluster placement group per region (regions peered), jumbo
+frames, an EC2 API preflight."""
 
 from __future__ import annotations
 
@@ -29,12 +30,31 @@ class Aws(Provider):
         return {"NCCL_IB_DISABLE": "1"}
 
     def warnings(self, cluster) -> list[str]:
+        found = []
         if cluster.tier_gbps > SINGLE_FLOW_GBPS and not cluster.gpus_per_node:
-            return [f"{cluster.name}: AWS caps one TCP flow at {SINGLE_FLOW_GBPS} Gbit/s (5 outside a "
-                    "placement group) and gloo, the CPU backend, opens one flow per peer: a CPU cluster "
-                    f"cannot reach tier {cluster.tier}; NCCL on GPU nodes spreads over many flows. "
-                    "netcheck shows single- against multi-flow throughput."]
-        return []
+            found.append(f"{cluster.name}: AWS caps one TCP flow at {SINGLE_FLOW_GBPS} Gbit/s (5 outside a "
+                         "placement group) and gloo, the CPU backend, opens one flow per peer: a CPU cluster "
+                         f"cannot reach tier {cluster.tier}; NCCL on GPU nodes spreads over many flows. "
+                         "netcheck shows single- against multi-flow throughput.")
+        if cluster.spans_regions:
+            found += self._region_warnings(cluster)
+        return found
+
+    def _region_warnings(self, cluster) -> list[str]:
+        from fatpipe.infra.jobmodel import AWS_EGRESS_GBPS, AWS_EGRESS_MIN_VCPUS
+        from fatpipe.infra.spec import DEFAULT_MAX_RTT_MS
+
+        found = []
+        if cluster.max_rtt_ms is None:
+            found.append(f"{cluster.name}: the nodes span {len(cluster.node_regions)} regions but max_rtt_ms is not "
+                         f"set: the TCP buffers are sized for {DEFAULT_MAX_RTT_MS:g} ms, far below a round trip "
+                         "between regions (60-250 ms); set max_rtt_ms to the farthest one")
+        if cluster.tier_gbps > AWS_EGRESS_GBPS:
+            found.append(f"{cluster.name}: between regions AWS carries a node's traffic at {AWS_EGRESS_GBPS:g} "
+                         f"Gbit/s (half its bandwidth from {AWS_EGRESS_MIN_VCPUS} vCPUs) and one flow at "
+                         f"{AWS_EGRESS_GBPS:g}: the links between regions stay below tier {cluster.tier}; "
+                         "netcheck measures them")
+        return found
 
     def preflight(self, cluster, project, log=None):
         from .aws_api import preflight  # boto3: only for AWS clusters
@@ -48,7 +68,8 @@ class Aws(Provider):
         if not node.instance_id:
             raise FatpipeError(f"{node.name}: the outputs name no instance id to read its host keys by; "
                                f"`fatpipe deploy {outputs.name}` writes them")
-        return console_output(outputs.region, node.instance_id)
+        # A node of a cluster across regions names its own region; else the cluster's.
+        return console_output(node.region or outputs.region, node.instance_id)
 
     def refresh_catalog(self, region: str | None, root: Path, types: tuple[str, ...] = (),
                         families: tuple[str, ...] = ()) -> tuple[Path, list[str]]:

@@ -1,6 +1,7 @@
 """The EC2 API: the preflight before a deploy, and the catalog refreshed from what a region offers.
 
-Preflight: credentials work, the type is offered there, its baseline meets the tier.
+Preflight: credentials work, the type is offered in every region of the cluster, its baseline
+meets the tier.
 """
 
 from __future__ import annotations
@@ -39,15 +40,18 @@ def preflight(cluster, root: Path | None = None, session=None) -> None:
             "or run `aws configure`"
         )
     name = cluster.instance_type or machine_for(cluster, root).name
+    where = cluster.region
     try:
         session.client("sts", region_name=cluster.region).get_caller_identity()  # creds accepted?
+        for where in cluster.node_regions:  # one type for every region: each must offer it
+            _check_offered(session.client("ec2", region_name=where), cluster, name, where)
+        where = cluster.region
         ec2 = session.client("ec2", region_name=cluster.region)
-        _check_offered(ec2, cluster, name)
         info = ec2.describe_instance_types(InstanceTypes=[name])["InstanceTypes"][0]
     except ClientError as e:
         error = e.response.get("Error", {})
         raise FatpipeError(
-            f"AWS refused the preflight for {cluster.name} in {cluster.region}: "
+            f"AWS refused the preflight for {cluster.name} in {where}: "
             f"{error.get('Code', '?')}: {error.get('Message', e)}"
         ) from None
     except BotoCoreError as e:
@@ -95,13 +99,13 @@ def console_output(region: str, instance_id: str, session=None) -> str | None:
             return ec2.get_console_output(InstanceId=instance_id).get("Output")
 
 
-def _check_offered(ec2, cluster, name: str) -> None:
-    location, where = cluster.region, "region"
-    if cluster.availability_zone:
+def _check_offered(ec2, cluster, name: str, region: str) -> None:
+    location, where = region, "region"
+    if cluster.availability_zone:  # a cluster of one region only
         location, where = cluster.availability_zone, "availability-zone"
     offered = offered_types(ec2, where, location)
     if name not in offered:
-        fix = f"run `fatpipe catalog aws --region {cluster.region}` so the automatic pick knows what it offers"
+        fix = f"run `fatpipe catalog aws --region {region}` so the automatic pick knows what it offers"
         raise FatpipeError(
             f"{name} is not offered in {location}; {_qualifying(cluster, None, name, offered)}; "
             f"set instance_type, or {fix}"

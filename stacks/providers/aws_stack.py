@@ -1,11 +1,14 @@
 """The AWS cluster construct: a VPC and subnet, a members-only security group, a placement group,
-the nodes. Importing this module loads the chosen toolkit's AWS provider bindings (large): only
+the nodes; in every region of a cluster across regions, with each pair of regions' VPCs peered.
+Importing this module loads the chosen toolkit's AWS provider bindings (large): only
 `AwsProvider.construct` does, and only when an AWS stack is synthesized.
 """
 
 from __future__ import annotations
 
 import ipaddress
+from dataclasses import dataclass, field
+from itertools import combinations
 
 from fatpipe.infra.catalog import MachineType
 
@@ -30,69 +33,117 @@ GPU_AMI = "/aws/service/deeplearning/ami/{arch}/base-oss-nvidia-driver-gpu-ubunt
 ROOT_GIB = {"cpu": 30, "gpu": 100}  # the GPU AMI's own snapshot is ~75 GB
 
 
+@dataclass
+class AwsRegion:
+    """One region's share of the cluster: its provider, its VPC range and nodes, and (once built)
+    its network and nodes. In a cluster of one region `prefix` is empty and `provider` None: the
+    stack's only provider, and today's resource names, so an existing cluster's JSON never changes."""
+
+    name: str  # the AWS region
+    cidr: str  # its VPC and subnet
+    nodes: range  # the cluster's node indexes in it
+    prefix: str = ""  # before every resource id of the region ("us_west_2_"; "" in one region)
+    provider: object = None  # its aliased AwsProvider; None: the stack's default provider
+    egress_ready: list = field(default_factory=list)  # what a node needs before it boots
+
+    @property
+    def slug(self) -> str:
+        return self.name.replace("-", "_")
+
+
 class AwsClusterConstruct(ClusterConstruct):
-    """The cluster's AWS resources; `vpc`, `subnet`, `security_group`, `key`, `nodes` are what it built."""
+    """The cluster's AWS resources; `regions` (each region's `vpc`, `subnet`, `security_group`,
+    `key`, `nodes`) and `output` are what it built."""
 
     def __init__(self, scope, id: str, *, cluster, machine: MachineType, user_data: str, project_id: str):
         super().__init__(scope, id)
         self.cluster, self.machine = cluster, machine
         # Account-wide names carry the project id: two projects' `demo` clusters never collide.
         self.unique_name = f"fatpipe-{cluster.name}-{project_id}"
-        # The provider belongs to the stack (one per stack), not to the cluster construct.
-        aws.provider.AwsProvider(
-            scope, "aws", region=cluster.region,
-            default_tags=[aws.provider.AwsProviderDefaultTags(tags=literal_map({
-                "fatpipe:cluster": cluster.name, "fatpipe:project": project_id, "managed-by": "fatpipe"}))],
-        )
+        self.regions = self._providers(scope, project_id)
         # A fully qualified source lets both terraform and tofu apply the JSON (opentofu#2402).
         scope.add_override("terraform.required_providers.aws.source", PROVIDER_SOURCE)
-        self._network()
-        self.key = aws.key_pair.KeyPair(self, "key", key_name_prefix=literal(f"{self.unique_name}-"),
-                                        public_key=literal(cluster.public_key))
-        # One copy of the user data in the JSON, however many nodes share it.
+        for region in self.regions:
+            self._network(region)
+        for a, b in combinations(self.regions, 2):
+            self._peering(a, b)
+        for region in self.regions:
+            region.key = aws.key_pair.KeyPair(self, f"{region.prefix}key", provider=region.provider,
+                                              key_name_prefix=literal(f"{self.unique_name}-"),
+                                              public_key=literal(cluster.public_key))
+        # One copy of the user data in the JSON, however many nodes (and regions) share it.
         self.user_data = TerraformLocal(self, "user_data", literal(user_data))
-        self.nodes = self._nodes()
+        for region in self.regions:
+            region.nodes_resource = self._nodes(region)
+        spans = cluster.spans_regions
         self.output = cluster.output([
-            {"name": name, "public_ip": f'${{aws_instance.nodes["{name}"].public_ip}}',
-             "instance_id": f'${{aws_instance.nodes["{name}"].id}}',
-             "private_ip": cluster.private_ip(i), "transport": "ssh"}
+            {"name": name, "public_ip": f'${{aws_instance.{self._prefix(i)}nodes["{name}"].public_ip}}',
+             "instance_id": f'${{aws_instance.{self._prefix(i)}nodes["{name}"].id}}',
+             "private_ip": cluster.private_ip(i), "transport": "ssh",
+             **({"region": cluster.node_region(i)} if spans else {})}
             for i, name in enumerate(map(cluster.node_name, range(cluster.nodes)))
         ])
 
-    def _network(self) -> None:
-        """VPC, one subnet in a zone that offers the type, an internet route, the security group."""
+    def _providers(self, scope, project_id: str) -> list[AwsRegion]:
+        """The regions, each with its provider: the stack's one provider for one region, else an
+        alias per region (named like the region, `us_west_2`). The providers belong to the stack."""
         cluster = self.cluster
-        self.vpc = aws.vpc.Vpc(self, "vpc", cidr_block=cluster.private_cidr, enable_dns_support=True,
-                               enable_dns_hostnames=True, tags=literal_map({"Name": f"fatpipe-{cluster.name}"}))
+        tags = [aws.provider.AwsProviderDefaultTags(tags=literal_map({
+            "fatpipe:cluster": cluster.name, "fatpipe:project": project_id, "managed-by": "fatpipe"}))]
+        regions = [AwsRegion(name, cidr, cluster.region_nodes(i))
+                   for i, (name, cidr) in enumerate(zip(cluster.node_regions, cluster.region_cidrs, strict=True))]
+        if len(regions) == 1:
+            aws.provider.AwsProvider(scope, "aws", region=cluster.region, default_tags=tags)
+            return regions
+        for region in regions:
+            region.prefix = f"{region.slug}_"
+            region.provider = aws.provider.AwsProvider(scope, f"aws_{region.slug}", alias=region.slug,
+                                                       region=region.name, default_tags=tags)
+        return regions
+
+    def _prefix(self, index: int) -> str:
+        return self.regions[self.cluster.region_index(index)].prefix
+
+    def _name_tag(self, region: AwsRegion) -> dict:
+        where = f"-{region.name}" if region.prefix else ""
+        return literal_map({"Name": f"fatpipe-{self.cluster.name}{where}"})
+
+    def _network(self, region: AwsRegion) -> None:
+        """VPC, one subnet in a zone that offers the type, an internet route, the security group."""
+        cluster, p, provider = self.cluster, region.prefix, region.provider
+        region.vpc = aws.vpc.Vpc(self, f"{p}vpc", provider=provider, cidr_block=region.cidr, enable_dns_support=True,
+                                 enable_dns_hostnames=True, tags=self._name_tag(region))
         # The VPC's default group would let any member of it talk to any other: empty it.
-        aws.default_security_group.DefaultSecurityGroup(self, "default_sg", vpc_id=self.vpc.id)
-        zone = cluster.availability_zone
+        aws.default_security_group.DefaultSecurityGroup(self, f"{p}default_sg", provider=provider,
+                                                        vpc_id=region.vpc.id)
+        zone = cluster.availability_zone  # one region only (the cluster file refuses it with several)
         if zone is None:
             # Not every zone offers every type: take the first that offers this one.
             offerings = aws.data_aws_ec2_instance_type_offerings
             offers = offerings.DataAwsEc2InstanceTypeOfferings(
-                self, "zones", location_type="availability-zone",
+                self, f"{p}zones", provider=provider, location_type="availability-zone",
                 filter=[offerings.DataAwsEc2InstanceTypeOfferingsFilter(name="instance-type", values=[self.machine.name])],
             )
             zone = Fn.element(Fn.sort(offers.locations), 0)
-        self.subnet = aws.subnet.Subnet(self, "subnet", vpc_id=self.vpc.id, cidr_block=cluster.private_cidr,
-                                        availability_zone=zone, map_public_ip_on_launch=False,
-                                        tags=literal_map({"Name": f"fatpipe-{cluster.name}"}))
-        igw = aws.internet_gateway.InternetGateway(self, "igw", vpc_id=self.vpc.id)
-        table = aws.route_table.RouteTable(self, "routes", vpc_id=self.vpc.id)
-        self.internet_route = aws.route.Route(self, "internet", route_table_id=table.id,
-                                              destination_cidr_block="0.0.0.0/0", gateway_id=igw.id)
+        region.subnet = aws.subnet.Subnet(self, f"{p}subnet", provider=provider, vpc_id=region.vpc.id,
+                                          cidr_block=region.cidr, availability_zone=zone,
+                                          map_public_ip_on_launch=False, tags=self._name_tag(region))
+        igw = aws.internet_gateway.InternetGateway(self, f"{p}igw", provider=provider, vpc_id=region.vpc.id)
+        region.table = aws.route_table.RouteTable(self, f"{p}routes", provider=provider, vpc_id=region.vpc.id)
+        internet_route = aws.route.Route(self, f"{p}internet", provider=provider, route_table_id=region.table.id,
+                                         destination_cidr_block="0.0.0.0/0", gateway_id=igw.id)
         association = aws.route_table_association.RouteTableAssociation(
-            self, "subnet_routes", subnet_id=self.subnet.id, route_table_id=table.id)
+            self, f"{p}subnet_routes", provider=provider, subnet_id=region.subnet.id, route_table_id=region.table.id)
         # A node that boots before its route, association or rules exist has no egress: apt fails.
-        self.egress_ready = [self.internet_route, association]
-        self.security_group = self._security_group()
+        region.egress_ready += [internet_route, association]
+        region.security_group = self._security_group(region)
 
-    def _security_group(self):
-        """SSH from `ssh_cidr` only, everything between members, and explicit egress for apt/pip."""
-        cluster = self.cluster
+    def _security_group(self, region: AwsRegion):
+        """SSH from `ssh_cidr` only, everything between members (and from and to each other
+        region's VPC range, exactly), and explicit egress for apt/pip."""
+        cluster, p = self.cluster, region.prefix
         group = aws.security_group.SecurityGroup(
-            self, "members", name=literal(self.unique_name), vpc_id=self.vpc.id,
+            self, f"{p}members", provider=region.provider, name=literal(self.unique_name), vpc_id=region.vpc.id,
             description=literal(f"fatpipe cluster {cluster.name}: SSH from ssh_cidr, all traffic between members"))
         ssh_net = ipaddress.ip_network(cluster.ssh_cidr)
         source = {"cidr_ipv6" if ssh_net.version == 6 else "cidr_ipv4": str(ssh_net)}
@@ -113,36 +164,67 @@ class AwsClusterConstruct(ClusterConstruct):
             "http": dict(ip_protocol="tcp", from_port=80, to_port=80, cidr_ipv4="0.0.0.0/0",
                          description="HTTP: Ubuntu apt mirrors"),
         }
+        # A group cannot name a group of another region: the members there are their VPC's range,
+        # which holds nothing but them (its subnet is the whole VPC, its default group emptied).
+        for peer in self.regions:
+            if peer is not region:
+                ingress[f"from_{peer.slug}"] = dict(ip_protocol="-1", cidr_ipv4=peer.cidr,
+                                                    description=f"all traffic from the cluster's VPC in {peer.name}")
+                egress[f"to_{peer.slug}"] = dict(ip_protocol="-1", cidr_ipv4=peer.cidr,
+                                                 description=f"all traffic to the cluster's VPC in {peer.name}")
         inbound = aws.vpc_security_group_ingress_rule.VpcSecurityGroupIngressRule
         outbound = aws.vpc_security_group_egress_rule.VpcSecurityGroupEgressRule
         for name, rule in ingress.items():
-            self.egress_ready.append(inbound(self, f"in_{name}", security_group_id=group.id, **rule))
+            region.egress_ready.append(inbound(self, f"{p}in_{name}", provider=region.provider,
+                                              security_group_id=group.id, **rule))
         for name, rule in egress.items():
-            self.egress_ready.append(outbound(self, f"out_{name}", security_group_id=group.id, **rule))
+            region.egress_ready.append(outbound(self, f"{p}out_{name}", provider=region.provider,
+                                               security_group_id=group.id, **rule))
         return group
 
-    def _ami(self) -> str:
+    def _peering(self, a: AwsRegion, b: AwsRegion) -> None:
+        """`a` asks to peer with `b`'s VPC, `b` accepts (one account), and each route table sends
+        the other's range over it. AWS encrypts traffic between regions on a peering connection."""
+        pair = f"{a.slug}_{b.slug}"
+        tags = literal_map({"Name": f"fatpipe-{self.cluster.name}-{a.name}-{b.name}"})
+        request = aws.vpc_peering_connection.VpcPeeringConnection(
+            self, f"peering_{pair}", provider=a.provider, vpc_id=a.vpc.id, peer_vpc_id=b.vpc.id,
+            peer_region=b.name, tags=tags)
+        # Accepted in the peer's region (auto_accept on the request is only for one region).
+        accepted = aws.vpc_peering_connection_accepter.VpcPeeringConnectionAccepterA(
+            self, f"accept_{pair}", provider=b.provider, vpc_peering_connection_id=request.id,
+            auto_accept=True, tags=tags)
+        # Both routes name the accepter's id: neither is made before the connection is active.
+        for here, there in ((a, b), (b, a)):
+            aws.route.Route(self, f"{here.prefix}to_{there.slug}", provider=here.provider,
+                            route_table_id=here.table.id, destination_cidr_block=there.cidr,
+                            vpc_peering_connection_id=accepted.id)
+
+    def _ami(self, region: AwsRegion) -> str:
         machine = self.machine
         if machine.gpus:
             name = GPU_AMI.format(arch="arm64" if machine.arch == "arm64" else "x86_64")
         else:
             name = UBUNTU_AMI.format(arch="arm64" if machine.arch == "arm64" else "amd64")
         # insecure_value: an AMI id is no secret, and `value` would hide it in every plan.
-        return aws.data_aws_ssm_parameter.DataAwsSsmParameter(self, "ami", name=name).insecure_value
+        return aws.data_aws_ssm_parameter.DataAwsSsmParameter(self, f"{region.prefix}ami", provider=region.provider,
+                                                              name=name).insecure_value
 
-    def _nodes(self):
-        """One `aws_instance.nodes` with for_each over {node name: private IP}.
+    def _nodes(self, region: AwsRegion):
+        """One `aws_instance.nodes` (per region: `<region>_nodes`) with for_each over {node name:
+        private IP}.
 
         The map puts every node's deterministic IP literally in the JSON, and a single resource
         keeps synth time flat in the node count (each construct costs a jsii round trip).
         """
-        cluster, machine = self.cluster, self.machine
+        cluster, machine, p = self.cluster, self.machine, region.prefix
         placement = None
         if machine.cluster_placement:
             # One rack-local group: the lowest latency and the full per-flow bandwidth between nodes.
-            placement = aws.placement_group.PlacementGroup(self, "placement", name=literal(self.unique_name),
-                                                           strategy="cluster").name
-        nodes = TerraformIterator.from_map({cluster.node_name(i): cluster.private_ip(i) for i in range(cluster.nodes)})
+            # (A group is in one zone: a region's nodes share one, no group spans regions.)
+            placement = aws.placement_group.PlacementGroup(self, f"{p}placement", provider=region.provider,
+                                                           name=literal(self.unique_name), strategy="cluster").name
+        nodes = TerraformIterator.from_map({cluster.node_name(i): cluster.private_ip(i) for i in region.nodes})
         # IMDSv2 only. Hop limit 1: nothing in a container or behind a forwarding hop on the node
         # reaches the metadata service (the trainer runs on the host and needs no instance
         # credentials; none are attached).
@@ -151,15 +233,16 @@ class AwsClusterConstruct(ClusterConstruct):
         root = aws.instance.InstanceRootBlockDevice(volume_type="gp3", encrypted=True, delete_on_termination=True,
                                                     volume_size=ROOT_GIB["gpu" if machine.gpus else "cpu"])
         return aws.instance.Instance(
-            self, "nodes",
+            self, f"{p}nodes",
+            provider=region.provider,
             for_each=nodes,
-            ami=self._ami(),
+            ami=self._ami(region),
             instance_type=machine.name,
-            subnet_id=self.subnet.id,
+            subnet_id=region.subnet.id,
             private_ip=Token.as_string(nodes.value),  # known before boot: node 0 is the rendezvous host
-            vpc_security_group_ids=[self.security_group.id],
+            vpc_security_group_ids=[region.security_group.id],
             associate_public_ip_address=True,  # SSH and apt/pip; the security group limits who
-            key_name=self.key.key_name,
+            key_name=region.key.key_name,
             placement_group=placement,
             ebs_optimized=True,
             monitoring=True,  # 1-minute CloudWatch NetworkIn/Out: link use without logging in
@@ -171,6 +254,6 @@ class AwsClusterConstruct(ClusterConstruct):
             root_block_device=root,
             # A newer AMI in the SSM parameter must not replace running nodes.
             lifecycle=TerraformResourceLifecycle(ignore_changes=["ami"]),
-            depends_on=self.egress_ready,
+            depends_on=region.egress_ready,
             tags={"Name": Token.as_string(nodes.key)},
         )

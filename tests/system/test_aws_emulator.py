@@ -1,15 +1,18 @@
 """The AWS stack applied for real: `fatpipe deploy` and `fatpipe down` through terraform and the real
-hashicorp/aws provider, against moto's server (an AWS API emulator) on 127.0.0.1.
+hashicorp/aws provider, against moto's server (an AWS API emulator) on 127.0.0.1; one cluster in
+one region, one across three (moto serves every region from one endpoint).
 
-What moto does not implement is swapped out by an override file in this test alone, and the test
-asserts exactly what was swapped; everything else of the stack is created and destroyed.
+What moto does not implement is swapped out by an override file in these tests alone, and each
+test asserts exactly what was swapped; everything else of the stack is created and destroyed.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from itertools import combinations
 from pathlib import Path
 
 import pytest
@@ -29,22 +32,27 @@ SWAPPED = {
 }
 
 
-def emulator_override(endpoint: str, aws_version: str) -> dict:
-    """Point the provider at the emulator, pin the mirror's version, and make the swaps above."""
+def emulator_override(endpoint: str, aws_version: str, regions: list[str] | None = None) -> dict:
+    """Point the provider (with `regions`: each region's alias, as the stack names it) at the
+    emulator, pin the mirror's version, and make the swaps above (in every region)."""
+    def provider(region: str, **alias) -> dict:
+        return {**alias, "region": region, "access_key": "test", "secret_key": "test",
+                "skip_credentials_validation": True, "skip_requesting_account_id": True,
+                "skip_metadata_api_check": True, "skip_region_validation": True, "s3_use_path_style": True,
+                "endpoints": {service: endpoint for service in ("ec2", "ssm", "sts", "iam", "s3")}}
+
+    aliases = [region.replace("-", "_") for region in regions or []]
     doc: dict = {
         "terraform": {"required_providers": {"aws": {"source": "registry.terraform.io/hashicorp/aws",
                                                      "version": aws_version}}},
-        "provider": {"aws": {
-            "region": "us-east-1", "access_key": "test", "secret_key": "test",
-            "skip_credentials_validation": True, "skip_requesting_account_id": True,
-            "skip_metadata_api_check": True, "skip_region_validation": True, "s3_use_path_style": True,
-            "endpoints": {service: endpoint for service in ("ec2", "ssm", "sts", "iam", "s3")},
-        }},
+        "provider": {"aws": [provider(r, alias=a) for r, a in zip(regions, aliases, strict=True)] if regions
+                     else provider("us-east-1")},
         "resource": {}, "data": {},
     }
-    for address, attributes in SWAPPED.items():
-        *kind, rtype, name = address.split(".")
-        doc["data" if kind else "resource"].setdefault(rtype, {})[name] = attributes
+    for prefix in [f"{alias}_" for alias in aliases] or [""]:
+        for address, attributes in SWAPPED.items():
+            *kind, rtype, name = address.split(".")
+            doc["data" if kind else "resource"].setdefault(rtype, {})[prefix + name] = attributes
     return doc
 
 
@@ -67,9 +75,9 @@ def fatpipe(folder: Path, env: dict, *args: str, timeout: float = 600) -> subpro
     return proc
 
 
-def fatpipe_left(ec2) -> dict[str, list[str]]:
+def fatpipe_left(ec2, cluster: str = CLUSTER) -> dict[str, list[str]]:
     """What of fatpipe's (tagged by cluster, or named after it) still exists in the emulator."""
-    tagged = [{"Name": "tag:fatpipe:cluster", "Values": [CLUSTER]}]
+    tagged = [{"Name": "tag:fatpipe:cluster", "Values": [cluster]}]
     live = [i["InstanceId"] for r in ec2.describe_instances(Filters=tagged)["Reservations"]
             for i in r["Instances"] if i["State"]["Name"] != "terminated"]
     return {
@@ -77,34 +85,55 @@ def fatpipe_left(ec2) -> dict[str, list[str]]:
         "instances": live,
         "subnets": [s["SubnetId"] for s in ec2.describe_subnets(Filters=tagged)["Subnets"]],
         "security groups": [g["GroupName"] for g in ec2.describe_security_groups()["SecurityGroups"]
-                            if g["GroupName"].startswith(f"fatpipe-{CLUSTER}-")],
+                            if g["GroupName"].startswith(f"fatpipe-{cluster}-")],
         "keys": [k["KeyName"] for k in ec2.describe_key_pairs()["KeyPairs"]
-                 if k["KeyName"].startswith(f"fatpipe-{CLUSTER}-")],
+                 if k["KeyName"].startswith(f"fatpipe-{cluster}-")],
     }
+
+
+NOTHING_LEFT = {"vpcs": [], "instances": [], "subnets": [], "security groups": [], "keys": []}
+
+
+def emulated_project(tmp_path: Path, cluster: str, table: str, override: dict, moto_server: str, aws_mirror,
+                     monkeypatch) -> dict:
+    """A project folder holding `[clusters.<cluster>]` (`table`, plus a fresh SSH key and ssh_cidr)
+    and the emulator override beside its state; returns the environment fatpipe runs in."""
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "emu@fatpipe", "-f", str(tmp_path / "id")],
+                   check=True)
+    key = tmp_path / "id.pub"  # EC2 checks the key's format
+    (tmp_path / "fatpipe.toml").write_text(f'[clusters.{cluster}]\nprovider = "aws"\n{table}'
+                                           f'ssh_public_key = "{key}"\nssh_cidr = "203.0.113.7/32"\n')
+    state_dir = tmp_path / ".fatpipe" / cluster
+    state_dir.mkdir(parents=True)
+    (state_dir / "emulator_override.tf.json").write_text(json.dumps(override, indent=1))
+    # ssh must never leave this machine: the emulator's public IPs are made up.
+    (tmp_path / "ssh_config").write_text("Host *\n  ProxyCommand /bin/false\n")
+    credentials = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
+                   "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": moto_server}
+    for name, value in credentials.items():
+        monkeypatch.setenv(name, value)
+    return {**os.environ, **aws_mirror.env, **credentials, "FATPIPE_SSH_CONFIG": str(tmp_path / "ssh_config")}
+
+
+def state_addresses(folder: Path, cluster: str, env: dict) -> list[str]:
+    return subprocess.run(["terraform", f"-chdir=cdktf.out/stacks/{cluster}", "state", "list"], cwd=folder,
+                          env=env, capture_output=True, text=True, check=True).stdout.split()
+
+
+def missing_resources(folder: Path, cluster: str, state: list[str]) -> set[str]:
+    """Resources the synthesized stack declares that terraform did not create."""
+    synthesized = json.loads((folder / "cdktf.out/stacks" / cluster / "cdk.tf.json").read_text())
+    declared = {f"{t}.{n}" for t, rs in synthesized["resource"].items() for n in rs}
+    return declared - {address.split("[")[0] for address in state if not address.startswith("data.")}
 
 
 @pytest.mark.slow
 def test_aws_stack_deploys_and_destroys_against_the_emulator(aws_mirror, moto_server, tmp_path, monkeypatch):
     import boto3
 
-    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "emu@fatpipe", "-f", str(tmp_path / "id")],
-                   check=True)
-    key = tmp_path / "id.pub"  # EC2 checks the key's format
-    (tmp_path / "fatpipe.toml").write_text(
-        f'[clusters.{CLUSTER}]\nprovider = "aws"\nregion = "us-east-1"\nnodes = {NODES}\ntier = "10g"\n'
-        f'ssh_public_key = "{key}"\nssh_cidr = "203.0.113.7/32"\n')
+    env = emulated_project(tmp_path, CLUSTER, f'region = "us-east-1"\nnodes = {NODES}\ntier = "10g"\n',
+                           emulator_override(moto_server, aws_mirror.version), moto_server, aws_mirror, monkeypatch)
     state_dir = tmp_path / ".fatpipe" / CLUSTER
-    state_dir.mkdir(parents=True)
-    (state_dir / "emulator_override.tf.json").write_text(
-        json.dumps(emulator_override(moto_server, aws_mirror.version), indent=1))
-    # ssh must never leave this machine: the emulator's public IPs are made up.
-    (tmp_path / "ssh_config").write_text("Host *\n  ProxyCommand /bin/false\n")
-    credentials = {"AWS_ACCESS_KEY_ID": "test", "AWS_SECRET_ACCESS_KEY": "test",
-                   "AWS_DEFAULT_REGION": "us-east-1", "AWS_ENDPOINT_URL": moto_server}
-    env = {**__import__("os").environ, **aws_mirror.env, **credentials,
-           "FATPIPE_SSH_CONFIG": str(tmp_path / "ssh_config")}
-    for name, value in credentials.items():
-        monkeypatch.setenv(name, value)
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_server)
 
     deploy = fatpipe(tmp_path, env, "deploy", "--engine", "terraform", "--yes", "-v")
@@ -117,12 +146,8 @@ def test_aws_stack_deploys_and_destroys_against_the_emulator(aws_mirror, moto_se
     assert outputs["nccl"] == {"NCCL_IB_DISABLE": "1"}
 
     # Exactly the swapped resources are missing from what terraform created.
-    synthesized = json.loads((tmp_path / "cdktf.out/stacks" / CLUSTER / "cdk.tf.json").read_text())
-    declared = {f"{t}.{n}" for t, rs in synthesized["resource"].items() for n in rs}
-    state = subprocess.run(["terraform", f"-chdir=cdktf.out/stacks/{CLUSTER}", "state", "list"], cwd=tmp_path,
-                           env=env, capture_output=True, text=True, check=True).stdout.split()
-    created = {address.split("[")[0] for address in state if not address.startswith("data.")}
-    assert declared - created == {a for a, attrs in SWAPPED.items() if attrs.get("count") == 0}
+    state = state_addresses(tmp_path, CLUSTER, env)
+    assert missing_resources(tmp_path, CLUSTER, state) == {a for a, attrs in SWAPPED.items() if attrs.get("count") == 0}
     assert sum(a.startswith("aws_instance.nodes[") for a in state) == NODES
     left = fatpipe_left(ec2)
     assert len(left["instances"]) == NODES and len(left["vpcs"]) == 1 and len(left["keys"]) == 1
@@ -136,4 +161,88 @@ def test_aws_stack_deploys_and_destroys_against_the_emulator(aws_mirror, moto_se
     down = fatpipe(tmp_path, env, "down", "--engine", "terraform")
     assert down.returncode == 0, down.stdout + down.stderr
     assert not (state_dir / "outputs.json").exists()
-    assert fatpipe_left(ec2) == {"vpcs": [], "instances": [], "subnets": [], "security groups": [], "keys": []}
+    assert fatpipe_left(ec2) == NOTHING_LEFT
+
+
+REGIONS = ["us-east-1", "eu-west-1"]
+SPREAD = "emu-regions"
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(900)  # two providers in every terraform step: about 150 s idle, twice that loaded
+def test_aws_stack_across_regions_deploys_and_destroys_against_the_emulator(aws_mirror, moto_server, tmp_path,
+                                                                            monkeypatch):
+    """3 nodes in 2 regions (2 + 1): a VPC each, peered, one `cluster` output, all destroyed. (Two
+    regions, not three, to keep the test's time modest: each region's provider is a process of
+    its own in every terraform step; tests/unit/test_aws_regions.py checks every pair of three.)
+
+    What moto 5 models, and this test checks: a peering request names its peer VPC in the peer's
+    region (a wrong `peer_region` would fail), waits in pending-acceptance, and only the peer's
+    region may accept it (moto refuses an accept in the requester's region, as EC2 does); the
+    accepter makes it active in both regions; the routes through it and the security group rules
+    by CIDR are made and read back; a destroy deletes it. What moto does not model: it does not
+    refuse peering VPCs whose ranges overlap (EC2 does: fatpipe's are disjoint by construction,
+    tests/unit/test_aws_regions.py), nor a route to a connection not yet active (the stack's
+    routes wait for the accepter anyway); and no packet crosses anything, so reachability between
+    regions, AWS's encryption of inter-region peering, its 8500-byte MTU and its per-flow and
+    egress caps are a real account's to show (netcheck measures the links). Placement groups,
+    MonitorInstances and the /aws/service SSM names are swapped in every region, as above.
+    """
+    import boto3
+
+    table = f'regions = {json.dumps(REGIONS)}\nnodes = 3\ntier = "1g"\nmax_rtt_ms = 150\n'
+    override = emulator_override(moto_server, aws_mirror.version, REGIONS)
+    env = emulated_project(tmp_path, SPREAD, table, override, moto_server, aws_mirror, monkeypatch)
+    ec2 = {region: boto3.client("ec2", region_name=region, endpoint_url=moto_server) for region in REGIONS}
+
+    deploy = fatpipe(tmp_path, env, "deploy", "--engine", "terraform", "--yes", "-v")
+    assert deploy.returncode == 0, deploy.stdout + deploy.stderr
+    # One cluster: the home region's, every region's nodes, each in its region's part of 10.42.0.0/24.
+    outputs = json.loads((tmp_path / ".fatpipe" / SPREAD / "outputs.json").read_text())
+    assert (outputs["name"], outputs["region"], outputs["private_cidr"]) == (SPREAD, "us-east-1", "10.42.0.0/24")
+    cidrs = {"us-east-1": "10.42.0.0/25", "eu-west-1": "10.42.0.128/25"}
+    assert [(n["region"], n["private_ip"]) for n in outputs["nodes"]] == [
+        ("us-east-1", "10.42.0.10"), ("us-east-1", "10.42.0.11"), ("eu-west-1", "10.42.0.138")]
+    assert all(n["public_ip"] and n["instance_id"] for n in outputs["nodes"])
+
+    state = state_addresses(tmp_path, SPREAD, env)
+    assert missing_resources(tmp_path, SPREAD, state) == {f"aws_placement_group.{r.replace('-', '_')}_placement"
+                                                          for r in REGIONS}
+    for region in REGIONS:
+        left = fatpipe_left(ec2[region], SPREAD)
+        ids = {n["instance_id"] for n in outputs["nodes"] if n["region"] == region}
+        assert set(left["instances"]) == ids and len(left["vpcs"]) == 1 and len(left["keys"]) == 1
+        (vpc,) = ec2[region].describe_vpcs(VpcIds=left["vpcs"])["Vpcs"]
+        assert vpc["CidrBlock"] == cidrs[region]
+
+    peerings = {}
+    for a, b in combinations(REGIONS, 2):
+        (pcx,) = [p for p in ec2[a].describe_vpc_peering_connections()["VpcPeeringConnections"]
+                  if p["AccepterVpcInfo"]["Region"] == b]
+        assert (pcx["RequesterVpcInfo"]["Region"], pcx["RequesterVpcInfo"]["CidrBlock"]) == (a, cidrs[a])
+        assert pcx["AccepterVpcInfo"]["CidrBlock"] == cidrs[b] and pcx["Status"]["Code"] == "active"
+        peerings[a, b] = peerings[b, a] = pcx["VpcPeeringConnectionId"]
+    tagged = [{"Name": "tag:fatpipe:cluster", "Values": [SPREAD]}]
+    for region in REGIONS:
+        (table_,) = ec2[region].describe_route_tables(Filters=tagged)["RouteTables"]
+        via_peer = {r["DestinationCidrBlock"]: r["VpcPeeringConnectionId"] for r in table_["Routes"]
+                    if r.get("VpcPeeringConnectionId")}
+        assert via_peer == {cidrs[peer]: peerings[region, peer] for peer in REGIONS if peer != region}
+        (group,) = [g for g in ec2[region].describe_security_groups()["SecurityGroups"]
+                    if g["GroupName"].startswith(f"fatpipe-{SPREAD}-")]
+        rules = ec2[region].describe_security_group_rules(
+            Filters=[{"Name": "group-id", "Values": [group["GroupId"]]}])["SecurityGroupRules"]
+        for egress in (False, True):
+            everything = {r.get("CidrIpv4") for r in rules if r["IsEgress"] is egress and r["IpProtocol"] == "-1"} - {None}
+            assert everything == {cidrs[peer] for peer in REGIONS if peer != region}
+
+    status = fatpipe(tmp_path, env, "status", "--json", timeout=120)
+    assert status.returncode == 0, status.stdout + status.stderr
+    assert [n["name"] for n in json.loads(status.stdout)["nodes"]] == [f"{SPREAD}-{i}" for i in range(3)]
+
+    down = fatpipe(tmp_path, env, "down", "--engine", "terraform")
+    assert down.returncode == 0, down.stdout + down.stderr
+    for region in REGIONS:
+        assert fatpipe_left(ec2[region], SPREAD) == NOTHING_LEFT
+        assert {p["Status"]["Code"] for p in ec2[region].describe_vpc_peering_connections()["VpcPeeringConnections"]} \
+            == {"deleted"}

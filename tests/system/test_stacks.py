@@ -1,4 +1,5 @@
-"""The AWS and DigitalOcean stacks, synthesized once per run with cdktf's Testing, and checkov on them."""
+"""The AWS and DigitalOcean stacks, synthesized once per run with cdktf's Testing, and checkov on them
+(an AWS cluster across regions among them: its own tests are tests/unit/test_aws_regions.py)."""
 
 from __future__ import annotations
 
@@ -51,6 +52,15 @@ region = "us-east-1"
 nodes = 2
 tier = "10g"
 gpus_per_node = 1
+ssh_public_key = "{key}"
+ssh_cidr = "198.51.100.7/32"
+
+[clusters.spread]
+provider = "aws"
+regions = ["us-east-1", "eu-west-1"]
+nodes = 3
+tier = "1g"
+max_rtt_ms = 120
 ssh_public_key = "{key}"
 ssh_cidr = "198.51.100.7/32"
 
@@ -343,7 +353,7 @@ def test_checkov_passes_on_the_aws_and_digitalocean_stacks(stacks, tmp_path):
     if binary is None:
         skip_or_fail("checkov is not installed (make checkov)")
     dirs = []
-    for name in ("aws1g", "aws10g", "awsgpu", "do1g", "do10g"):
+    for name in ("aws1g", "aws10g", "awsgpu", "spread", "do1g", "do10g"):
         folder = tmp_path / name
         folder.mkdir()
         doc = json.loads(json.dumps(stacks[name]))

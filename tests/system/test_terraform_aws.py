@@ -14,13 +14,15 @@ from fatpipe.stacks.literals import literal
 
 from .conftest import terraform
 
-# Each tier, a GPU cluster and an S3 backend: the variants whose JSON differs.
+# Each tier, a GPU cluster, an S3 backend and nodes in three regions (a provider alias each, every
+# pair peered): the variants whose JSON differs.
 CLUSTERS = {
     "aws1g": 'tier = "1g"',
     "aws10g": 'tier = "10g"',
     "aws25g": 'tier = "25g"',
     "awsgpu": 'tier = "10g"\ngpus_per_node = 1',
     "awss3": 'tier = "10g"\nbackend = { type = "s3", bucket = "tf-state", region = "us-east-1" }',
+    "awsregions": 'tier = "10g"\nregions = ["us-east-1", "us-west-2", "eu-west-1"]\nmax_rtt_ms = 150',
 }
 # A key comment with Terraform template syntax in it: it must reach the node as written.
 HOSTILE = "${evil} %{ if true }x%{ endif } $${kept}"
