@@ -35,8 +35,8 @@ ROOT_GIB = {"cpu": 30, "gpu": 100}  # the GPU AMI's own snapshot is ~75 GB
 
 @dataclass
 class AwsRegion:
-    """One region's share of the cluster: its provider, its VPC range and nodes, and (once built)
-    its network and nodes. In a cluster of one region `prefix` is empty and `provider` None: the
+    """One region's share of the cluster: its provider, its VPC range and nodes, and what the
+    construct builds there. In a cluster of one region `prefix` is empty and `provider` None: the
     stack's only provider, and today's resource names, so an existing cluster's JSON never changes."""
 
     name: str  # the AWS region
@@ -45,6 +45,13 @@ class AwsRegion:
     prefix: str = ""  # before every resource id of the region ("us_west_2_"; "" in one region)
     provider: object = None  # its aliased AwsProvider; None: the stack's default provider
     egress_ready: list = field(default_factory=list)  # what a node needs before it boots
+    # Built by AwsClusterConstruct, in this order:
+    vpc: object = None
+    subnet: object = None
+    table: object = None  # the route table
+    security_group: object = None
+    key: object = None
+    instances: object = None  # the region's `aws_instance`, for_each over its nodes
 
     @property
     def slug(self) -> str:
@@ -52,8 +59,8 @@ class AwsRegion:
 
 
 class AwsClusterConstruct(ClusterConstruct):
-    """The cluster's AWS resources; `regions` (each region's `vpc`, `subnet`, `security_group`,
-    `key`, `nodes`) and `output` are what it built."""
+    """The cluster's AWS resources; `regions` (an `AwsRegion` each, with what was built there) and
+    `output` are what it built."""
 
     def __init__(self, scope, id: str, *, cluster, machine: MachineType, user_data: str, project_id: str):
         super().__init__(scope, id)
@@ -74,7 +81,7 @@ class AwsClusterConstruct(ClusterConstruct):
         # One copy of the user data in the JSON, however many nodes (and regions) share it.
         self.user_data = TerraformLocal(self, "user_data", literal(user_data))
         for region in self.regions:
-            region.nodes_resource = self._nodes(region)
+            region.instances = self._nodes(region)
         spans = cluster.spans_regions
         self.output = cluster.output([
             {"name": name, "public_ip": f'${{aws_instance.{self._prefix(i)}nodes["{name}"].public_ip}}',
