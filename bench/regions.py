@@ -105,6 +105,7 @@ def main() -> int:
 def run_row(root: Path, label: str, cross_gbps: float, train: list[str], compute_s: float,
             intra_gbps: float) -> dict:
     """One launch with the link between regions at `cross_gbps`; what crossed, by the counters."""
+    from fatpipe.ops.plan.plan import model_traffic
     from fatpipe.ops.plan.regionplan import predict_measured
     from fatpipe.stacks.simnet import cluster_digest
     from fatpipe.stacks.simregions import crossed_bytes, reshape_cross_region
@@ -123,7 +124,8 @@ def run_row(root: Path, label: str, cross_gbps: float, train: list[str], compute
     steps = len(records)
     wall = sum(r["step_s"] for r in records[1:]) / max(1, steps - 1)  # the first step warms up
     regions = summary.get("regions") or {}
-    predicted = predict_measured(summary, compute_s, cross_gbps, intra_gbps, steps)
+    predicted = predict_measured(summary, model_traffic(summary["preset"]), compute_s, cross_gbps,
+                                 intra_gbps, steps)
     row = {"label": label, "cross_gbps": cross_gbps, "comm": summary["comm"],
            "outer": regions.get("outer"), "step_s": wall, "compute_s": compute_s,
            "utilization": compute_s / wall, "crossed_per_step": crossed / steps,

@@ -61,13 +61,11 @@ def predict_levels(intra: LinkEstimate, cross: LinkEstimate, compute_s: float, t
     return Levels(name, share, int(outer["sync_every"]), outer["exposed_s"] / step, step, bool(outer["usable"]))
 
 
-def predict_measured(summary: dict, compute_s: float, cross_gbps: float, intra_gbps: float,
+def predict_measured(summary: dict, model, compute_s: float, cross_gbps: float, intra_gbps: float,
                      steps: int, latency_s: float = 2e-3) -> float:
     """What plan predicts for a finished run's method, from its compute and the links' declared
-    rates (bench/regions.py compares it with the measured step)."""
-    from .plan import _preset_traffic
-
-    model = _preset_traffic(summary["preset"])
+    rates (bench/regions.py compares it with the measured step); `model` is plan's ModelTraffic
+    of the run's preset (`plan.model_traffic`)."""
     traffic = traffic_of(model.params, model.powersgd_bytes, gloo=True)
     # The hooks' own seconds per step as the run measured them on these nodes (what plan
     # cannot know from a catalog, but netcheck and the first run tell it for a declared cluster).

@@ -14,6 +14,7 @@ from pathlib import Path
 from fatpipe.infra.catalog import (
     catalog_file,
     clear_cache,
+    gpu_kind,
     load_catalog,
     machine_for,
     offline_path,
@@ -161,7 +162,6 @@ def aws_type_record(info: dict) -> dict:
     text = net.get("NetworkPerformance")
     cards = [card_record(c, text) for c in net.get("NetworkCards", [])] or [card_record({}, text)]
     default = next((c for c in cards if c["index"] == net.get("DefaultNetworkCardIndex", 0)), cards[0])
-    gpus = sum(g.get("Count", 0) for g in (info.get("GpuInfo") or {}).get("Gpus", []))
     arches = info.get("ProcessorInfo", {}).get("SupportedArchitectures", ["x86_64"])
     strategies = info.get("PlacementGroupInfo", {}).get("SupportedStrategies", ["cluster"])
     return {
@@ -172,10 +172,29 @@ def aws_type_record(info: dict) -> dict:
         "ena": net.get("EnaSupport", "unsupported"),
         "vcpus": info.get("VCpuInfo", {}).get("DefaultVCpus", 0),
         "memory_gib": round(info.get("MemoryInfo", {}).get("SizeInMiB", 0) / 1024, 3),
-        "gpus": gpus,
+        **gpu_record(info.get("GpuInfo") or {}),
         "arch": "arm64" if "arm64" in arches else arches[0],
         "cluster_placement": "cluster" in strategies,
     }
+
+
+def gpu_record(info: dict) -> dict:
+    """A GpuInfo's GPUs: their count and, where it has any, which GPU (`gpu_kind`, the planner's
+    key), the name EC2 gives it and each GPU's memory. A type with a share of one GPU (g6f:
+    Count 0, GpuPartitionSize 0.125) keeps its kind and the share as `gpu_fraction`."""
+    gpus = info.get("Gpus") or []
+    record: dict = {"gpus": sum(int(g.get("Count") or 0) for g in gpus)}
+    if not gpus:
+        return record
+    memory = [(g.get("MemoryInfo") or {}).get("SizeInMiB", 0) / 1024 for g in gpus]
+    kinds = sorted({gpu_kind(g.get("Name", ""), m) for g, m in zip(gpus, memory, strict=True)})
+    record["gpu_kind"] = "+".join(kinds)  # one kind in every type EC2 lists; several stay unplanned
+    record["gpu_name"] = " + ".join(f"{g.get('Manufacturer', '')} {g.get('Name', '')}".strip() for g in gpus)
+    record["gpu_memory_gib"] = round(max(memory), 3)
+    fraction = min(float(g.get("GpuPartitionSize") or 1.0) for g in gpus)
+    if fraction < 1.0:
+        record["gpu_fraction"] = fraction
+    return record
 
 
 def offered_types(client, location_type: str, location: str) -> set[str]:

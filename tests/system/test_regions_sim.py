@@ -18,7 +18,7 @@ import pytest
 from conftest import netns_available, skip_or_fail
 
 CLUSTER = "rg-sys"
-CIDR = "10.231.0.0/24"
+CIDR = "10.232.0.0/24"
 NODES = [f"{CLUSTER}-{i}" for i in range(4)]
 STEPS, H = 30, 10
 TRAIN = ["--preset", "tiny", "--batch-size", "4", "--seq-len", "64", "--steps", str(STEPS),
