@@ -49,6 +49,8 @@ def main() -> int:
     p.add_argument("--batch-size", type=int, default=8)
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--out", default="bench/results")
+    p.add_argument("--scale", type=float, help="the link scale of an earlier run, instead of measuring one")
+    p.add_argument("--only", nargs="+", metavar="LABEL", help="run these rows only (e.g. \"200m hier auto\")")
     args = p.parse_args()
     if os.geteuid() != 0 or not shutil.which("terraform"):
         print("needs root (network namespaces, tc) and terraform on PATH")
@@ -65,10 +67,10 @@ def main() -> int:
              "--seq-len", str(args.seq_len), "--warmup-steps", str(warmup_steps(args.steps)),
              "--checkpoint-every", str(args.steps), "--seed", "1337", "--no-redecide",
              "--fault-tolerance", "restart"]
-    compute_s = calibrate(root, train)
     target = TARGETS["rtx4090"]
     target_s = GLOBAL_BATCH_TOKENS / NODES / target["tokens_per_s"]
-    scale = (elements["tiny"] / elements["124m"]) * (target_s / compute_s)
+    compute_s = calibrate(root, train)
+    scale = args.scale or (elements["tiny"] / elements["124m"]) * (target_s / compute_s)
     intra = 10 * scale
     print(f"scale: {target['name']}, {target_s * 1e3:.0f} ms compute/step; sim compute "
           f"{compute_s * 1e3:.1f} ms/step -> links x{scale:.5f}: 10g = {intra * 1e3:.1f} Mbit/s, "
@@ -81,24 +83,26 @@ def main() -> int:
     rows: list[dict] = []
     try:
         deploy_cluster(project, CLUSTER)
-        rows.append(run_row(root, "all 10g flat none", intra, train + ["--comm", "none", "--cross-comm", "flat"], compute_s, intra))
+        plan = [("all 10g flat none", intra, ["--comm", "none", "--cross-comm", "flat"])]
         for name, gbps in CROSS.items():
-            rate = gbps * scale
-            for kind, extra in (("flat none", ["--comm", "none", "--cross-comm", "flat"]),
-                                ("flat auto", ["--comm", "auto", "--cross-comm", "flat"]),
-                                ("hier auto", ["--comm", "auto", "--auto-periodic", "--cross-comm", "auto"])):
-                rows.append(run_row(root, f"{name} {kind}", rate, train + extra, compute_s, intra))
+            plan += [(f"{name} flat none", gbps * scale, ["--comm", "none", "--cross-comm", "flat"]),
+                     (f"{name} flat auto", gbps * scale, ["--comm", "auto", "--cross-comm", "flat"]),
+                     (f"{name} hier auto", gbps * scale, ["--comm", "auto", "--auto-periodic", "--cross-comm", "auto"])]
+        for label, rate, extra in plan:
+            if not args.only or label in args.only:
+                rows.append(run_row(root, label, rate, train + extra, compute_s, intra))
     finally:
         destroy_cluster(project, CLUSTER)
         shutil.rmtree(root, ignore_errors=True)
-    verdicts = judge(rows)
+    verdicts = judge(rows) if not args.only else []
     doc = {"bench": "regions", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
            "host": host(), "scale": scale, "sim_compute_s": compute_s, "target": target, "steps": args.steps,
            "goals": GOALS, "rows": rows, "verdicts": verdicts}
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "regions.json").write_text(json.dumps(doc, indent=2) + "\n")
-    print(f"wrote {out / 'regions.json'}")
+    name = "regions.json" if not args.only else "regions_only.json"
+    (out / name).write_text(json.dumps(doc, indent=2) + "\n")
+    print(f"wrote {out / name}")
     return 0
 
 
