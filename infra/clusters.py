@@ -22,6 +22,7 @@ from .spec import (
     CloudCluster,
     ClusterBase,
     LocalCluster,
+    group_of,
 )
 from .trainspec import Strict, TrainSpec
 from .vmspec import VmCluster
@@ -76,7 +77,7 @@ class SimCluster(LocalCluster):
         return self
 
     def region_of(self, index: int) -> int:
-        return index * self.regions // self.nodes
+        return group_of(index, self.regions, self.nodes)
 
     @model_validator(mode="after")
     def _link_rate_needs_namespaces(self):

@@ -155,7 +155,7 @@ class Trainer:
             x, y = (t.to(self.device, non_blocking=True) for t in self.data.next_batch())
             # Only the last micro-batch synchronises gradients; the others accumulate locally.
             # Under a periodic method none does: it syncs parameters every H steps instead.
-            last = micro == cfg.grad_accum - 1 and not (self.periodic and self.periodic.skips_step_sync)
+            last = micro == cfg.grad_accum - 1 and self._syncs_every_step
             with contextlib.nullcontext() if last else self.ddp.no_sync():
                 with autocast(self.device):
                     _, loss = self.forward(x, y)
@@ -170,10 +170,16 @@ class Trainer:
         loss_value = loss_sum.item() / cfg.grad_accum
         sync(self.device)  # all streams, so the step time and the hook's CUDA events are final
         step_s = time.perf_counter() - start
-        inner = None if self.periodic and self.periodic.skips_step_sync else self.meter.end_step()
+        inner = self.meter.end_step() if self._syncs_every_step else None
         comm = self.periodic.end_step(inner) if self.periodic else inner
         return self.record.measure(step, loss_value, lr, step_s, self.tokens_per_step, comm,
                                    self.comm)
+
+    @property
+    def _syncs_every_step(self) -> bool:
+        """DDP syncs gradients every step: a comm hook's run, or DiLoCo between regions (its
+        regions sync inside every step); not local SGD or DiLoCo over one link."""
+        return not (self.periodic and self.periodic.skips_step_sync)
 
     # ---- checkpoints -------------------------------------------------------------------------
 

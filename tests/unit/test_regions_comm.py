@@ -114,3 +114,17 @@ def test_the_launch_takes_netchecks_grouping_and_splits_a_capped_link(tmp_path):
     # One region: no variables, the run is flat.
     one = parse_outputs({**outputs.model_dump(), "nodes": [{**n, "region": None} for n in nodes]})
     assert region_env(one, tmp_path / "none") == {}
+
+
+@pytest.mark.parametrize("region", ["r0; rm -rf /", "../r1", "$(reboot)", "R0"])
+def test_a_region_the_outputs_name_never_reaches_a_node_unchecked(region):
+    # FATPIPE_REGION is written into the node's env file: a region outside [a-z0-9-] is refused
+    # when the outputs are read, before anything is written.
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.infra.outputs import parse_outputs
+
+    nodes = [{"name": f"c-{i}", "private_ip": f"10.1.0.{10 + i}", "transport": "local", "region": region}
+             for i in range(2)]
+    with pytest.raises(FatpipeError, match="region"):
+        parse_outputs({"name": "c", "provider": "sim", "tier_gbps": 10, "private_cidr": "10.1.0.0/24",
+                       "nodes": nodes})

@@ -41,16 +41,18 @@ def slowest(seconds: float, device: torch.device) -> float:
     return float(t.item())
 
 
-def timed_allreduce(tensor: torch.Tensor, warmup: int, iters: int, device: torch.device) -> float:
-    """Mean seconds of one in-place all-reduce of `tensor` on the slowest rank."""
+def timed_allreduce(tensor: torch.Tensor, warmup: int, iters: int, device: torch.device,
+                    group=None) -> float:
+    """Mean seconds of one in-place all-reduce of `tensor` over `group` (None: the world) on the
+    slowest rank of the world; every rank calls it, each on its own group."""
     ISSUED.add(warmup + iters)
     for _ in range(warmup):
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=group)
     sync(device)
     barrier(device)  # every rank starts the clock together
     start = time.perf_counter()
     for _ in range(iters):
-        dist.all_reduce(tensor)
+        dist.all_reduce(tensor, group=group)
     sync(device)
     return slowest((time.perf_counter() - start) / iters, device)
 
@@ -62,9 +64,10 @@ class AllReduceResult:
 
 
 def measure_allreduce(size_bytes: int, iters: int, warmup: int,
-                      device: torch.device) -> AllReduceResult:
-    """Time `iters` float32 all-reduces of `size_bytes`, after `warmup` untimed ones."""
+                      device: torch.device, group=None) -> AllReduceResult:
+    """Time `iters` float32 all-reduces of `size_bytes` over `group` (None: the world), after
+    `warmup` untimed ones."""
     count = max(1, size_bytes // 4)
     buf = torch.ones(count, dtype=torch.float32, device=device)
-    t = timed_allreduce(buf, warmup, iters, device)
-    return AllReduceResult(t, busbw_gbs(count * 4, t, dist.get_world_size()) * 8)
+    t = timed_allreduce(buf, warmup, iters, device, group)
+    return AllReduceResult(t, busbw_gbs(count * 4, t, dist.get_world_size(group)) * 8)

@@ -15,15 +15,14 @@ import logging
 
 import torch
 
-from ..bandwidth import busbw_gbs
 from ..config import PERIODIC_NAMES, ConfigError, TrainConfig
 from ..distenv import DistEnv
-from .allreduce import slowest
+from .allreduce import measure_allreduce
 from .commsetup import Measured, candidate_hooks, decide_comm, decide_from, measure_compute
 from .decision import CommDecision, LinkEstimate
 from .hookcost import measure_hook_costs
 from .regiondiloco import RegionDiLoCo, decide_outer
-from .regions import RegionLayout, cross_streams, probe_group, read_region, region_layout
+from .regions import RegionLayout, cross_streams, read_region, region_layout
 
 log = logging.getLogger(__name__)
 
@@ -44,7 +43,7 @@ def open_regions(cfg: TrainConfig, env: DistEnv) -> RegionLayout | None:
     layout = region_layout(env.device, read_region(), cross_streams())
     if layout is None:
         return None
-    where = ", ".join(f"{name}" for name in layout.regions)
+    where = ", ".join(layout.regions)
     if not hierarchical(cfg):
         if env.is_main:
             log.info("regions %s: one ring over every rank (cross_comm auto syncs hierarchically "
@@ -59,10 +58,9 @@ def open_regions(cfg: TrainConfig, env: DistEnv) -> RegionLayout | None:
 def probe_region(layout: RegionLayout, grad_bytes: int, device: torch.device) -> LinkEstimate:
     """Collective over the world: each region's link, probed on its own group (slowest region)."""
     size = max(_PROBE_SMALL, min(_PROBE_LARGE, grad_bytes))
-    latency = slowest(probe_group(layout.region_group, _PROBE_SMALL, device), device)
-    seconds = slowest(probe_group(layout.region_group, size, device), device)
-    busbw = busbw_gbs(size, seconds, len(layout.region_ranks)) * 8
-    return LinkEstimate(busbw, latency, f"probe inside each of {layout.count} regions")
+    small = measure_allreduce(_PROBE_SMALL, 3, 1, device, layout.region_group)
+    large = measure_allreduce(size, 3, 1, device, layout.region_group)
+    return LinkEstimate(large.busbw_gbps, small.time_s, f"probe inside each of {layout.count} regions")
 
 
 def decide_inner(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, grad_bytes: int,
@@ -111,7 +109,6 @@ def describe_levels(layout: RegionLayout, inner: CommDecision, outer: dict) -> s
     if "share" in outer:
         across += (f" ({outer['share']:.1%} of the step; {outer['link_gbps']:.3g} Gbit/s measured, "
                    f"{outer['crossing_bytes'] / 1e6:.2f} MB per sync)")
-    sizes = "+".join(str(len(r)) for r in [layout.region_ranks])
-    return (f"comm across {layout.count} regions ({', '.join(layout.regions)}; {sizes} ranks here, "
+    return (f"comm across {layout.count} regions ({', '.join(layout.regions)}; {len(layout.region_ranks)} ranks here, "
             f"{layout.shards} shard(s) x {len(layout.cross_groups) or 1} stream(s)): inside each "
             f"region {inside}; between regions {across}")

@@ -16,7 +16,6 @@ so the groups are built alike everywhere, whatever order torchrun numbered the n
 from __future__ import annotations
 
 import os
-import time
 from dataclasses import dataclass
 
 import torch
@@ -120,13 +119,3 @@ class CrossExchange:
             q_region = torch.cat([qs[region] for qs in gathered])
             total += dequantize(q_region, every_scales[region])
         return total / self.layout.count
-
-
-def probe_group(group, size_bytes: int, device: torch.device, iters: int = 3) -> float:
-    """Seconds of one float32 all-reduce of `size_bytes` on `group` (after one warm-up)."""
-    tensor = torch.ones(max(1, size_bytes // 4), device=device)
-    dist.all_reduce(tensor, group=group)
-    start = time.perf_counter()
-    for _ in range(iters):
-        dist.all_reduce(tensor, group=group)
-    return (time.perf_counter() - start) / iters
