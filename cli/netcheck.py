@@ -44,6 +44,9 @@ def _size(ctx, param, value):
 @click.option("--pairs", is_flag=True,
               help="Also every node pair, in rounds of pairs that share no node: throughput, latency "
                    "and jitter as a matrix naming the worst link; each pair is gated too.")
+@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=None,
+              help="Stop the benchmark after this many seconds  [default: estimated from the sizes and the "
+                   "tier; slow nodes, such as emulated VMs on a busy host, may need more]")
 @click.option("--run-dir", type=click.Path(file_okay=False), default=None,
               help="Run folder for netcheck.json (default: a new one under .fatpipe/<cluster>/runs/).")
 @outputs_option

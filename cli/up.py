@@ -62,6 +62,7 @@ class UpFlags:
     down_after: bool
     netcheck_mode: str  # full | quick | off
     no_gate: bool
+    netcheck_timeout: float | None  # default: netcheck's estimate
     wait_timeout: float
     timeout_s: float | None  # of the training run
     unreachable_s: float  # a node out of reach this long ends the follow, not the run
@@ -82,6 +83,8 @@ class UpFlags:
               show_default=True,
               help="The link check before training: the full sweep, a quick one (as `netcheck --quick`), or off.")
 @click.option("--no-gate", is_flag=True, help="Train even when netcheck finds the links below the tier.")
+@click.option("--netcheck-timeout", type=click.FloatRange(1), default=None,
+              help="Stop the link check after this many seconds (as `netcheck --timeout`).")
 @click.option("--wait-timeout", type=click.FloatRange(1), default=WAIT_TIMEOUT_S, show_default=True, help="Seconds to wait for the nodes to become ready.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=None,
               help="Stop the training run after this many seconds.")
@@ -211,7 +214,8 @@ class Up(DownAfter):
                     shutil.copy2(earlier.parent / name, run_dir / name)
             phases.skip("netcheck", f"passed on this deployment in run {earlier.parent.name}")
             return
-        options = NetcheckOptions(enforce=not self.flags.no_gate, quick=mode == "quick")
+        options = NetcheckOptions(enforce=not self.flags.no_gate, quick=mode == "quick",
+                                  timeout_s=self.flags.netcheck_timeout)
         remote_python = given_run_options().remote_python
         doc = phases.run("netcheck", f"{mode} link check against {outputs.tier_gbps:g} Gbit/s",
                          lambda: netcheck_step(self.project, outputs, options, self.out, run_dir=run_dir,

@@ -116,23 +116,25 @@ def test_sim_cluster_at_1g_passes_with_real_numbers(sim_cluster):
     from fatpipe.ops.net.netcheck import NetcheckOptions, run_netcheck
 
     project, outputs = sim_cluster
-    load_before = os.getloadavg()[0]
-    started = time.monotonic()
-    doc = run_netcheck(project, outputs, options=NetcheckOptions())
-    elapsed = time.monotonic() - started
-    report = (f"busbw {[round(r['busbw_gbps'], 3) for r in doc['allreduce']]}, p2p "
-              f"{[(p['client'], p['gbps_by_streams']) for p in doc['p2p']['pairs']]}, {elapsed:.0f} s")
-    print(report)
-    assert doc["gate"]["passed"], doc["gate"]["reasons"]
-    assert doc["busbw_size"] == 256 << 20 and doc["world_size"] == 4 and doc["backend"] == "gloo"
     # TCP over a 1500-byte MTU carries at most 1448/1514 = 0.956 of the wire rate; plain gloo
     # gets ~0.95 on an idle machine. Other processes on these 2 cores cost all-reduce a few %
-    # (0.85-0.93 measured under the suite's two lanes; 0.849 once), and the load average lags.
-    # This bar tells real numbers from a wrong formula (algbw for busbw would read 2/3 of the
-    # figure at 4 nodes, about 0.63), not the machine's load: bench/netcheck_sim.py measures the
+    # (0.85-0.93 measured beside the suite's other lane; 0.76 once when three lanes shared the
+    # cores), and the load average lags. So the gate here is at `bar`, not the product's 0.8 for an
+    # idle node: it tells real numbers from a wrong formula (algbw for busbw would read 2/3 of the
+    # figure at 4 nodes, at most 0.64), not the machine's load; bench/netcheck_sim.py measures the
     # real figure.
-    bar = 0.75
-    assert doc["busbw_gbps"] >= bar, f"{report}; load average {load_before:.1f} before the run"
+    bar = 0.7
+    load_before = os.getloadavg()[0]
+    started = time.monotonic()
+    doc = run_netcheck(project, outputs, options=NetcheckOptions(min_fraction=bar))
+    elapsed = time.monotonic() - started
+    report = (f"busbw {[round(r['busbw_gbps'], 3) for r in doc['allreduce']]}, p2p "
+              f"{[(p['client'], p['gbps_by_streams']) for p in doc['p2p']['pairs']]}, {elapsed:.0f} s, "
+              f"load average {load_before:.1f} before the run")
+    print(report)
+    assert doc["gate"]["passed"] and doc["gate"]["threshold_gbps"] == bar, doc["gate"]
+    assert doc["busbw_size"] == 256 << 20 and doc["world_size"] == 4 and doc["backend"] == "gloo"
+    assert doc["busbw_gbps"] >= bar, report
     assert all(p["best_gbps"] >= 0.9 for p in doc["p2p"]["pairs"]), report
     assert doc["busbw_gbps"] <= 1.0  # tbf cannot be beaten: a larger number means a wrong formula
     run_dir = next((project.root / f".fatpipe/{CLUSTER}/runs").glob("*/netcheck.json")).parent

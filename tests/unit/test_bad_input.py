@@ -65,6 +65,8 @@ CASES = [
     ("down-unknown-cluster", SIM, {}, ["down", "dmeo"], "dmeo"),
     ("up-wait-timeout-zero", SIM, {}, ["up", "--wait-timeout", "0"], "--wait-timeout"),
     ("netcheck-size-junk", SIM, {}, ["netcheck", "--max-size", "12Q"], "--max-size"),
+    ("netcheck-timeout-zero", SIM, {}, ["netcheck", "--timeout", "0"], "--timeout"),
+    ("up-netcheck-timeout-junk", SIM, {}, ["up", "--netcheck-timeout", "soon"], "--netcheck-timeout"),
     ("netcheck-fraction-above-one", SIM, {}, ["netcheck", "--min-fraction", "2"], "--min-fraction"),
     ("train-steps-negative", SIM, {}, ["train", "--steps", "-5"], "--steps"),
     ("train-data-missing", SIM, {}, ["train", "--data", "/nonexistent/corpus"], "/nonexistent/corpus"),

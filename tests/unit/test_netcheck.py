@@ -324,10 +324,11 @@ def test_cli_no_gate_reports_and_exits_0(run_cli, deployed):
 
 def test_cli_options_reach_the_benchmark(run_cli, deployed):
     seen = deployed(bench())
-    result = run_cli("netcheck", "--min-fraction", "0.9", "--max-size", "16M", "--quick", "--streams", "8")
+    result = run_cli("netcheck", "--min-fraction", "0.9", "--max-size", "16M", "--quick", "--streams", "8",
+                     "--timeout", "900")
     assert result.exit_code == 0, result.output
     opts = seen["options"]
-    assert (opts.min_fraction, opts.max_size, opts.quick, opts.streams) == (0.9, 16 * MiB, True, 8)
+    assert (opts.min_fraction, opts.max_size, opts.quick, opts.streams, opts.timeout_s) == (0.9, 16 * MiB, True, 8, 900)
     args = opts.netbench_args(outputs(), "x.json")
     assert args[:2] == ["-m", "fatpipe.trainer.net.netbench"] and "--quick" in args
     assert args[args.index("--p2p-server") + 1] == "10.61.0.10"
