@@ -81,7 +81,12 @@ KERNEL_SYSCTLS_SCRIPT = """import json, os, pathlib, subprocess, sys
 out, mac, names = pathlib.Path(sys.argv[1]), sys.argv[2], sys.argv[3:]
 if out.exists():
     sys.exit(0)
-nics = [d.name for d in pathlib.Path("/sys/class/net").iterdir() if (d / "address").read_text().strip() == mac]
+def address(nic):  # a NIC renamed or removed while listed reads as gone (ENOENT, EINVAL)
+    try:
+        return (nic / "address").read_text().strip()
+    except OSError:
+        return None
+nics = [d.name for d in pathlib.Path("/sys/class/net").iterdir() if address(d) == mac]
 if not nics:
     sys.exit(f"fatpipe kernel-sysctls: no NIC with MAC {mac}")
 shown = json.loads(subprocess.run(["tc", "-j", "qdisc", "show", "dev", nics[0], "root"], check=True,

@@ -257,3 +257,24 @@ def test_the_seed_snapshots_the_kernels_tcp_settings_once_with_values_as_argumen
     missing = subprocess.run([*command[:3], str(tmp_path / "x.json"), "52:54:00:ff:ff:ff"], capture_output=True, text=True)
     assert missing.returncode != 0 and "no NIC with MAC 52:54:00:ff:ff:ff" in missing.stderr
     assert not (tmp_path / "x.json").exists()
+
+
+def test_the_snapshot_skips_a_nic_that_vanishes_while_listed(tmp_path):
+    """A NIC renamed or removed between the listing and the read (udev at boot; on this machine,
+    namespaces torn down beside the test) makes its `address` unreadable: the scan passes over it.
+    The script runs as the seed runs it, its sysfs folder swapped for one with such a NIC."""
+    import subprocess
+
+    from fatpipe.stacks.vmseed import kernel_sysctls_command
+
+    net = tmp_path / "class-net"
+    (net / "gone" / "address").mkdir(parents=True)  # reading it fails as a vanished NIC's does
+    (net / "lo").mkdir()
+    lo_mac = open("/sys/class/net/lo/address").read().strip()
+    (net / "lo" / "address").write_text(lo_mac + "\n")
+    command = kernel_sysctls_command(lo_mac)
+    assert '"/sys/class/net"' in command[2]
+    script = command[2].replace('"/sys/class/net"', json.dumps(str(net)))
+    out = tmp_path / "kernel-sysctls.json"
+    subprocess.run([*command[:2], script, str(out), lo_mac, *command[5:]], check=True)
+    assert json.loads(out.read_text())["nic"] == "lo"
