@@ -98,7 +98,7 @@ LANE_ONE ?= tests/unit tests/system/test_vm.py tests/system/test_aws_emulator.py
 	tests/system/test_synth.py tests/system/test_toolkits.py tests/system/test_cloud_init_schema.py \
 	tests/system/test_digitalocean_strings.py tests/system/test_host_keys.py \
 	tests/system/test_doc_commands.py tests/system/test_round_trips.py tests/system/test_follow_ssh.py \
-	tests/system/test_script_end.py tests/system/test_live_trainer.py
+	tests/system/test_script_end.py tests/system/test_live_trainer.py tests/system/test_regions_sim.py
 LANE_TWO ?= tests/system $(foreach f,$(filter tests/system/%,$(LANE_ONE)),--ignore=$(f))
 test: system-packages install install-cdktn cdktf-cli cdktn-cli checkov lint
 	@one=$$(mktemp); trap 'kill $$pid 2>/dev/null; rm -f $$one' EXIT; trap 'exit 130' INT TERM; \
