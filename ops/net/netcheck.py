@@ -128,8 +128,9 @@ def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, l
         found.append(json.loads((bench_dir / "netbench.json").read_text()))
     if not result.ok or not found:
         bad = {name: code for name, code in result.exit_codes.items() if code != 0}
-        why = f"timed out after {timeout:.0f} s (--timeout gives it more)" if result.timed_out else "interrupted" if result.interrupted else (
-            "failed on " + ", ".join(f"{n} (exit {c})" for n, c in bad.items()) if bad else "gave no result")
+        failed = "failed on " + ", ".join(f"{n} (exit {c})" for n, c in bad.items()) if bad else "gave no result"
+        why = (f"timed out after {timeout:.0f} s (`netcheck --timeout` or `up --netcheck-timeout` gives it more)"
+               if result.timed_out else "interrupted" if result.interrupted else failed)
         logs = _shown(bench_dir, project.root)
         raise FatpipeError(f"netcheck benchmark {why}; node logs in {logs}/node-<rank>.log",
                            exit_code=result.exit_code or 1)

@@ -344,3 +344,28 @@ def test_cli_without_outputs_says_deploy_first(run_cli, project_dir):
 def test_cli_refuses_a_bad_size(run_cli):
     result = run_cli("netcheck", "--max-size", "lots")
     assert result.exit_code == 2 and "not a size" in result.output
+
+
+def test_a_benchmark_past_its_bound_names_the_seconds_and_the_options(project_dir, monkeypatch):
+    """The bound given (`--timeout`) is what the launch follows for, and its end names both options."""
+    from types import SimpleNamespace
+
+    from fatpipe.infra.errors import FatpipeError
+    from fatpipe.infra.project import load_project
+    from fatpipe.ops.net.netcheck import launch_netbench
+
+    (project_dir / "fatpipe.toml").write_text('[clusters.demo]\nprovider = "sim"\nnodes = 4\n'
+                                              'private_cidr = "10.61.0.0/24"\n')
+    monkeypatch.setattr("fatpipe.ops.run.runchecks.ask_launch_checks", lambda *a, **k: None)
+    monkeypatch.setattr("fatpipe.ops.reach.firewall_check.require_firewall", lambda *a, **k: [])
+    followed = []
+
+    def launch(project, rdzv, bench_dir, sink, log, follow):
+        followed.append(follow.timeout_s)
+        return SimpleNamespace(ok=False, timed_out=True, interrupted=False, exit_codes={}, exit_code=124)
+
+    monkeypatch.setattr("fatpipe.ops.run.launch.launch", launch)
+    project = load_project(project_dir / "fatpipe.toml")
+    with pytest.raises(FatpipeError, match=r"timed out after 42 s \(`netcheck --timeout` or `up --netcheck-timeout`") as e:
+        launch_netbench(project, outputs(), project_dir / "run", NetcheckOptions(timeout_s=42), log=lambda line: None)
+    assert followed == [42] and e.value.exit_code == 124
