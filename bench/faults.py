@@ -244,10 +244,13 @@ def run_one(root: Path, label: str, train: list[str], faults: list[dict], args) 
         threading.Thread(target=inject[0], args=inject[1], daemon=True).start()
     launch.wait(timeout=args.duration * 6 + 120)
     ended = time.time()
-    # Each node's own records under live (node k's in live-node-<k>/): a node that was down
-    # has no record of the steps the others took meanwhile.
-    by_node = [read_records(run_dir if i == 0 else run_dir / f"live-node-{i}") for i in range(NODES)]
-    records = by_node[0]
+    # Each node's own records under live (node k's in live-node-<k>/, node 0's copy too): a node
+    # that was down has no record of the steps the others took meanwhile. The run folder's is
+    # the run's (merged from them under live, ops.run.headline).
+    own_0 = run_dir / "live-node-0"
+    by_node = [read_records(own_0 if own_0.is_dir() else run_dir) if i == 0
+               else read_records(run_dir / f"live-node-{i}") for i in range(NODES)]
+    records = read_records(run_dir)
     summary = json.loads((run_dir / "summary.json").read_text()) \
         if (run_dir / "summary.json").exists() else {}
     print(f"{label}: exit {launch.returncode}, {len(records)} records, "

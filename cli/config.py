@@ -46,13 +46,14 @@ def config(project, cluster: str | None, as_json: bool):
 
 def _resolved(project, cluster) -> dict:
     """The cluster's settings, with `node` the environment its nodes get: [node] and its own keys."""
-    from fatpipe.infra.firewall import trust_summary, trusted_sources
+    from fatpipe.infra.firewall import member_sources, run_ports, trust_summary, trusted_sources
     from fatpipe.infra.nodespec import cluster_node
 
     resolved = cluster.model_dump(mode="json")
     summary = trust_summary(cluster)
-    if summary:  # what the host firewall lets reach every port (docs/ARCHITECTURE.md, "The node firewall")
-        resolved["firewall_trusts"] = {"sources": trusted_sources(cluster), "summary": summary}
+    if summary:  # what the host firewall lets in (docs/ARCHITECTURE.md, "The node firewall")
+        resolved["firewall_trusts"] = {"sources": trusted_sources(cluster), "summary": summary,
+                                       "run_ports": run_ports(cluster), "run_ports_from": member_sources(cluster)}
     return resolved | {"node": cluster_node(project.spec, cluster.name).model_dump(mode="json")}
 
 

@@ -14,7 +14,15 @@ import time
 import click
 from rich.markup import escape
 
-from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
+from .options import (
+    cluster_argument,
+    console,
+    force_option,
+    given,
+    outputs_option,
+    pass_project,
+    remote_python_option,
+)
 from .render import note
 from .signals import changing
 
@@ -51,19 +59,22 @@ def data():
 @cluster_argument
 @outputs_option
 @remote_python_option
+@force_option
 @pass_project
 def push(project, cluster, outputs_file, remote_python):
     """Copy [data] to node 0 once (rsync, resumable), then node to node in a chain; skip what is there.
 
     An s3:// or https:// source is fetched by every node itself, in parallel, resumable."""
     from fatpipe.infra.runs import load_outputs
-    from fatpipe.ops.run.launch import refuse_if_running
+    from fatpipe.ops.run.runguard import refuse_if_running
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)
     out = console()
     with changing(project, name, "data push"):
-        refuse_if_running(project, name)  # a live run reads this data: nothing changes under it
+        # A run reads this data: nothing changes under it, nor under one a node out of reach may run.
+        if going := refuse_if_running(project, name, force=given("force"), outputs=outputs):
+            out.print(going, markup=False, highlight=False, soft_wrap=True)
         result = stage_with_progress(project, outputs, remote_python, out)
     from fatpipe.trainer.staging.tidy import describe_removed
 
@@ -136,8 +147,7 @@ def verify(project, cluster, outputs_file, remote_python):
     if manifest is None:
         raise FatpipeError(f"nothing staged on cluster {name} yet: run `fatpipe data push {name}`")
     out = console()
-    verdicts = check_data(project, outputs, manifest, remote_python, rehash=True,  # no trust in the caches
-                          log=lambda line: out.print(line, markup=False, highlight=False))
+    verdicts = check_data(project, outputs, manifest, remote_python, rehash=True)  # no trust in the caches
     for v in verdicts:
         if v.problem:
             out.print(f"[red]{v.node}[/]: {escape(v.problem)}", markup=True, highlight=False)

@@ -8,6 +8,8 @@ from .options import (
     cluster_argument,
     console,
     engine_option,
+    force_option,
+    given,
     pass_project,
     replace_option,
     verbose_option,
@@ -23,18 +25,20 @@ from .steps import deploy_outputs
 @yes_option
 @replace_option
 @verbose_option
+@force_option
 @pass_project
 def deploy(project, cluster: str | None, engine: str, yes: bool, replace: bool, verbose: bool):
     """Create the cluster's nodes and write its outputs (the input of every later command)."""
     from fatpipe.infra.runs import outputs_file
     from fatpipe.ops.env.preflight import wheel_preflight
-    from fatpipe.ops.run.launch import refuse_if_running
+    from fatpipe.ops.run.runguard import refuse_if_running
 
     out = console()
     name = project.cluster(cluster).name
     with changing(project, name, "deploy"):
-        # An apply may change or replace the nodes a run is on: only a live run rides that out.
-        going = refuse_if_running(project, name, live_ok=True)
+        # An apply may change or replace the nodes a run is on: only a live run rides that out; a
+        # node out of reach may be running one (--force goes on).
+        going = refuse_if_running(project, name, live_ok=True, force=given("force"))
         if going:
             out.print(going, soft_wrap=True, highlight=False, markup=False)
         wheel = wheel_preflight(project, project.cluster(name))  # before anything is paid for

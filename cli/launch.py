@@ -10,6 +10,9 @@ from .options import (
     ScriptCommand,
     cluster_argument,
     console,
+    force_option,
+    given,
+    on_signal_option,
     overrides,
     pass_project,
     run_options,
@@ -33,14 +36,20 @@ from .steps import open_run, train_on_cluster
 @click.option("--rejoin", "rejoin", metavar="NODE", default=None,
               help="Start NODE again in the latest run, live (fault_tolerance = \"live\"), and return.")
 @unreachable_option
+@on_signal_option
+@force_option
+@click.option("-v", "--verbose", is_flag=True,
+              help="Show every node's every line (third-party logging; under live, each node's steps).")
 @pass_project
-def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach, rejoin, unreachable_s):
+def launch(project, cluster: str | None, run_id, outputs_file, rejoin, **follow_flags):
     """Sync, start torchrun on every node, stream the logs; exit with the worst node's status.
 
     Everything after `--` is your torchrun script and its arguments (e.g. `-- train.py --lr 3e-4`);
-    without it, the built-in trainer runs with [train] and the overrides given here. Ctrl-C stops
-    the run on every node. A lost connection does not: the follow reconnects, and past
-    --unreachable-timeout exits 75 while the run goes on (`fatpipe logs -f` reattaches).
+    without it, the built-in trainer runs with [train] and the overrides given here. Ctrl-C typed
+    at the terminal stops the run on every node. A termination (SIGTERM, SIGHUP) lets go of it:
+    exit 76, the run goes on (unless --on-signal stop). A lost connection does not stop it either:
+    the follow reconnects, and past --unreachable-timeout exits 75 while the run goes on
+    (`fatpipe logs -f` reattaches).
     `--rejoin NODE` starts one node of a live run again (one whose restarts ran out, or made
     again by `fatpipe deploy`) and returns once it is started.
     """
@@ -48,14 +57,16 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
     from fatpipe.infra.runs import find_run, load_outputs
     from fatpipe.ops.rdzv.rendezvous import read_rendezvous
     from fatpipe.ops.reach.nodecall import forget_all
-    from fatpipe.ops.run.launch import Follow, refuse_if_running
+    from fatpipe.ops.run.detach import DETACHED, let_go
+    from fatpipe.ops.run.launch import Follow
     from fatpipe.ops.run.runchecks import ask_launch_checks, latest_nodes, remove_fresh_run
+    from fatpipe.ops.run.runguard import refuse_if_running
 
     name = project.cluster(cluster).name
     outputs = load_outputs(project, name, outputs_file)
     if rejoin:
         return rejoin_one(project, outputs, rejoin, run_id)
-    with changing(project, name, "launch") as release:
+    with changing(project, name, "launch", given("on_signal")) as release:
         previous = latest_nodes(project, name)  # the run a second one must not collide with
         if run_id:
             if script_args() or overrides():
@@ -66,19 +77,23 @@ def launch(project, cluster: str | None, run_id, outputs_file, timeout_s, detach
             rdzv, run_dir = open_run(project, outputs)
         try:  # one call per node answers every check below (ops/run/runchecks.py)
             ask_launch_checks(project, outputs, rdzv, previous)
-            refuse_if_running(project, name, previous)
+            going = refuse_if_running(project, name, previous, force=given("force"), outputs=outputs)
         except BaseException:
             forget_all()
             if not run_id:
                 remove_fresh_run(run_dir)
             raise
+        if going:  # --force past a node out of reach
+            console().print(going, soft_wrap=True, highlight=False, markup=False)
         try:
             # A live run's follow holds no lock: a lost node may be deployed again and rejoin.
-            follow = Follow(timeout_s, unreachable_s, detach, release if rdzv.live else None)
-            result = train_on_cluster(project, outputs, rdzv, run_dir, console(), follow)
+            flags = follow_flags  # timeout_s, detach, unreachable_s, verbose: how the run is followed
+            follow = Follow(flags["timeout_s"], flags["unreachable_s"], flags["detach"],
+                            release if rdzv.live else None, signal_detaches=True)
+            result = train_on_cluster(project, outputs, rdzv, run_dir, console(), follow, flags["verbose"])
         finally:
             forget_all()
-    sys.exit(result.exit_code)
+    sys.exit(DETACHED if let_go(result.unknown) else result.exit_code)
 
 
 def rejoin_one(project, outputs, node: str, run_id) -> None:

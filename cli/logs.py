@@ -17,8 +17,11 @@ from .steps import node_gone, pull_results
 @click.option("-f", "--follow", is_flag=True, help="Keep printing until every node's process has exited.")
 @click.option("-n", "--node", "node_names", multiple=True, help="Only this node (repeatable).")
 @unreachable_option
+@click.option("-v", "--verbose", is_flag=True,
+              help="Every line (third-party logging; under live, each node's step lines when following).")
 @pass_project
-def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreachable_s: float):
+def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreachable_s: float,
+         verbose: bool):
     """Print every node's log, each line prefixed with the node's name.
 
     The run is the last one launched (else the newest with logs). With -f, reattach to a running
@@ -29,7 +32,9 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
     """
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.ops.rdzv.noderun import UNFOLLOWED, run_nodes
+    from fatpipe.ops.rdzv.rendezvous import read_rendezvous
     from fatpipe.ops.run.follow import NodesUnreachable, follow_nodes, unfollowed_line
+    from fatpipe.ops.run.liveleave import leave_lines
 
     name = project.cluster(cluster).name
     run_id, run_dir, every_node = run_nodes(project, name, run_id)
@@ -40,9 +45,13 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
             raise FatpipeError(f"run {run_id} has no node {', '.join(sorted(unknown))}")
         nodes = [n for n in nodes if n.name in node_names]
     out = console()
-    sink = log_sink(out, [n.name for n in nodes])
+    # Followed, a live run's steps read as one line for the cluster; printed node by node, each
+    # node's own (ops.run.nodelines).
+    live = follow and read_rendezvous(run_dir).live
+    sink = log_sink(out, [n.name for n in nodes], live, verbose)
     gone = {n.name for n in every_node if node_gone(n)}
-    if follow and gone:
+    # A live run goes on without a node that is gone: followed on the others, unless all are.
+    if follow and gone and not (every_node[0].rdzv.live and len(gone) < len(every_node)):
         out.print(f"[dim]{', '.join(sorted(gone))}: gone (cluster down); run {run_id} has ended: "
                   "its logs as kept here[/]")
         follow = False
@@ -55,8 +64,13 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
             for line in _log_text(node, run_dir, gone, read).splitlines():
                 sink(node.name, line)
         sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone, read=read))
+    left: dict[str, dict] = {}  # nodes out of reach that a live run went on without
     try:
-        followed = follow_nodes(nodes, sink, fail_grace_s=None, unreachable_s=unreachable_s)
+        try:  # a live run's mode is its rendezvous record's
+            followed = follow_nodes(nodes, sink, fail_grace_s=None, unreachable_s=unreachable_s,
+                                    live=every_node[0].rdzv.live, left=left)
+        finally:
+            sink.flush()
     except NodesUnreachable as e:
         out.print(unfollowed_line(run_id, name, dict.fromkeys(e.nodes, "unreachable")), soft_wrap=True,
                   highlight=False, markup=False)
@@ -65,7 +79,10 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
         out.print(f"detached; run {run_id} goes on (fatpipe stop {name} ends it)")
         pull_results(out, nodes, run_dir, run_id, name)  # what exists so far
         return
-    sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone, followed))
+    for line in leave_lines(followed, left):
+        out.print(line, soft_wrap=True, highlight=False, markup=False)
+    # A node the run left is gone from it: not asked for its end, nor pulled from.
+    sys.exit(_how_it_ended(out, project, name, run_dir, every_node, gone | set(left), followed))
 
 
 def _log_text(node, run_dir, gone: set[str], read: dict) -> str:
@@ -94,6 +111,7 @@ def _how_it_ended(out, project, cluster: str, run_dir, nodes, gone: set[str],
     from rich.markup import escape
 
     from fatpipe.ops.run.failure import describe_failure
+    from fatpipe.ops.run.headline import keep_headline
     from fatpipe.ops.run.runend import ended_result, node_exits, stopped_by_fatpipe
 
     run_id = run_dir.name
@@ -103,7 +121,9 @@ def _how_it_ended(out, project, cluster: str, run_dir, nodes, gone: set[str],
     unpulled = [n for n in nodes if not n.transport.shares_fs and n.name not in gone
                 and not (run_dir / f"node-{n.plan.rank}.exit").exists()]
     if followed is not None or unpulled:  # the error files and stop markers are on the nodes
-        pull_results(out, nodes, run_dir, run_id, cluster)
+        pull_results(out, [n for n in nodes if n.name not in gone], run_dir, run_id, cluster)
+    if nodes[0].rdzv.live:  # over: the run's record from every node's
+        keep_headline(run_dir)
     result = ended_result(run_id, run_dir, nodes, codes)
     if followed is not None:
         out.print(exit_table(result))

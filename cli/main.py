@@ -64,11 +64,11 @@ class LazyGroup(click.Group):
             error = click.ClickException(str(e))
             error.exit_code = e.exit_code
             raise error from None
-        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM where a command takes it so: no traceback
-            from .signals import TERMINATED
+        except KeyboardInterrupt:  # Ctrl-C, or a termination where a command takes it so: no traceback
+            from .signals import interrupted_status, interrupted_word
 
-            click.echo("terminated" if TERMINATED.is_set() else "interrupted", err=True)
-            ctx.exit(143 if TERMINATED.is_set() else 130)
+            click.echo(interrupted_word(), err=True)
+            ctx.exit(interrupted_status())
         except BrokenPipeError:  # `fatpipe ... | head`: the reader has what it wanted
             from .options import silence_output
 

@@ -6,7 +6,15 @@ import click
 
 from fatpipe.infra.defaults import P2P_TOOLS
 
-from .options import cluster_argument, console, outputs_option, pass_project, remote_python_option
+from .options import (
+    cluster_argument,
+    console,
+    force_option,
+    given,
+    outputs_option,
+    pass_project,
+    remote_python_option,
+)
 from .signals import changing
 from .steps import netcheck_step
 
@@ -52,13 +60,14 @@ def _size(ctx, param, value):
 @outputs_option
 @remote_python_option
 @click.option("-v", "--verbose", is_flag=True, help="Stream every node's output.")
+@force_option
 @pass_project
 def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, verbose, **measure):
     """Measure all-reduce busbw, node-to-node TCP and latency on every node; exit 1 below the bar."""
     from fatpipe.infra.runs import load_outputs
     from fatpipe.ops.net.netcheck import NetcheckOptions
 
-    options = NetcheckOptions(enforce=not no_gate, **measure)
+    options = NetcheckOptions(enforce=not no_gate, force=bool(given("force")), **measure)
     err = console(stderr=True)
 
     def sink(node: str, line: str) -> None:
@@ -71,7 +80,9 @@ def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, ve
     out = console()
     with changing(project, name, "netcheck"):
         if run_dir:  # without one, the measurement refuses a live run itself
-            from fatpipe.ops.run.launch import refuse_if_running
+            from fatpipe.ops.run.runguard import refuse_if_running
 
-            refuse_if_running(project, name)  # it would share the links and the CPUs, and write into that run
+            # It would share the links and the CPUs, and write into that run.
+            if going := refuse_if_running(project, name, force=options.force, outputs=outputs):
+                out.print(going, markup=False, highlight=False, soft_wrap=True)
         netcheck_step(project, outputs, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)

@@ -39,13 +39,36 @@ replace_option = click.option(
     "--replace", is_flag=True,
     help="Go on when the plan replaces, destroys or stops existing nodes (what they hold is lost, their "
          "run ends); without it, deploy asks on a terminal and otherwise stops before changing anything.")
-verbose_option = click.option("-v", "--verbose", is_flag=True, help="Show the deploy engine's full output.")
+verbose_option = click.option("-v", "--verbose", is_flag=True,
+                              help="Show the full output: the deploy engine's, and every node's every line.")
 unreachable_option = click.option(
     "--unreachable-timeout", "unreachable_s", type=click.FloatRange(1), default=UNREACHABLE_TIMEOUT_S,
     show_default=True,
     help="Stop following (exit 75) once a node has been out of reach this many seconds; the run goes "
-         "on on its nodes and `fatpipe logs -f` reattaches. A lost connection never stops a run.",
+         "on on its nodes and `fatpipe logs -f` reattaches. A lost connection never stops a run. A "
+         "node a live run went on without is not waited for: the run ends with the others.",
 )
+
+def _store_meta(ctx, param, value):
+    ctx.meta[param.name] = value
+    return value
+
+
+# Read with `given(name)` rather than passed to the command: its parameters stay few.
+on_signal_option = click.option(
+    "--on-signal", type=click.Choice(["detach", "stop"]), default="detach", show_default=True,
+    expose_value=False, callback=_store_meta,
+    help="What SIGTERM, SIGHUP or a SIGINT without a terminal does to a run that is going: detach (it "
+         "goes on on its nodes, exit 76, and --down-after leaves the cluster up) or stop it (as Ctrl-C "
+         "typed at the terminal does; --down-after then destroys), for unattended runs.")
+force_option = click.option(
+    "--force", is_flag=True, expose_value=False, callback=_store_meta,
+    help="Go on though a node of the cluster's latest run cannot be reached (its run may still be going there).")
+
+
+def given(name: str):
+    """The value of an option stored for the command (`on_signal`, `force`), None when it has none."""
+    return click.get_current_context().meta.get(name)
 
 
 def pass_project(func=None, *, clusters_optional: bool = False):

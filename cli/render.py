@@ -12,6 +12,8 @@ from rich.markup import escape
 
 from fatpipe.ops.net.netgate import fmt_size, link_cell, link_matrix
 from fatpipe.ops.net.regions import region_lines
+from fatpipe.ops.run.liveleave import when_left
+from fatpipe.ops.run.nodelines import CLUSTER, NodeLines
 
 PHASES = ("synth", "wheels", "deploy", "wait", "netcheck", "data", "rendezvous", "launch", "summary")
 
@@ -86,17 +88,18 @@ class Phases:
 COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red")
 
 
-def log_sink(out, names: list[str]):
-    """Print each node's log line prefixed with its name, one color per node."""
+def log_sink(out, names: list[str], live: bool = False, verbose: bool = False) -> NodeLines:
+    """Print the nodes' log lines that the terminal shows (ops.run.nodelines: `verbose`, every
+    line) prefixed with the node's name, one color per node; call its flush() at the end."""
     from rich.text import Text
 
-    width = max(len(n) for n in names)
-    styles = {name: COLORS[i % len(COLORS)] for i, name in enumerate(names)}
+    width = max(len(n) for n in [*names, CLUSTER])
+    styles = {name: COLORS[i % len(COLORS)] for i, name in enumerate(names)} | {CLUSTER: "bold"}
 
-    def sink(node: str, line: str) -> None:
+    def show(node: str, line: str) -> None:
         out.print(Text.assemble((f"{node:<{width}} | ", styles.get(node, "")), line), soft_wrap=True)
 
-    return sink
+    return NodeLines(show, names, live, verbose)
 
 
 def note(out):
@@ -156,6 +159,8 @@ def readiness_table(states, title: str):
 def summary_table(doc: dict):
     from rich.table import Table
 
+    from fatpipe.ops.run.summary import failure_text, size_row
+
     def num(value, fmt: str, unit: str = "") -> str:
         return "-" if value is None else format(value, fmt) + unit
 
@@ -166,12 +171,6 @@ def summary_table(doc: dict):
         if value is None:
             return "-"
         return f"{value:.2f} Gbit/s ({100 * value / doc['tier_gbps']:.0f}% of the {doc['tier_gbps']:g} Gbit/s tier)"
-
-    def failures() -> str:  # a run from before the counts: "-"
-        if doc.get("sync_failure_rate") is None:
-            return "-"
-        return (f"{100 * doc['sync_failure_rate']:.2f}% ({doc['failed_collectives']} of "
-                f"{doc['collectives_attempted']:,} collectives failed)")
 
     table = Table(title="summary", title_justify="left", show_header=False)
     table.add_column("what", style="bold")
@@ -186,9 +185,13 @@ def summary_table(doc: dict):
         ("busbw in training", bw(doc["train_busbw_gbps"])),
         ("busbw in netcheck", bw(doc["netcheck_busbw_gbps"])),
         ("comm hook", str(doc["comm"] or "-")),
-        ("world size / restarts", f"{doc['world_size'] or '-'} / {doc['restarts'] if doc['restarts'] is not None else '-'}"),
-        ("sync failure rate", failures()),
+        size_row(doc),  # under live: the replica groups, the leaves and joins
+        ("sync failure rate", failure_text(doc)),
     ]
+    if doc.get("nonfinite_chunks_dropped"):
+        rows.append(("dropped between regions", f"{doc['nonfinite_chunks_dropped']} int8 chunk(s) not finite: "
+                                                "the outer step skipped them on every region"))
+    rows += [("left the run", f"{name} {when_left(leave)}") for name, leave in (doc.get("left") or {}).items()]
     for row in rows:
         table.add_row(*row)
     return table

@@ -75,12 +75,12 @@ def list_runs(project, cluster: str | None, as_json: bool):
 def prune(project, cluster: str | None, keep: int, checkpoints_only: bool):
     """Remove all but the newest N runs; never the latest, nor one still running."""
     from fatpipe.infra.runinfo import human_size, prune_runs
-    from fatpipe.ops.run.launch import running_nodes
+    from fatpipe.ops.run.runguard import run_going
 
     name = project.cluster(cluster).name
     with changing(project, name, "runs prune"):  # not under an `up` whose run is not the latest yet
-        busy = running_nodes(project, name)
-        freed = prune_runs(project, name, keep, checkpoints_only, spare={busy[0]} if busy else set())
+        busy = run_going(project, name)  # running, or maybe (a node out of reach)
+        freed = prune_runs(project, name, keep, checkpoints_only, spare={busy.run_id} if busy else set())
     what = "checkpoints of " if checkpoints_only else ""
     out = console()
     for run_id, size in freed:

@@ -1,61 +1,142 @@
-"""How a command that changes a cluster takes Ctrl-C and SIGTERM: the cluster's lock with SIGTERM
-raised like Ctrl-C (`changing`), and a teardown that neither cuts short (`guarded_teardown`).
+"""How a command that changes a cluster takes signals (docs/ARCHITECTURE.md, "A run lives on its
+nodes"): the cluster's lock, with only an explicit request stopping a run (`changing`), and a
+teardown that neither cuts short (`guarded_teardown`).
+
+A Ctrl-C typed at the terminal (SIGINT while this process group holds the terminal's
+foreground) is the user's stop. A termination is not: SIGTERM (a shutdown, a logout, systemd, a
+CI cancel), SIGHUP (a closed terminal) and a SIGINT no terminal typed (a CI cancel sends one) are
+taken as `on_signal` says. "detach" raises ops' Detach: until a run is started an interrupt like
+Ctrl-C (the usual clean-up), once it goes the launch lets go of it and it goes on. "stop" raises
+Terminated, taken like Ctrl-C: the run is stopped, and `up --down-after` destroys. A termination
+after the first only repeats it: what the first set going (a clean-up, a stop) is not cut short.
 """
 
 from __future__ import annotations
 
 import contextlib
+import os
+import select
 import signal
 import sys
 import threading
+from dataclasses import dataclass
 
 import click
 
+from fatpipe.ops.run.detach import Detach
+
+TERMINATIONS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
+
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised like Ctrl-C so that the same clean-up runs (stop the nodes, tear down)."""
-
-
-TERMINATED = threading.Event()  # set by SIGTERM: code that caught the interrupt as Ctrl-C can tell
+    """A termination under `--on-signal stop`, raised like Ctrl-C so that the same clean-up runs
+    (stop the nodes, tear down)."""
 
 
 class TeardownAbandoned(KeyboardInterrupt):
     """The user chose, at the question a Ctrl-C during a teardown asks, to leave resources behind."""
 
 
+@dataclass
+class Heard:
+    """The signal this command took last: its number, how it is named in a line, and whether it
+    asked to stop (a Ctrl-C typed at the terminal, or `--on-signal stop`) rather than to let go."""
+
+    signum: int | None = None
+    why: str = ""
+    stop: bool = False
+
+
+HEARD = Heard()
+
+
 @contextlib.contextmanager
-def changing(project, name: str, command: str):
+def changing(project, name: str, command: str, on_signal: str = "detach"):
     """While `command` changes cluster `name`: hold its lock (a second such command is refused),
-    and take SIGTERM like Ctrl-C, so that a termination stops terraform and the nodes cleanly.
-    Yields the lock's early release (infra.runs.cluster_lock)."""
+    and take a termination as `on_signal` says (module docstring). Yields the lock's early
+    release (infra.runs.cluster_lock)."""
     from fatpipe.infra.runs import cluster_lock
 
-    with cluster_lock(project, name, command) as release, _signal_handler(signal.SIGTERM, _raise_terminated):
+    HEARD.signum, HEARD.why, HEARD.stop = None, "", False
+    with cluster_lock(project, name, command) as release, \
+            _signal_handler(TERMINATIONS, _taking(on_signal)):
         yield release
 
 
-def _raise_terminated(signum, frame):
-    TERMINATED.set()
-    raise Terminated()
+def _taking(on_signal: str):
+    def on_termination(signum, frame):
+        typed = signum == signal.SIGINT and typed_at_the_terminal()
+        if HEARD.signum is not None and not typed:  # the first one is being taken: this one repeats it
+            return
+        why = signal.Signals(signum).name
+        if signum == signal.SIGINT and not typed:
+            why = "SIGINT without a terminal (only a Ctrl-C typed at one stops a run)"
+        HEARD.signum, HEARD.why, HEARD.stop = signum, why, typed or on_signal == "stop"
+        if signum == signal.SIGHUP:
+            silence_if_hung_up()
+        if typed:
+            raise KeyboardInterrupt
+        raise Terminated(why) if HEARD.stop else Detach(why)
+
+    return on_termination
+
+
+def typed_at_the_terminal() -> bool:
+    """Whether a SIGINT is a Ctrl-C typed at this command's terminal: its process group holds
+    that terminal's foreground (a CI runner has no terminal; a background job does not hold it)."""
+    try:
+        fd = os.open("/dev/tty", os.O_RDONLY | os.O_NOCTTY)
+    except OSError:
+        return False
+    try:
+        return os.tcgetpgrp(fd) == os.getpgrp()
+    except OSError:
+        return False
+    finally:
+        os.close(fd)
+
+
+def silence_if_hung_up() -> None:
+    """After SIGHUP: output to a terminal that hung up fails (EIO); it goes to /dev/null instead,
+    so that what still has to run (a clean-up, a teardown) runs."""
+    for fd in (1, 2):
+        poll = select.poll()
+        poll.register(fd, 0)  # a hang-up or an error is reported whatever is asked
+        with contextlib.suppress(OSError):
+            if any(events & (select.POLLHUP | select.POLLERR) for _, events in poll.poll(0)):
+                devnull = os.open(os.devnull, os.O_WRONLY)
+                os.dup2(devnull, fd)
+                os.close(devnull)
+
+
+def interrupted_status() -> int:
+    """The exit status of a command an interrupt ended: 128 + the signal it took (130: Ctrl-C)."""
+    return 128 + (HEARD.signum or signal.SIGINT)
+
+
+def interrupted_word() -> str:
+    """How the verdict names that end: interrupted (SIGINT), or terminated and by what."""
+    return "interrupted" if HEARD.signum in (None, signal.SIGINT) else f"terminated ({HEARD.why})"
 
 
 @contextlib.contextmanager
-def _signal_handler(signum: int, handler):
+def _signal_handler(signums: tuple[int, ...], handler):
     if threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signum, handler)
+    previous = {signum: signal.signal(signum, handler) for signum in signums}
     try:
         yield
     finally:
-        signal.signal(signum, previous if previous is not None else signal.SIG_DFL)
+        for signum, before in previous.items():
+            signal.signal(signum, before if before is not None else signal.SIG_DFL)
 
 
 @contextlib.contextmanager
 def guarded_teardown(out, what: str):
     """While a teardown runs, Ctrl-C does not cut it: on a terminal it asks whether to abandon it
     (resources stay, and cost), without one it is ignored; SIGTERM is ignored. The engine and the
-    nodes run in sessions of their own, so only this process hears either."""
+    nodes run in sessions of their own, so only this process hears either. SIGHUP is ignored too."""
     asking = False
 
     def on_interrupt(signum, frame):
@@ -78,7 +159,11 @@ def guarded_teardown(out, what: str):
         out.print(f"{what} goes on")
 
     def on_terminate(signum, frame):
-        out.print(f"[yellow]{what} goes on[/]: a termination does not cut a teardown short")
+        if signum == signal.SIGHUP:
+            silence_if_hung_up()
+        with contextlib.suppress(OSError, RuntimeError):  # a line lost, never the teardown
+            out.print(f"[yellow]{what} goes on[/]: a termination does not cut a teardown short")
 
-    with _signal_handler(signal.SIGINT, on_interrupt), _signal_handler(signal.SIGTERM, on_terminate):
+    with _signal_handler((signal.SIGINT,), on_interrupt), \
+            _signal_handler((signal.SIGTERM, signal.SIGHUP), on_terminate):
         yield

@@ -23,6 +23,8 @@ def node_options(func):
         click.option("--host-if", default=""),
         click.option("--transport", type=click.Choice(["netns", "ssh", "local"]), default="netns"),
         click.option("--firewall", type=bool, default=True, help="transport ssh: the host firewall."),
+        click.option("--nodes", type=int, default=1, help="transport ssh: the cluster's nodes, whom the firewall trusts."),
+        click.option("--rdzv-port", type=int, default=29400, help="transport ssh: where the run's ports start."),
         click.option("--region", type=int, default=-1, help="Across regions: the node's region."),
         click.option("--cross-gbit", type=float, default=0.0, help="Across regions: the link's rate."),
         click.option("--flow-gbit", type=float, default=0.0, help="Across regions: each flow's cap (0: none)."),
@@ -33,14 +35,14 @@ def node_options(func):
         func = option(func)
 
     @functools.wraps(func)
-    def wrapper(transport, firewall, **kwargs):
+    def wrapper(transport, firewall, nodes, rdzv_port, **kwargs):
         from fatpipe.infra.project import project_id_at
         from fatpipe.stacks.simnet import SimNode
 
         # terraform runs the provisioners in the project folder (the stack's working_dir)
         kwargs["project_id"] = kwargs["project_id"] or project_id_at(Path.cwd())
         # Over ssh the node is a bare machine: the node profile tunes it through the ssh path.
-        return func(SimNode(**kwargs, tune=transport != "ssh"), transport, firewall)
+        return func(SimNode(**kwargs, tune=transport != "ssh"), transport, (firewall, nodes, rdzv_port))
 
     return wrapper
 
@@ -62,7 +64,7 @@ def node_up(node, transport, firewall):
     ready = up(node, log=log)
     if transport == "ssh":
         try:
-            tune_over_ssh(node, firewall)
+            tune_over_ssh(node, *firewall)
         except BaseException:
             node_down(node, log)
             raise
@@ -70,8 +72,9 @@ def node_up(node, transport, firewall):
     click.echo(f"{node.name}: up at {node.ip} on {ready['iface']} ({node.isolation}, {shaped}, {transport})")
 
 
-def tune_over_ssh(node, firewall: bool = True) -> None:
-    """sshd in the node's namespace, then the node profile through the ssh provider's path."""
+def tune_over_ssh(node, firewall: bool = True, nodes: int = 1, rdzv_port: int = 29400) -> None:
+    """sshd in the node's namespace, then the node profile through the ssh provider's path (its
+    firewall trusting the cluster's `nodes`, numbered from .10 as the sim numbers them)."""
     import ipaddress
 
     from fatpipe.infra.clusters import SimCluster
@@ -85,8 +88,8 @@ def tune_over_ssh(node, firewall: bool = True) -> None:
     host_address(node.home_bridge, node.address)
     start_sshd(node.netns, node.ip, node.node_dir, key)
     network = str(ipaddress.IPv4Interface(node.address).network)
-    spec = SimCluster(provider="sim", name=node.cluster, tier=node.tier, private_cidr=network, nodes=1,
-                      firewall=firewall)
+    spec = SimCluster(provider="sim", name=node.cluster, tier=node.tier, private_cidr=network, nodes=nodes,
+                      rdzv_port=rdzv_port, firewall=firewall)
     sim = provider_for("sim")
     profile = profile_plan(spec, sim.mtu, sim.nccl_env(spec), packages=False)
     host = SshHost(node.name, node.ip, 22, "root", str(key))

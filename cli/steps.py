@@ -8,6 +8,7 @@ import click
 
 from .options import console, given_run_options, overrides, resolve_train, script_args
 from .render import exit_table, fetch_lines, log_sink, netcheck_tables, note
+from .signals import HEARD
 
 
 def node_gone(node) -> bool:
@@ -187,14 +188,16 @@ def _checker_python(rdzv) -> str | None:
     return None if python in (None, f"{REMOTE_VENV}/bin/python") else python
 
 
-def train_on_cluster(project, outputs, rdzv, run_dir, out, follow=None):
-    """Launch `rdzv`, print every node's log, then the exit table; returns the LaunchResult.
-    `follow`: how (ops.run.launch.Follow: timeout, detach, ...)."""
+def train_on_cluster(project, outputs, rdzv, run_dir, out, follow=None, verbose=False):
+    """Launch `rdzv`, print the nodes' logs, then the exit table; returns the LaunchResult.
+    `follow`: how (ops.run.launch.Follow: timeout, detach, ...); `verbose`: every node's every
+    line (ops.run.nodelines says what the terminal leaves to the node logs otherwise)."""
     from rich.markup import escape
 
     from fatpipe.infra.runs import latest_run_id, mark_latest
     from fatpipe.ops.data.datacheck import require_data
     from fatpipe.ops.rdzv.noderun import node_runs
+    from fatpipe.ops.run.detach import detached_line, let_go
     from fatpipe.ops.run.follow import unfollowed_line
     from fatpipe.ops.run.launch import Follow
     from fatpipe.ops.run.launch import launch as launch_run
@@ -203,17 +206,19 @@ def train_on_cluster(project, outputs, rdzv, run_dir, out, follow=None):
     follow = follow or Follow()
     check_firewall(project, outputs, out)
     names = [n.name for n in rdzv.nodes]
-    require_data(project, outputs, _checker_python(rdzv), note(out))  # a node whose data differs: refused, named
+    require_data(project, outputs, _checker_python(rdzv))  # a node whose data differs: refused, named
     # The launched run becomes the latest (what status, logs and stop mean); one that never
     # started (nodes could not be prepared, a start refused) gives the mark back.
     before = latest_run_id(project, outputs.name)
     mark_latest(project, outputs.name, rdzv.run_id)
+    sink = log_sink(out, names, rdzv.live, verbose)
     try:
-        result = launch_run(
-            project, rdzv, run_dir, sink=log_sink(out, names), log=note(out), follow=follow)
+        result = launch_run(project, rdzv, run_dir, sink=sink, log=note(out), follow=follow)
     except BaseException:
         mark_latest(project, outputs.name, before)
         raise
+    finally:
+        sink.flush()
     if follow.detach:
         out.print(f"run {rdzv.run_id} started; follow it with: fatpipe logs {outputs.name} -f")
         return result
@@ -225,7 +230,9 @@ def train_on_cluster(project, outputs, rdzv, run_dir, out, follow=None):
     elif result.timed_out:
         out.print(f"[red]timed out[/] after {follow.timeout_s:g} s: the run was stopped on every node")
     elif result.unknown and not result.failure:  # its results are still being made on the nodes
-        out.print(unfollowed_line(result.run_id, outputs.name, result.unknown, result.exit_code), soft_wrap=True, highlight=False, markup=False)
+        line = (detached_line(HEARD.why, result.run_id, outputs.name) if let_go(result.unknown) else
+                unfollowed_line(result.run_id, outputs.name, result.unknown, result.exit_code))
+        out.print(line, soft_wrap=True, highlight=False, markup=False)
         return result
     if project.spec.run.pull:  # the leader's transport is made only when something is to come back
         show_declared_pulls(project, leader(node_runs(rdzv, project.state_dir(outputs.name)), run_dir), out)

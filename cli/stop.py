@@ -23,6 +23,7 @@ def stop(project, cluster: str | None, run_id):
     from fatpipe.infra.runinfo import run_info
     from fatpipe.infra.runs import outputs_file
     from fatpipe.ops.rdzv.noderun import run_nodes
+    from fatpipe.ops.run.headline import keep_headline
     from fatpipe.ops.run.launch import stop_nodes
     from fatpipe.ops.run.leader import leader
 
@@ -42,6 +43,8 @@ def stop(project, cluster: str | None, run_id):
         out.print(f"  {node.name:<20} {states.get(node.name, 'gone')}")
     out.print(f"run {run_id} stopped")
     pull_results(out, live, run_dir, run_id, name)
+    if nodes and nodes[0].rdzv.live:  # stopped: the run's record from every node's
+        keep_headline(run_dir)
     head = leader(nodes, run_dir) if nodes else None
     if head in live:
         show_declared_pulls(project, head, out)  # [run] pull, from the node that ran rank 0

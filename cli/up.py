@@ -3,22 +3,24 @@
 Re-running `up` skips what is done: a deployment whose outputs match the cluster file and whose
 nodes all answer ready skips synth, wheels, deploy and wait; a netcheck that passed on this
 deployment is reused. Training always runs anew. `--down-after` destroys the cluster once every
-node has recorded its exit (success, failure) or the user asks (Ctrl-C, SIGTERM), and says what it
-destroyed, or that the destroy failed; a run still going where fatpipe could not follow it keeps
-the cluster up (`downafter.py`). A Ctrl-C during that teardown asks before abandoning it, without a
-terminal it goes on.
+node has recorded its exit (success, failure) or the user asks for a stop (Ctrl-C at the terminal,
+a termination under `--on-signal stop`), and says what it destroyed, or that the destroy failed; a
+run still going (a node out of reach, a termination that let go of it) keeps the cluster up
+(`downafter.py`). A Ctrl-C during that teardown asks before abandoning it, without a terminal it
+goes on.
 """
 
 from __future__ import annotations
 
 import shutil
 import sys
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 from pathlib import Path
 
 import click
 
-from fatpipe.infra.defaults import NETCHECK_FILE, NETCHECK_PLOT, UP_REPORT_FILE, WAIT_TIMEOUT_S
+from fatpipe.infra.defaults import NETCHECK_FILE, NETCHECK_PLOT, WAIT_TIMEOUT_S
+from fatpipe.ops.run.detach import DETACHED, let_go
 
 from .downafter import DownAfter
 from .options import (
@@ -26,21 +28,23 @@ from .options import (
     cluster_argument,
     console,
     engine_option,
+    force_option,
+    given,
     given_run_options,
+    on_signal_option,
     overrides,
     pass_project,
     replace_option,
     resolve_train,
     run_options,
     script_args,
-    silence_output,
     train_overrides,
     unreachable_option,
     verbose_option,
     yes_option,
 )
-from .render import Phases, escape, note, readiness_table, summary_table
-from .signals import TERMINATED, Terminated, changing
+from .render import Phases, note, readiness_table, summary_table
+from .signals import changing
 from .steps import (
     deploy_outputs,
     netcheck_step,
@@ -77,8 +81,10 @@ class UpFlags:
 @replace_option
 @click.option("--down-after", is_flag=True,
               help="Destroy the cluster at the end: once every node has recorded its exit (success or "
-                   "failure), or on Ctrl-C or SIGTERM. A run still going on nodes fatpipe cannot reach "
-                   "is never destroyed: the cluster stays up.")
+                   "failure), or on a stop you ask for (Ctrl-C at the terminal; a termination under "
+                   "--on-signal stop). A run still going on is never destroyed: the cluster stays up.")
+@on_signal_option
+@force_option
 @click.option("--netcheck", "netcheck_mode", type=click.Choice(["full", "quick", "off"]), default="full",
               show_default=True,
               help="The link check before training: the full sweep, a quick one (as `netcheck --quick`), or off.")
@@ -102,7 +108,7 @@ def up(project, cluster, **flags):
     spec = project.cluster(cluster)
     train = resolve_train(project, overrides())
     job = Up(project, spec, UpFlags(**flags), console())
-    with changing(project, spec.name, "up"):
+    with changing(project, spec.name, "up", given("on_signal")):
         code = job.run_to_the_end(train, script_args())
     sys.exit(code)
 
@@ -115,44 +121,19 @@ class Up(DownAfter):
         self.phases = Phases(out)
         self.report: dict = {"cluster": spec.name}
 
-    def run_to_the_end(self, train, script: list[str]) -> int:
-        """Every phase, then (with --down-after) the teardown however the phases ended; the exit status."""
-        from fatpipe.infra.errors import FatpipeError
-
-        code = 1
-        try:
-            code = self.run(train, script)
-        except KeyboardInterrupt as e:
-            code = 143 if isinstance(e, Terminated) else 130
-            self.say("[yellow]terminated[/]" if code == 143 else "[yellow]interrupted[/]")
-        except FatpipeError as e:
-            self.say(f"[red]error[/]: {escape(str(e))}")
-            code = e.exit_code
-        except BrokenPipeError:  # the reader of our output went away: finish quietly
-            silence_output()
-            code = 141
-        finally:
-            if code == 130 and TERMINATED.is_set():  # a SIGTERM the launch took as its own stop
-                code = 143
-            if self.flags.down_after:
-                code = self.down_after(code)
-            self.finish(code)
-        return code
-
-    def say(self, text: str) -> None:
-        try:
-            self.out.print(text, highlight=False, soft_wrap=True)  # one line, whole, for copying
-        except BrokenPipeError:
-            silence_output()
-
     def run(self, train, script: list[str]) -> int:
         from fatpipe.infra.runs import new_run
+        from fatpipe.ops.rdzv.faultmode import declared_regions, refuse_live_across_regions
         from fatpipe.ops.reach.nodecall import keeping
-        from fatpipe.ops.run.launch import refuse_if_running
+        from fatpipe.ops.run.runguard import refuse_if_running
 
+        # Before anything is paid for: the rendezvous refuses it again with measured regions.
+        refuse_live_across_regions(train, train.fault_tolerance, "script" if script else "trainer",
+                                   declared_regions(self.spec))
         outputs, outputs_path = self.deployment()
         name = self.spec.name
-        refuse_if_running(self.project, name)
+        if going := refuse_if_running(self.project, name, force=given("force"), outputs=outputs):
+            note(self.out)(going)
         run_id, run_dir = new_run(self.project, name)
         self.report["run_id"], self.report["run_dir"] = run_id, run_dir
         self.out.print(f"run [bold]{run_id}[/] in {run_dir.relative_to(self.project.root)}")
@@ -227,6 +208,7 @@ class Up(DownAfter):
 
     def train(self, outputs, run: tuple[str, Path], train, script: list[str]) -> int:
         from fatpipe.ops.run.launch import Follow
+        from fatpipe.ops.run.runend import ended_note
         from fatpipe.ops.run.summary import no_steps_hint, run_summary
 
         phases, run_dir = self.phases, run[1]
@@ -239,18 +221,17 @@ class Up(DownAfter):
         self.launched = node_runs(rdzv, self.project.state_dir(outputs.name))
         result = self.result = phases.run("launch", what, lambda: train_on_cluster(
             self.project, outputs, rdzv, run_dir, self.out,
-            Follow(self.flags.timeout_s, self.flags.unreachable_s)), spinner=False)
+            Follow(self.flags.timeout_s, self.flags.unreachable_s, signal_detaches=True), self.flags.verbose),
+            spinner=False)
         self.report["exit_codes"] = result.exit_codes
         launch = phases.get("launch")
-        launch.note = f"all {len(result.exit_codes)} node(s) exit 0" if result.ok else (
-            "interrupted" if result.interrupted else "timed out" if result.timed_out else
-            result.failure or ("stopped following: " + ", ".join(f"{n} {s}" for n, s in result.unknown.items())
-                               if result.unknown else f"worst exit {result.exit_code}"))
+        launch.note = ended_note(result)
         if not result.ok:
             launch.state = "failed"
 
         def summary():
             doc = run_summary(run_dir, outputs.tier_gbps)
+            doc["left"] = result.left  # live: the nodes the run went on without, and when
             hint = no_steps_hint(script, result.ok, doc)  # a script that does not use the API
             self.out.print(hint or summary_table(doc), style="dim" if hint else None, markup=False)
             if doc["recorded_only"] and not hint:
@@ -259,7 +240,7 @@ class Up(DownAfter):
 
         if result.unknown and not result.failure:  # still going on its nodes: nothing to sum up yet
             phases.skip("summary", "the run goes on on its nodes")
-            return result.exit_code
+            return DETACHED if let_go(result.unknown) else result.exit_code
         self.report["summary"] = phases.run("summary", "what the run achieved", summary, spinner=False)
         note(self.out)(f"logs: fatpipe logs {outputs.name} --run {rdzv.run_id}")
         self.draw_report(run_dir, quiet=not result.ok)
@@ -278,18 +259,3 @@ class Up(DownAfter):
             return
         self.report["report"] = str(page)
         note(self.out)(f"report: {page}")
-
-    def finish(self, code: int) -> None:
-        """The phase table and the verdict; the report as up.json in the run folder."""
-        from fatpipe.infra.files import write_json_atomic
-
-        run_dir = self.report.get("run_dir")
-        if run_dir is not None and Path(run_dir).exists():
-            doc = {**self.report, "run_dir": str(run_dir), "exit_code": code,
-                   "phases": [asdict(p) for p in self.phases.phases]}
-            write_json_atomic(Path(run_dir) / UP_REPORT_FILE, doc)
-        try:
-            self.out.print(self.phases.table())
-        except BrokenPipeError:
-            silence_output()
-        self.say("[green]up finished[/]" if code == 0 else f"[red]up failed[/] (exit {code})")

@@ -11,7 +11,7 @@ from pydantic import Field, field_validator, model_validator
 from .awsspec import AwsCluster
 from .dataspec import DataSpec
 from .firewall import in_private_range, public_address_problem
-from .hostvalues import check_address, check_login, check_node_name, check_path
+from .hostvalues import check_address, check_login, check_node_name, check_path, one_host
 from .node import remote_dir_problem
 from .nodespec import NodeSpec
 from .runspec import RunSpec
@@ -134,9 +134,10 @@ class SshHost(Strict):
     @classmethod
     def _ipv4(cls, value: str) -> str:
         try:
-            return str(ipaddress.IPv4Address(value))
+            ip = ipaddress.IPv4Address(value)
         except ValueError:
             raise ValueError(f"{value!r} is not an IPv4 address (the host's address on the private network)") from None
+        return one_host(ip)  # public_private_ips lets in any range, never an address of many hosts
 
     # Host values reach ssh, rsync and the provisioners: checked here (infra/hostvalues.py).
     _address = field_validator("address")(check_address)
@@ -153,10 +154,10 @@ class SshCluster(ClusterBase):
     ssh_key_file: str | None = None  # a private key; default: what ssh itself would use
     install_packages: bool = True  # apt-get the node tools (iperf3, rsync, ...) where apt exists
     mtu: int | None = Field(None, ge=576, le=9216)  # the private NIC's MTU; default: left as it is
-    # The private network, where the user declares one: then the firewall trusts all of it. Left
-    # out, the firewall trusts each node's own address and no more (infra/firewall.py).
+    # The private network, where the user declares one: then the firewall trusts all of it but the
+    # run's ports (the nodes' alone). Left out, it trusts each node's own address (infra/firewall.py).
     private_cidr: str | None = None
-    # The host firewall: the private network reaches every port, the world only SSH
+    # The host firewall: the nodes reach every port, the world only SSH
     # (docs/ARCHITECTURE.md, "The node firewall"); false opts out, with a warning at every launch.
     firewall: bool = True
     public_private_ips: bool = False  # private_ip outside RFC 1918 and 100.64.0.0/10 is meant

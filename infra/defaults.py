@@ -16,6 +16,10 @@ JOIN_TIMEOUT_S = 180  # every node must join the rendezvous within this
 MAX_RESTARTS = 3  # restarts of the whole worker group after a failure
 # A benchmark is a measurement, not a job to finish: a restart would only mix two runs' numbers.
 BENCH_MAX_RESTARTS = 0
+# The ports a run listens on from `rdzv_port`, per node: under live a node's torchrun store,
+# Lighthouse and relay (`ops.rdzv.nodefiles.live_port`); otherwise the rendezvous, netcheck's
+# point-to-point port and the data chain's. The host firewall lets only the nodes reach them.
+RUN_PORTS_PER_NODE = 3
 
 WAIT_TIMEOUT_S = 600  # `fatpipe wait`: every node ready within this
 # A followed run's node out of reach this long ends the follow (never the run): `launch`, `up`, `logs -f`.

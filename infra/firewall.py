@@ -1,13 +1,18 @@
 """What the host firewall of machines fatpipe did not make trusts (docs/ARCHITECTURE.md, "The node firewall").
 
-The private network reaches every port of a node (rendezvous, gloo/NCCL); the rest of the world
-only SSH. So the private network must really be private: an address outside the private ranges
-would open the rendezvous store, which unpickles what it reads, to whoever holds that range.
+The nodes reach every port of each other; the rest of the world only SSH. A declared private
+network reaches every port but the run's (`run_ports`): the rendezvous store unpickles what it
+reads, torchft's Lighthouse and Manager stop a replica on request and its checkpoint server hands
+out the weights, so whoever else shares the network must not reach them. And the private network
+must really be private: an address outside the private ranges would open the rest to whoever
+holds that range.
 """
 
 from __future__ import annotations
 
 import ipaddress
+
+from .defaults import RUN_PORTS_PER_NODE
 
 # RFC 1918, and RFC 6598's shared space (carrier-grade NAT, and overlay networks such as Tailscale).
 PRIVATE_RANGES = tuple(ipaddress.IPv4Network(n) for n in
@@ -29,13 +34,45 @@ def public_address_problem(what: str, value: str) -> str:
 
 
 def trusted_sources(cluster) -> list[str]:
-    """The sources a node lets reach every port: the `private_cidr` the cluster file declares (or
-    the network fatpipe makes), else each node's own address (/32, IPv6 /128) and no more. A network
+    """The sources a node lets reach every port but the run's (`run_ports`, the nodes' alone): the
+    `private_cidr` the cluster file declares (or the network fatpipe makes), else each node's own
+    address (/32, IPv6 /128) and no more. A network
     computed to hold the nodes would also hold whoever shares the provider's private network or
     the tailnet with them; so would `private_cidr` where public addresses are the private network."""
     if getattr(cluster, "public_private_ips", False) or not cluster.private_cidr:
-        return [ipaddress.ip_network(cluster.private_ip(i)).with_prefixlen for i in range(cluster.nodes)]
+        return member_sources(cluster)
     return [cluster.private_cidr]
+
+
+def member_sources(cluster) -> list[str]:
+    """Each node's own addresses as /32s (IPv6 /128), the only sources of the run's ports: its
+    private_ip, and the IP address SSH reaches it at where that lies in the private network too
+    (a node whose private_ip is a second address there sends from its first: the kernel picks
+    the source address by route, and torch, gloo and NCCL bind none)."""
+    addresses = [cluster.private_ip(i) for i in range(cluster.nodes)]
+    network = ipaddress.ip_network(cluster.node_network)
+    for host in getattr(cluster, "hosts", []):
+        try:
+            ip = ipaddress.ip_address(host.address)
+        except ValueError:  # a host name or an ~/.ssh/config alias
+            continue
+        if ip in network and str(ip) not in addresses:
+            addresses.append(str(ip))
+    return [ipaddress.ip_network(address).with_prefixlen for address in addresses]
+
+
+def run_ports(cluster) -> list[int]:
+    """[first, last] of the ports fatpipe's runs listen on from `rdzv_port` (RUN_PORTS_PER_NODE a
+    node). torchft's Manager and checkpoint server, gloo's and NCCL's sockets listen on ephemeral
+    ports: the node firewall reads the node's own ephemeral range and guards it the same way."""
+    return [cluster.rdzv_port, min(cluster.rdzv_port + RUN_PORTS_PER_NODE * cluster.nodes, 65536) - 1]
+
+
+def firewall_plan(cluster) -> dict | None:
+    """What the node firewall (ops/reach/node_firewall.py) is given; None where the cluster opts out."""
+    if not getattr(cluster, "firewall", False):
+        return None
+    return {"trusted": trusted_sources(cluster), "members": member_sources(cluster), "run_ports": run_ports(cluster)}
 
 
 def trust_summary(cluster) -> str | None:
@@ -46,5 +83,7 @@ def trust_summary(cluster) -> str | None:
         return None
     sources = trusted_sources(cluster)
     if sources == [cluster.private_cidr]:
-        return f"the private network {cluster.private_cidr}, and SSH from anywhere"
+        first, last = run_ports(cluster)
+        return (f"the private network {cluster.private_cidr}, but only the nodes reach the run's ports "
+                f"({first}-{last} and the ephemeral range), and SSH from anywhere")
     return f"each node's own address ({', '.join(sources)}), and SSH from anywhere; set private_cidr to trust a network"

@@ -52,3 +52,24 @@ def check_path(value: str) -> str:
     if not value or CONTROL.search(value):
         raise ValueError(f"{value!r} is not a file path (empty, or holds a control character)")
     return value
+
+
+def one_host_problem(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str | None:
+    """Why `ip` cannot be one machine's own address, where its servers bind and peers dial
+    (docs/security.md); None when it can. The trainer keeps its own copy
+    (trainer.live.lighthouse.one_host_problem); a unit test ties the two."""
+    if ip.is_unspecified:
+        return f"{ip} is the unspecified address: a server bound to it listens on every interface"
+    if ip.is_multicast:
+        return f"{ip} is a multicast address, not one machine's"
+    if ip.version == 4 and ip.is_reserved:  # 240.0.0.0/4 (IPv6's ::/8 holds ::1)
+        return f"{ip} is a reserved address (the broadcast address among them), not one machine's"
+    return None
+
+
+def one_host(ip: ipaddress.IPv4Address | ipaddress.IPv6Address) -> str:
+    """`ip` as text; ValueError naming why where it cannot be one machine's (`one_host_problem`)."""
+    problem = one_host_problem(ip)
+    if problem:
+        raise ValueError(problem)
+    return str(ip)

@@ -11,7 +11,14 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from .errors import FatpipeError
-from .hostvalues import CONTROL, check_address, check_login, check_node_name, check_path
+from .hostvalues import (
+    CONTROL,
+    check_address,
+    check_login,
+    check_node_name,
+    check_path,
+    one_host_problem,
+)
 from .spec import DEFAULT_MAX_RTT_MS, NAME_PATTERN
 
 # The nccl map becomes environment variables in a file bash sources with `set -a`
@@ -20,11 +27,16 @@ NCCL_NAME = re.compile(r"(NCCL|GLOO)_[A-Z0-9_]+")
 
 
 def _ipv4(value: str, what: str) -> str:
+    """One machine's IPv4 address: never one that binds every interface, nor a group's."""
     try:
-        return str(ipaddress.IPv4Address(value))
+        ip = ipaddress.IPv4Address(value)
     except ValueError:
         kind = "an IPv6 address" if ":" in str(value) else "not an IP address"
         raise ValueError(f"{what} {value!r} is {kind}; an IPv4 address is required") from None
+    problem = one_host_problem(ip)
+    if problem:
+        raise ValueError(f"{what} {problem}")
+    return str(ip)
 
 
 class NodeOutput(BaseModel):
@@ -143,6 +155,13 @@ class ClusterOutputs(BaseModel):
                 if value in seen:
                     raise ValueError(f"two nodes share {attr} {value}")
                 seen.add(value)
+        # A loopback private_ip is a node on this machine (sim): beside one elsewhere, each node
+        # would dial itself where it meant that peer.
+        looped = [ipaddress.IPv4Address(node.private_ip).is_loopback for node in nodes]
+        if any(looped) and not all(looped):
+            inside, outside = nodes[looped.index(True)], nodes[looped.index(False)]
+            raise ValueError(f"node {inside.name}'s private_ip {inside.private_ip} is a loopback address "
+                             f"but node {outside.name}'s {outside.private_ip} is not: no peer can reach it")
         return nodes
 
     @property

@@ -6,7 +6,7 @@ import json
 import shlex
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.firewall import trusted_sources
+from fatpipe.infra.firewall import firewall_plan
 from fatpipe.infra.node import (
     MODULES_FILE,
     NCCL_CONF,
@@ -196,7 +196,7 @@ def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool 
         "packages": list(installs),
         "unit": UNIT, "net_script": NET_SCRIPT, "ready_script": READY_SCRIPT,
         # The host firewall (ops/reach/node_firewall.py); None where the cluster opts out.
-        "firewall": {"trusted": trusted_sources(cluster)} if getattr(cluster, "firewall", False) else None,
+        "firewall": firewall_plan(cluster),
     }
 
 

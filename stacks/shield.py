@@ -54,7 +54,7 @@ def shield_cdk_runtime() -> None:
 
 @contextlib.contextmanager
 def hold_signals():
-    """Hold SIGINT and SIGTERM until the block ends, then deliver the first one to the usual handler.
+    """Hold SIGINT, SIGTERM and SIGHUP until the block ends, then deliver the first one to the usual handler.
 
     For a synth: a jsii call cut in half leaves the runtime's answers out of step with its
     questions, and every later call in this process fails. Works in the main thread only (the
@@ -65,7 +65,7 @@ def hold_signals():
         return
     caught: list[int] = []
     previous = {s: signal.signal(s, lambda signum, _frame: caught.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
+                for s in (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)}
     try:
         yield
     finally:

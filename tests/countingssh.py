@@ -1,9 +1,10 @@
 """An `ssh` on PATH that logs each session before it runs the real one: what the round-trip test
 (tests/system/test_round_trips.py) and bench/roundtrips.py count a command's round trips with.
 
-A session is a `transfer` (it carries rsync's server), a launch's `start` of its node process,
-the project push's `push-record` (written before the copy: ops/env/projectsync.py), a follower's
-`follow` stream, or a `check`: everything else, the node program's calls among them.
+A session is a `transfer` (it carries rsync's server), a launch's `start` of its node process
+(the node's supervisor), the project push's `push-record` (written before the copy:
+ops/env/projectsync.py), a follower's `follow` stream, or a `check`: everything else, the node
+program's calls among them.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ case "$*" in
   *"rsync --server"*) kind=transfer ;;
   *FATPIPE_NODECALL*) kind=check ;;
   *"' commit "*) kind=push-record ;;
-  *"setsid -f"*) kind=start ;;
+  *"def supervise("*) kind=start ;;
   *"-F --pid"*) kind=follow ;;
   *) kind=check ;;
 esac

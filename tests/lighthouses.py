@@ -60,6 +60,28 @@ def start_lighthouse(log: Path, port: int | None = None, heartbeat_ms: int = 300
     raise AssertionError(f"the Lighthouse did not serve on {port}: {log.read_text()}")
 
 
+def start_node_lighthouse(log: Path, relay_port: int, lighthouse_ports: list[int],
+                          port: int | None = None, min_replicas: int = 1) -> subprocess.Popen:
+    """A node's `trainer.live.lighthouse` as the launch starts it, on 127.0.0.1: its relay on
+    `relay_port` to the run's Lighthouses (in order), and its own Lighthouse on `port` if given;
+    its process once the relay takes connections."""
+    args = ["--relay-port", str(relay_port),
+            "--lighthouses", ",".join(f"127.0.0.1:{p}" for p in lighthouse_ports)]
+    if port is not None:
+        args += ["--host", "127.0.0.1", "--port", str(port), "--min-replicas", str(min_replicas)]
+    proc = subprocess.Popen([sys.executable, "-m", "fatpipe.trainer.live.lighthouse", *args],
+                            stdout=open(log, "ab"), stderr=subprocess.STDOUT)
+    _STARTED.append(proc)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", relay_port)) == 0:
+                return proc
+        assert proc.poll() is None, log.read_text()
+        time.sleep(0.2)
+    raise AssertionError(f"the relay did not serve on {relay_port}: {log.read_text()}")
+
+
 class LiveNode:
     """One node of a live run: `torchrun --nnodes 1` of the built-in trainer, its own run folder."""
 

@@ -6,6 +6,7 @@ import logging
 import sys
 
 from .config import ConfigError, parse_config
+from .nodelog import log_to_stderr
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -30,8 +31,7 @@ def main(argv: list[str] | None = None) -> int:
         from .livetrain import run_live_training as run_training
 
     env = read_env()
-    logging.basicConfig(level=logging.INFO if env.is_main else logging.WARNING,
-                        format=f"[trainer r{env.rank}] %(message)s", stream=sys.stderr)
+    log_to_stderr(env.rank, logging.INFO if env.is_main else logging.WARNING)
     env, store = init_process_group(env, cfg.timeout_s)
     try:
         run_training(cfg, env, store, data)

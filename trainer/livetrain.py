@@ -32,17 +32,24 @@ from .api.record import RunRecord
 from .checkpoint import load_agreed_checkpoint, save_checkpoint
 from .collectives import all_gather_objects
 from .comm.allreduce import barrier, sync
-from .comm.autolive import AUTO_LIVE_HOOKS, decide_live_comm, healing_in_quorum
+from .comm.autolive import AUTO_LIVE_HOOKS, decide_live_comm, healing_in_quorum, measure_local
 from .comm.decision import CommDecision
 from .comm.layout import settle_layout
-from .config import TrainConfig
+from .comm.regions import read_region
+from .config import ConfigError, TrainConfig
 from .data import Corpus, ShardedBatches, describe_data
 from .datacheck import check_same_data
 from .distenv import DistEnv
 from .heldout import heldout_loss, heldout_windows
 from .live.manager import live_manager, settings_from_env
-from .live.membership import QuorumWatch, goodput, membership, skipped_batches, step_fields
-from .live.runplan import live_comm, node_run_dir, require_torchft
+from .live.membership import Attempts, QuorumWatch, run_fields, step_fields
+from .live.runplan import (
+    live_across_regions,
+    live_comm,
+    node_run_dir,
+    own_record,
+    require_torchft,
+)
 from .live.step import GATHER_S, LiveStep, across_replicas
 from .model import seeded_gpt
 from .optim import build_optimizer, build_scheduler
@@ -62,16 +69,31 @@ class LiveTrainer:
         self.cfg, self.env, self.device = cfg, env, env.device
         self.corpus, self.val_corpus = data
         require_torchft()
-        # comm=auto: decided at the first quorum (`comm.autolive`), or sent by a peer on joining.
+        # comm=auto: decided at step 1 by its quorum (`comm.autolive`), or sent by a peer on joining.
         self.comm = "auto" if cfg.comm == "auto" else live_comm(cfg.comm)
         self.settings = settings_from_env()
+        self._flat_across_regions(read_region())
         cfg = dataclasses.replace(cfg, out=str(node_run_dir(cfg.out_dir, self.settings.node_rank)))
         self.cfg = cfg
         self.ranks = self.settings.nodes * env.world_size  # the cluster's declared ranks
         self.rank = self.settings.node_rank * env.world_size + env.rank
         self.node_tokens = cfg.batch_size * cfg.seq_len * cfg.grad_accum * env.world_size
-        self.record = RunRecord(cfg, env, store)
+        self.record = RunRecord(cfg, env, store,
+                                mirror=own_record(cfg.out_dir, self.settings.node_rank))
         self.run_dir = cfg.out_dir
+
+    def _flat_across_regions(self, region: str) -> None:
+        """Live never opens the regions (`comm.hiersetup`): refused where [train] asks for a sync
+        between them every few steps (as the launch refuses it), said once where it does not."""
+        if not region:
+            return
+        if refused := live_across_regions(self.cfg.cross_comm, self.cfg.auto_periodic,
+                                          f"this node in {region}"):
+            raise ConfigError(refused)
+        if self.settings.node_rank == 0 and self.env.is_main and self.cfg.cross_comm != "flat":
+            log.info("regions (this node in %s): one ring over every rank (fault_tolerance live "
+                     "syncs every node every step; a sync between regions every few steps, "
+                     "cross_comm = \"diloco\", needs fault_tolerance = \"restart\")", region)
 
     def setup(self) -> None:
         cfg, env = self.cfg, self.env
@@ -91,6 +113,10 @@ class LiveTrainer:
         ckpt = load_agreed_checkpoint(self.run_dir / "checkpoints", self.device)
         if ckpt:
             self._load_state(ckpt)
+        # comm=auto: decided by the groups of step 1's quorum, in each attempt at it
+        # (`_forward_backward`); a group that joins later is sent the hook. Here what needs no
+        # network, before any quorum waits on it.
+        self.local = measure_local(cfg, env, self.model) if self.comm == "auto" and not ckpt else None
         # Last: the Manager joins the quorum, which must not wait on this node's setup.
         self.manager = live_manager(self.settings, self._state, self._load_state,
                                     env.local_rank, env.world_size)
@@ -108,11 +134,6 @@ class LiveTrainer:
         if gathered < self.settings.nodes and self.live.step == 1:
             log.warning("starting with %d of %d nodes: the others join when they are up",
                         gathered, self.settings.nodes)
-        # Decided by every declared group at once, in the first quorum: a group that joins later
-        # is sent the hook. With a group missing at the start, plain (none) for the whole run.
-        if self.comm == "auto" and self.live.step == 1:
-            self._use_auto(decide_live_comm(cfg, env, self.model, self.manager).comm
-                           if gathered == self.settings.nodes else "none")
         self.record.open()
         if env.is_main:
             log.info("%s: %.2fM parameters, fault tolerance live: node %s (%d of %d), %d rank(s) "
@@ -140,9 +161,10 @@ class LiveTrainer:
         self.meter.plain_while = lambda: healing_in_quorum(self.manager)
 
     def run(self) -> None:
-        failed = 0
+        failed, attempts = 0, Attempts()
         while self.live.step <= self.cfg.steps:
             start, lr = time.perf_counter(), self.scheduler.get_last_lr()[0]
+            attempts.begin(self.live.step)
             self.meter.begin_step()
             loss, result = self.live.attempt(self._forward_backward)
             self.meter.settle(result.committed, result.healed)
@@ -160,9 +182,11 @@ class LiveTrainer:
             rec = self.record.measure(step, loss, lr, time.perf_counter() - start,
                                       self.node_tokens * result.participants,
                                       self.meter.end_step(), self.meter.name)
-            rec.update(step_fields(result.participants, result.healed, result.quorum_s, rec))
+            rec.update(step_fields(result.participants, result.healed, result.quorum_s, rec,
+                                   attempts.of(step)))
             if change := self.quorum.update(step, result.participants):
                 self.record.nodes.event(*change, step)
+                log.warning("quorum: %s", change[1])  # every node alike: the terminal shows it once
             self.record.write(rec)
             if step == self.cfg.steps or (self.cfg.checkpoint_every
                                           and step % self.cfg.checkpoint_every == 0):
@@ -171,6 +195,8 @@ class LiveTrainer:
 
     def _forward_backward(self, step: int) -> float:
         cfg, total = self.cfg, torch.zeros((), device=self.device)
+        if step == 1 and self.local:  # every group of a step-1 quorum decides (`comm.autolive`)
+            self._use_auto(decide_live_comm(cfg, self.env, self.model, self.manager, self.local).comm)
         for micro in range(cfg.grad_accum):
             x, y = (t.to(self.device) for t in self.data.batch_at(
                 ((step - 1) * self.ranks + self.rank) * cfg.grad_accum + micro))
@@ -209,9 +235,8 @@ class LiveTrainer:
             eval_loss=eval_loss, eval_windows=eval_windows,
             data=describe_data(self.corpus, self.val_corpus, self.cfg.seq_len),
             fault_tolerance="live", node=self.settings.replica_id, world_size=self.ranks,
-            membership=membership(records), goodput=goodput(records, self.node_tokens),
-            skipped_batches=skipped_batches(records, self.settings.nodes,
-                                            self.env.world_size * self.cfg.grad_accum))
+            **run_fields(records, self.settings.nodes, self.node_tokens,
+                         self.env.world_size * self.cfg.grad_accum))
 
     def close(self) -> None:
         if hasattr(self, "live"):

@@ -70,15 +70,16 @@ def last_step(path: Path) -> int:
 
 
 class MetricsLog:
-    """Appends each step's record to metrics.jsonl, TensorBoard and the console."""
+    """Appends each step's record to metrics.jsonl (and the `mirror` folder's), TensorBoard and
+    the console."""
 
-    def __init__(self, run_dir: Path, total_steps: int | None):
+    def __init__(self, run_dir: Path, total_steps: int | None, mirror: Path | None = None):
         self.path, self.tb_dir = run_dir / METRICS_FILE, run_dir / "tb"
         self.last_step = last_step(self.path)  # what the record holds: a restart goes on from it
-        torn = _torn(self.path)
-        self._file = open(self.path, "a", buffering=1)  # line-buffered: a kill loses one line
-        if torn:  # a line a kill cut short stays, on a line of its own (readers skip it)
-            self._file.write("\n")
+        self._files = [_appender(self.path)]
+        if mirror is not None:
+            mirror.mkdir(parents=True, exist_ok=True)
+            self._files.append(_appender(mirror / METRICS_FILE))
         self._tb = _tensorboard(self.tb_dir, purge_step=None)
         self._console = _console(total_steps, self.last_step)
 
@@ -87,7 +88,8 @@ class MetricsLog:
         if step <= self.last_step:
             self._rewind(rec)
         self.last_step = step
-        self._file.write(json.dumps(rec) + "\n")
+        for file in self._files:
+            file.write(json.dumps(rec) + "\n")
         if self._tb is not None:
             self._tb_scalars(rec)
         self._console.update(rec)
@@ -115,9 +117,20 @@ class MetricsLog:
 
     def close(self) -> None:
         self._console.close()
-        self._file.close()
+        for file in self._files:
+            file.close()
         if self._tb is not None:
             self._tb.close()
+
+
+def _appender(path: Path):
+    """`path` opened to append lines, line-buffered (a kill loses one line); a line a kill cut
+    short stays, on a line of its own (readers skip it)."""
+    torn = _torn(path)
+    file = open(path, "a", buffering=1)
+    if torn:
+        file.write("\n")
+    return file
 
 
 def _torn(path: Path) -> bool:

@@ -15,13 +15,14 @@ from fatpipe.infra.dataspec import LOCAL_MANIFEST, DataSpec, cluster_data
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
 from fatpipe.infra.node import REMOTE_PKG
-from fatpipe.trainer.staging.check import PRUNED_PREFIX, verdict
+from fatpipe.trainer.staging.check import IN_THE_WAY_PREFIX, PRUNED_PREFIX, verdict
 from fatpipe.trainer.staging.hashcache import HashCache
 from fatpipe.trainer.staging.names import UnsafeName, check_manifest
+from fatpipe.trainer.staging.record import InTheWay
 
 from ..env.shipped import SYNC_EXCLUDES, trainer_package_dir
 from ..rdzv.rendezvous import remote_dir
-from ..reach.projectdir import adopted_line, claim_and_say, judge_claim
+from ..reach.projectdir import claim_project_dir, judge_claim
 from ..reach.transport import Transport, fan_out, transports_for
 from .nodeprogram import boot_command, claimed, program_line
 
@@ -86,11 +87,11 @@ def node_workdir(outputs, node) -> str:
     return node.remote_dir or remote_dir(outputs.name, node.name)
 
 
-def ship_checker(project, cluster: str, t: Transport, workdir: str, log=None) -> None:
+def ship_checker(project, cluster: str, t: Transport, workdir: str) -> None:
     """The trainer package and the manifest folder onto one ssh node, into a project folder
     that is fatpipe's (claimed first, as every push does: docs/ARCHITECTURE.md, "The project
     folder on a node"); a remote source's fetch runs from there."""
-    claim_and_say(t, workdir, cluster, project.project_id, log)
+    claim_project_dir(t, workdir, cluster, project.project_id)
     steps = (
         ("copy the trainer", trainer_package_dir(), f"{workdir}/{REMOTE_PKG}/fatpipe/trainer", SYNC_EXCLUDES),
         ("copy the manifest", local_manifest_path(project, cluster).parent, f"{workdir}/{MANIFEST_DIR}",
@@ -103,12 +104,13 @@ def ship_checker(project, cluster: str, t: Transport, workdir: str, log=None) ->
 
 
 def check_node(project, outputs, node, t: Transport, python: str, rehash: bool = False,
-               prune: bool = False, log=None) -> NodeData:
+               prune: bool = False) -> NodeData:
     """One round trip: claim the node's project folder (docs/ARCHITECTURE.md, "The project folder
     on a node"), write the manifest there and check the data against it, with the node's system
     Python and the check's modules sent along (`nodeprogram`): nothing is copied first."""
     workdir = node_workdir(outputs, node)
-    flags = (["--rehash"] if rehash else []) + (["--prune"] if prune else [])
+    # --own: the folder is claimed in the same program, so the dataset folder may be fatpipe's alone.
+    flags = (["--rehash"] if rehash else []) + (["--prune", "--own"] if prune else [])
     manifest_rel = f"{MANIFEST_DIR}/{LOCAL_MANIFEST}"
     claim = (workdir, outputs.name, project.project_id)
     line = program_line("fatpipe.trainer.staging.check", ["check", *flags, manifest_rel, "."],
@@ -117,8 +119,10 @@ def check_node(project, outputs, node, t: Transport, python: str, rehash: bool =
     said, lines = claimed(done.stdout)
     if said is None:
         raise FatpipeError(f"{t.describe()}: the project folder {workdir}: {done.reason()}")
-    if judge_claim(t, workdir, outputs.name, project.project_id, said) == "adopted" and log:
-        log(adopted_line(t, workdir, outputs.name, project.project_id))
+    judge_claim(t, workdir, outputs.name, project.project_id, said)
+    blocked = next((line[len(IN_THE_WAY_PREFIX):] for line in lines if line.startswith(IN_THE_WAY_PREFIX)), None)
+    if blocked:  # a file of the user's where the data goes: nothing written there
+        raise FatpipeError(f"{t.describe()}: {blocked}", exit_code=2)
     pruned = next((json.loads(line[len(PRUNED_PREFIX):]) for line in lines if line.startswith(PRUNED_PREFIX)), [])
     if done.ok:
         return NodeData(node.name, None, tuple(pruned))
@@ -128,26 +132,30 @@ def check_node(project, outputs, node, t: Transport, python: str, rehash: bool =
 
 
 def check_data(project, outputs, manifest: dict, python: str | None = None, rehash: bool = False,
-               prune: bool = False, log=None) -> list[NodeData]:
+               prune: bool = False) -> list[NodeData]:
     """Every node's verdict, in node order (nodes sharing this machine's files: one check for all).
 
     Each node skips files its hash cache knows unchanged; `rehash` reads every file again. `prune`
-    (a push) removes what the manifest does not list, and keeps the manifest beside data that matches."""
+    (a push) removes what the manifest does not list and fatpipe staged (trainer/staging/record.py:
+    in the project folder of nodes sharing this machine's files, only what its record names),
+    refuses a file it did not stage where the data goes, and keeps the manifest beside data that matches."""
     transports = transports_for(outputs, project.state_dir(outputs.name))
     if all(t.shares_fs for t in transports):
         try:
             problem, removed = verdict(manifest, project.root, rehash, prune)
         except UnsafeName as e:
             raise FatpipeError(str(e)) from None
+        except InTheWay as e:
+            raise FatpipeError(str(e), exit_code=2) from None
         # One folder for all: what was removed is told once.
         return [NodeData(node.name, problem, tuple(removed) if i == 0 else ()) for i, node in enumerate(outputs.nodes)]
     if any(t.shares_fs for t in transports):
         raise FatpipeError(f"cluster {outputs.name} mixes ssh nodes with local ones; data staging needs one kind")
     pairs = list(zip(outputs.nodes, transports, strict=True))
-    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3", rehash, prune, log), pairs)
+    return fan_out(lambda p: check_node(project, outputs, p[0], p[1], python or "python3", rehash, prune), pairs)
 
 
-def require_data(project, outputs, python: str | None = None, log=None) -> dict | None:
+def require_data(project, outputs, python: str | None = None) -> dict | None:
     """Refuse, in one line naming the node and the file, when a node's data differs from the manifest.
 
     Returns the manifest checked against; None when the cluster declares no [data].
@@ -158,7 +166,7 @@ def require_data(project, outputs, python: str | None = None, log=None) -> dict 
     if manifest is None:
         raise FatpipeError(f"cluster {outputs.name} declares [data] but none was staged: run "
                            f"`fatpipe data push {outputs.name}`")
-    bad = [v for v in check_data(project, outputs, manifest, python, log=log) if v.problem]
+    bad = [v for v in check_data(project, outputs, manifest, python) if v.problem]
     if bad:
         shown = "; ".join(f"node {v.node}: {v.problem}" for v in bad)
         raise FatpipeError(f"data differs from the manifest on {shown} (`fatpipe data push {outputs.name}` "

@@ -59,10 +59,12 @@ def run_fetch(t: Transport, node: str, workdir: str, python: str | None, spec_re
               progress: NodeProgress | None) -> dict:
     """Run the fetch on one node, passing on its progress; its manifest, or FatpipeError naming it.
 
-    Without `python`: the node venv's once built (boto3 comes with [node] packages), else python3."""
+    Without `python`: the node venv's once built (boto3 comes with [node] packages), else python3.
+    An ssh node's project folder is fatpipe's (`--own`); one that shares this machine's files is
+    the user's project (trainer/staging/record.py)."""
     pick = shlex.quote(python) if python else f'"$({PICK_PYTHON})"'
     command = (f"cd {shlex.quote(workdir)} && PYTHONPATH={REMOTE_PKG} {pick} -m {FETCH_MODULE} "
-               f"{shlex.quote(spec_rel)} .")
+               f"{shlex.quote(spec_rel)} .{'' if t.shares_fs else ' --own'}")
     proc = t.popen(command)
     result, error, tail = None, None, deque(maxlen=3)
     try:
@@ -131,7 +133,7 @@ def fetch_data(project, outputs, spec, remote_python: str | None = None,
         def on_node(pair) -> dict:
             node, t = pair
             workdir = node_workdir(outputs, node)
-            ship_checker(project, outputs.name, t, workdir, log)
+            ship_checker(project, outputs.name, t, workdir)
             return run_fetch(t, node.name, workdir, remote_python, f"{MANIFEST_DIR}/{FETCH_SPEC}", progress)
         manifests = fan_out(on_node, list(zip(outputs.nodes, transports, strict=True)))
     reference, odd = agree(names, manifests)

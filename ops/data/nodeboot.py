@@ -41,7 +41,7 @@ if __name__ == "__main__":
     if SENT.get("claim"):  # the project folder is this project's before anything is written in it
         answer = importlib.import_module("node_checks").claim(*SENT["claim"])
         print(CLAIMED + json.dumps(answer), flush=True)
-        if answer[0] not in ("made", "ours", "adopted"):
+        if answer[0] not in ("made", "ours"):
             sys.exit(0)
         os.chdir(SENT["claim"][0])
     for rel, text in SENT["files"].items():

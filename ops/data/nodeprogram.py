@@ -20,7 +20,7 @@ from ..reach.projectdir import NODE_CHECKS_FILE as NODE_CHECKS
 BOOT = Path(__file__).with_name("nodeboot.py")
 CLAIMED = "fatpipe-claimed: "  # as nodeboot.py says it
 STAGING = Path(_manifest.__file__).parent
-SENT_MODULES = ("names", "hashcache", "manifest", "tidy", "check", "chainfiles", "chainlink", "stage")
+SENT_MODULES = ("names", "hashcache", "manifest", "tidy", "record", "check", "chainfiles", "chainlink", "stage")
 
 
 def modules() -> dict[str, tuple[bool, str]]:

@@ -7,22 +7,32 @@
 4. Meanwhile `trainer.staging.stage` starts on every node at once (`ops.data.chain`: the node's
    system Python, plain sockets), its place 0 waiting for the copy: a pipelined chain of chunks
    over the private links, carrying only the chunks some node lacks.
-Nodes that share this machine's files get one local copy. A remote source (s3://, https://) is
-fetched by every node itself instead (`ops.data.fetch`). docs/ARCHITECTURE.md, "The data contract".
+Nodes that share this machine's files get one local copy, into the user's own project folder: it
+writes over no file fatpipe did not stage and removes only what its record says it staged
+(trainer/staging/record.py). A `path` that holds the source or lies in it is refused first. A
+remote source (s3://, https://) is fetched by every node itself instead (`ops.data.fetch`).
+docs/ARCHITECTURE.md, "The data contract".
 """
 
 from __future__ import annotations
 
-import subprocess
+import os
+import shutil
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.trainer.staging.manifest import build_manifest, write_manifest
-from fatpipe.trainer.staging.names import UnsafeName
-from fatpipe.trainer.staging.tidy import prune
+from fatpipe.trainer.staging.manifest import (
+    PARTIAL_SUFFIX,
+    build_manifest,
+    file_target,
+    hash_file,
+    node_cache,
+    write_manifest,
+)
+from fatpipe.trainer.staging.names import UnsafeName, dataset_base, first_link, writable_target
 
 from ..reach.transport import transports_for
 from .chain import Progress, fan_out_chain
@@ -55,6 +65,7 @@ class PushResult:
 def make_manifest(project, cluster: str) -> tuple[dict, Path]:
     """The manifest of the cluster's declared source (kept in .fatpipe/<cluster>/data/), and the source."""
     spec = declared_data(project, cluster)
+    refuse_overlap(spec, project.root)
     source = spec.source_path(project.root)
     if not source.exists():
         raise FatpipeError(f"data source {spec.source}: no such file or folder ({source})", exit_code=2)
@@ -68,6 +79,23 @@ def make_manifest(project, cluster: str) -> tuple[dict, Path]:
     cache.save()
     save_local_manifest(project, cluster, manifest)
     return manifest, source
+
+
+def refuse_overlap(spec, root: Path) -> None:
+    """A `path` that holds the source or lies inside it, as written or with links resolved: on
+    nodes that share this machine's files a push would write into (and prune) its own source. The
+    same folder is the data itself (nothing copied); a folder beside the source is the fix."""
+    written = Path(os.path.normpath(root / Path(spec.source).expanduser()))
+    as_written = (written, Path(os.path.normpath(root / spec.path)))
+    resolved = (spec.source_path(root), (root / spec.path).resolve())
+    for source, landing in (as_written, resolved):
+        where = "" if (source, landing) == as_written else f" (links resolved: {landing} and {source})"
+        if landing in source.parents:
+            raise FatpipeError(f"data path {spec.path!r} holds the source {spec.source!r}{where}: a push would "
+                               "stage the source into itself; choose a path beside it", exit_code=2)
+        if source in landing.parents:
+            raise FatpipeError(f"data path {spec.path!r} lies inside the source {spec.source!r}{where}: a push "
+                               "would stage the source into itself; choose a path beside it", exit_code=2)
 
 
 def push_data(project, outputs, *, remote_python: str | None = None, log: Log = lambda _: None,
@@ -90,7 +118,7 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
     transports = transports_for(outputs, project.state_dir(outputs.name))
     if all(t.shares_fs for t in transports):
         return _stage_here(project, manifest, source, outputs, started)
-    before = check_data(project, outputs, manifest, remote_python, prune=True, log=log)
+    before = check_data(project, outputs, manifest, remote_python, prune=True)
     result = PushResult(manifest, before, removed={v.node: list(v.removed) for v in before if v.removed})
     if before[0].problem:
         log(f"{outputs.nodes[0].name}: {before[0].problem}: copying over the uplink")
@@ -115,21 +143,34 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
 
 
 def _stage_here(project, manifest: dict, source: Path, outputs, started: float) -> PushResult:
-    """Nodes that share this machine's files: one copy into the project folder, when it lies elsewhere
-    (made equal to the manifest); a source that is that folder is the user's own, and never pruned."""
-    target = project.root / manifest["path"]
-    copied = source != target.resolve()
-    removed = prune(manifest, project.root) if copied else []  # first: no link left there for rsync to meet
-    if copied:
-        target.parent.mkdir(parents=True, exist_ok=True)
-        src = f"{source}/" if source.is_dir() else str(source)
-        done = subprocess.run(["rsync", "-a", "--no-links", "--partial", "--checksum", src, str(target)],
-                              capture_output=True, text=True)
-        if done.returncode:
-            raise FatpipeError(f"copying {source} to {target} failed: {done.stderr.strip()[-300:]}")
-    else:
+    """Nodes that share this machine's files: one copy into the project folder, when it lies
+    elsewhere. That folder is the user's: a file fatpipe did not stage in the data's way stops the
+    push, and only what its record says it staged goes (trainer/staging/record.py); a source that
+    is that folder is the data itself, never pruned."""
+    if source == (project.root / manifest["path"]).resolve():
         write_manifest(manifest, project.root)
-    verdict = check_data(project, outputs, manifest, prune=copied)  # pruning keeps the manifest beside the data
+        return PushResult(manifest, check_data(project, outputs, manifest), elapsed_s=time.monotonic() - started)
+    removed = list(check_data(project, outputs, manifest, prune=True)[0].removed)  # records what it will write
+    _copy_here(manifest, source, project.root)
+    verdict = check_data(project, outputs, manifest, prune=True)  # keeps the manifest beside data that matches
     removed += verdict[0].removed
     return PushResult(manifest, verdict, removed={outputs.nodes[0].name: removed} if removed else {},
                       elapsed_s=time.monotonic() - started)
+
+
+def _copy_here(manifest: dict, source: Path, root: Path) -> None:
+    """Each listed file that is not there right: copied aside, then renamed into place (a new
+    inode: a trainer that maps the old one keeps its bytes); a link on its way is replaced."""
+    cache, base = node_cache(manifest, root), dataset_base(manifest, root)
+    for entry in manifest["files"]:
+        target = file_target(manifest, root, entry["name"])
+        if first_link(base, target) is None and target.is_file() and target.stat().st_size == entry["size"] and \
+                cache.hashes(target, lambda p: hash_file(p, manifest["chunk_size"]))[0] == entry["sha256"]:
+            continue
+        target = writable_target(base, target)
+        part = writable_target(base, target.with_name(target.name + PARTIAL_SUFFIX))
+        if os.path.lexists(part):
+            os.unlink(part)
+        shutil.copyfile(source / entry["name"] if manifest["kind"] == "folder" else source, part)
+        os.replace(part, target)
+    cache.save()

@@ -17,7 +17,12 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.trainer.staging.hashcache import CACHE_SUFFIX
-from fatpipe.trainer.staging.manifest import MANIFEST_NAME, PARTIAL_SUFFIX, manifest_target
+from fatpipe.trainer.staging.manifest import (
+    MANIFEST_NAME,
+    PARTIAL_SUFFIX,
+    RECORD_NAME,
+    manifest_target,
+)
 
 from .datacheck import MANIFEST_DIR
 
@@ -47,11 +52,11 @@ class UplinkCopy:
             raise FatpipeError(f"{self.t.describe()}: cannot make {parent}: {made.reason()}")
         folder = self.manifest["kind"] == "folder"
         src = f"{self.source}/" if folder else str(self.source)
-        # Random data does not compress: --no-z saves the CPU; the manifest, the hash cache and
-        # the chain's partial copies stay out of it; a link is never copied (the manifest refuses
-        # one, --no-links keeps one made since out).
+        # Random data does not compress: --no-z saves the CPU; the manifest, the hash cache, the
+        # record of what was staged and the chain's partial copies stay out of it; a link is never
+        # copied (the manifest refuses one, --no-links keeps one made since out). No --delete.
         extra = ["--no-z", "--checksum", "--no-links", f"--exclude={MANIFEST_NAME}", f"--exclude=*{PARTIAL_SUFFIX}",
-                 f"--exclude=*{CACHE_SUFFIX}"]
+                 f"--exclude=*{CACHE_SUFFIX}", f"--exclude={RECORD_NAME}"]
         argv = self.t.rsync_argv(src, f"{self.t.remote_host()}:{dest}{'/' if folder else ''}", extra)
         # A session of its own, as every transport command: Ctrl-C reaches fatpipe, which stops it.
         self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,

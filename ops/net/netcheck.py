@@ -88,8 +88,9 @@ def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, l
     from ..rdzv.rendezvous import RunOptions, new_rendezvous
     from ..reach.firewall_check import require_firewall
     from ..reach.nodecall import forget_all
-    from ..run.launch import Follow, launch, refuse_if_running, run_id_of
+    from ..run.launch import Follow, launch, run_id_of
     from ..run.runchecks import ask_launch_checks, latest_nodes
+    from ..run.runguard import refuse_if_running
 
     bench_dir = run_dir / "netcheck"
     bench_dir.mkdir(parents=True, exist_ok=True)
@@ -114,8 +115,10 @@ def launch_netbench(project, outputs, run_dir: Path, options: NetcheckOptions, l
     previous = latest_nodes(project, outputs.name) if refuse_running else []
     try:
         ask_launch_checks(project, outputs, rdzv, previous)
-        if refuse_running:
-            refuse_if_running(project, outputs.name, previous)
+        going = refuse_if_running(project, outputs.name, previous, force=options.force,
+                                  outputs=outputs) if refuse_running else None
+        if going:
+            log(going)
         for warning in require_firewall(project, outputs):
             log(f"warning: {warning}")
     except BaseException:

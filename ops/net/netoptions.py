@@ -35,6 +35,7 @@ class NetcheckOptions:
     p2p_tool: str = "auto"  # auto | iperf3 | socket
     timeout_s: float | None = None  # default: estimated from the sizes and the tier
     pairs: bool = False  # also every node pair, in rounds of disjoint pairs (the link matrix)
+    force: bool = False  # go on though a node of the latest run cannot be reached (it may run it)
 
     def __post_init__(self):
         if self.max_size is None and not self.quick:

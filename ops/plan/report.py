@@ -202,7 +202,8 @@ def write_report(run_dir: Path) -> Path:
     faults = ("restarts", "failed_collectives", "collectives_attempted", "sync_failure_rate")
     parts.append(table("restarts and failures", {k: summary.get(k) for k in faults}))
     if summary.get("fault_tolerance") == "live":
-        live = ("membership", "goodput", "skipped_batches", "uncommitted_steps")
+        live = ("nodes", "membership", "goodput", "skipped_batches", "uncommitted_steps",
+                "sync_exchanges", "failed_exchanges", "record")
         parts.append(table("live fault tolerance", {k: summary[k] for k in live if k in summary}))
     if net:
         parts.append(table("netcheck", {"busbw_gbps": net.get("busbw_gbps"), "passed": net.get("gate", {}).get("passed"),

@@ -6,14 +6,14 @@ from __future__ import annotations
 import shlex
 from pathlib import Path
 
-from fatpipe.infra.defaults import GROUP_RANK_FILE, TORCHRUN_DIR
+from fatpipe.infra.defaults import GROUP_RANK_FILE, RUN_PORTS_PER_NODE, TORCHRUN_DIR
 from fatpipe.infra.node import REMOTE_PKG
 from fatpipe.trainer.noderank import GROUP_RANK_FILE_ENV
 
 from .record import NodePlan, Rendezvous
 
 LIVE_STORE, LIVE_LIGHTHOUSE, LIVE_RELAY = range(3)
-LIVE_PORTS_PER_NODE = 3
+LIVE_PORTS_PER_NODE = RUN_PORTS_PER_NODE  # the host firewall admits only the nodes to them
 
 # The interface holding the node's private IP: an exact address match first, else the longest
 # prefix holding it (127.0.0.0/8 on lo holds every loopback node's 127.x address).
@@ -27,6 +27,9 @@ END { if (exact != "") print exact; else if (dev != "") print dev }
 """.strip()
 
 USER_SCRIPT_MODULE = "fatpipe.trainer.api.userscript"  # runs a user script with per-rank error files
+# torchrun through trainer.agent: a signal it handled ends it by that signal, so the node's
+# supervisor reads a stop or a kill from its exit status, not from its log.
+TORCHRUN = ["-m", "fatpipe.trainer.agent", "torch.distributed.run"]
 
 
 def torchrun_log_dir(rdzv: Rendezvous, rank: int) -> str:
@@ -95,7 +98,7 @@ def torchrun_command(rdzv: Rendezvous, node: NodePlan) -> list[str]:
     nnodes, endpoint = (1, f"{node.private_ip}:{live_port(rdzv, node.rank, LIVE_STORE)}") \
         if rdzv.live else (rdzv.nnodes, rdzv.rdzv_endpoint)
     return [
-        "-m", "torch.distributed.run",
+        *TORCHRUN,
         "--nnodes", str(nnodes), "--nproc-per-node", str(rdzv.nproc_per_node),
         "--rdzv-backend", rdzv.rdzv_backend, "--rdzv-endpoint", endpoint,
         "--rdzv-id", rdzv.run_id, "--rdzv-conf", conf,
@@ -147,14 +150,14 @@ fi
 export NCCL_SOCKET_IFNAME="=$IFACE" GLOO_SOCKET_IFNAME="$IFACE"
 # This attempt's error files only: the ones a failure is named from (ops.run.rootcause).
 rm -rf {shlex.quote(torchrun_log_dir(rdzv, node.rank))}
-{exports}PY="${{FATPIPE_PYTHON:-{node.python}}}"
+{exports}PY=${{FATPIPE_PYTHON:-}}; [ -n "$PY" ] || PY={shlex.quote(node.python)}
 exec "$PY" {body}
 """
 
 
 def _group(args: list[str]) -> list[str]:
-    """Pair each `--flag` with its value; the first item is `-m torch.distributed.run`."""
-    out, i = [" ".join(args[:2])], 2
+    """Pair each `--flag` with its value; the first items are TORCHRUN's."""
+    out, i = [" ".join(args[:len(TORCHRUN)])], len(TORCHRUN)
     while i < len(args):
         nxt = args[i + 1] if i + 1 < len(args) else None
         if (args[i] == "-m" or args[i].startswith("--")) and nxt is not None and not nxt.startswith("--"):

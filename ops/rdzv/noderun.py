@@ -1,14 +1,16 @@
-"""One node's side of a run: the shell commands that start, watch and stop it there, and how it ended.
+"""One node's side of a run: the commands that start, watch and stop it there, and how it ended.
 
-Each node runs `bash <run>/node-<rank>.sh` detached (`setsid`), its output in
-`<run>/node-<rank>.log`, the session id in `node-<rank>.pid` (who that process is, its boot
-and start time, in `node-<rank>.ident`: `runproc`) and torchrun's exit status in
-`node-<rank>.exit`, all in the run folder on that node. So `fatpipe launch` may die and
-`fatpipe logs` reattach.
+Each node's supervisor (supervisor.py, a Python program in a session of its own) runs
+`bash <run>/node-<rank>.sh` through a keeper per attempt, its output in `<run>/node-<rank>.log`,
+the supervisor's pid (its session id) in `node-<rank>.pid` (who that process is, its boot and
+start time, in `node-<rank>.ident`: `runproc`), the attempt's keeper and status in
+`node-<rank>.keeper` and torchrun's last exit status in `node-<rank>.exit`, all in the run folder
+on that node. So `fatpipe launch` may die and `fatpipe logs` reattach.
 """
 
 from __future__ import annotations
 
+import json
 import shlex
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,7 +22,6 @@ from ..reach.nodecall import NodeCallError, Step, answer_of, ask
 from ..reach.transport import Transport, fan_out, transport_for
 from .nodefiles import group_rank_file, lighthouse_args
 from .rendezvous import NodePlan, Rendezvous, read_rendezvous
-from .runproc import AGENT_TAG_ENV, AGENT_TAG_PREFIX
 
 LIGHTHOUSE_MODULE = "fatpipe.trainer.live.lighthouse"
 
@@ -33,6 +34,11 @@ STOP_WAIT_S = 10  # from SIGTERM to SIGKILL: torchrun stops its workers in this 
 RUNPROC_FILE = Path(__file__).with_name("runproc.py")
 RUNPROC = RUNPROC_FILE.read_text()
 RUNPROC_SOURCE = (("runproc", RUNPROC_FILE),)
+# The node's supervisor (supervisor.py), runproc loaded first as the module it imports.
+SUPERVISOR = (
+    "import sys, types\nrunproc = sys.modules['runproc'] = types.ModuleType('runproc')\n"
+    f"exec(compile({RUNPROC!r}, 'runproc.py', 'exec'), runproc.__dict__)\n"
+    f"{Path(__file__).with_name('supervisor.py').read_text()}\nsys.exit(main(sys.argv[1:]))\n")
 # torch 2.13: a torchrun that joins a running job (a new agent, in a later rendezvous round) waits
 # for the address of the store the workers share, which node 0's agent writes under the round's
 # key prefix only in its own first round; the new agent blocked until its read timeout. This copies
@@ -72,6 +78,8 @@ class LaunchResult:
     elapsed_s: float = 0.0
     failure: str | None = None  # why it failed, in one line naming the node and the phase
     live: bool = False  # fault_tolerance = "live": the run needs only the nodes that stayed
+    # Live: nodes out of reach that the others went on without, {node: {"step", "time"}} (ops.run.liveleave).
+    left: dict[str, dict] = field(default_factory=dict)
 
     @property
     def exit_code(self) -> int:
@@ -116,10 +124,8 @@ class NodeRun:
     def __init__(self, rdzv: Rendezvous, plan: NodePlan, transport: Transport):
         self.rdzv, self.plan, self.transport = rdzv, plan, transport
         stem = f"{rdzv.run_rel}/node-{plan.rank}"
-        self.script, self.log, self.pid, self.exit, self.stop, self.earlier, self.ident = (
-            shlex.quote(f"{stem}.{ext}")
-            for ext in ("sh", "log", "pid", "exit", "stop", "earlier.log", "ident")
-        )
+        self.log, self.pid, self.exit, self.stop, self.ident, self.keeper = (
+            shlex.quote(f"{stem}.{ext}") for ext in ("log", "pid", "exit", "stop", "ident", "keeper"))
         self.name = plan.name
 
     def sh(self, snippet: str) -> str:
@@ -127,76 +133,38 @@ class NodeRun:
         return f"cd {shlex.quote(self.plan.workdir)} && {snippet}"
 
     def start_command(self) -> str:
-        inner = self._wrapper()
-        return self.sh(
-            # A run started again (`launch --run ID`) keeps the earlier attempts' log beside it.
-            f"rm -f {self.exit} {self.pid} {self.stop} {self.ident} && "
-            f"{{ [ ! -s {self.log} ] || cat {self.log} >> {self.earlier}; }} && : > {self.log} && "
-            f"setsid -f bash -c {shlex.quote(inner)} < /dev/null > /dev/null 2>&1 && "
-            f"for i in $(seq 100); do [ -s {self.pid} ] && exit 0; sleep 0.1; done; "
-            'echo "fatpipe: the node process did not start" >&2; exit 1'
-        )
+        """Starts the node's supervisor (supervisor.py) from the project folder: Python given its
+        settings as one JSON argument, so no value of the run's is shell text there."""
+        settings = shlex.quote(json.dumps(self.settings()))
+        return self.sh(f"python3 -c {shlex.quote(SUPERVISOR)} start {settings}")
 
-    def _wrapper(self) -> str:
-        """The node's process: runs torchrun (node-<rank>.sh), restarts it when it was killed,
-        and records its last status.
+    def settings(self) -> dict:
+        """What the node's supervisor needs: its files, the restart policy, the interpreter, the
+        rendezvous step before a restart and, under live, the node's Lighthouse.
 
-        It traps TERM/INT/HUP so that, when the group is signalled, it outlives torchrun (which
-        shuts its workers down) and records torchrun's status. A torchrun killed by a signal
-        that `fatpipe stop` did not send (stop leaves a marker first) is started again, up to
-        the run's max_restarts times: its peers' agents see the new node in the rendezvous and
-        restart the whole worker group, which resumes from the checkpoint. Node 0's is not: it
-        hosts the rendezvous store, which died with it. Nor is the one torch made group rank 0
-        (its record, `nodefiles.group_rank_file`, says 0): its agent hosted the store the workers
-        share, and the other agents would keep sending their workers to its old address.
-        torchrun exits 1 after a TERM it handled, so its own "got signal" line in this attempt's
-        log tells that case apart.
-        Each attempt's workers carry a tag, since they outlive a killed torchrun (each runs in
-        a session of its own) and must go before the next attempt starts. Before its pid, the
-        wrapper records who it is (boot id, start time: `runproc`), which the tag holds too.
-        Under live fault tolerance each node's torchrun is a group of its own: any node's is
-        started again, with no rendezvous to prepare, and the wrapper also keeps the node's
-        Lighthouse and relay (`_lighthouse`) until it ends.
+        A torchrun killed by a signal that `fatpipe stop` did not send is started again, up to
+        max_restarts times (supervisor.py). Node 0's is not: it hosts the rendezvous store, which
+        died with it. Nor is the one torch made group rank 0 (`leads`: its record says 0). Under
+        live every node hosts its own store and rejoins through the Lighthouse, not torch's
+        rendezvous: any node's is started again, with no rendezvous to prepare.
         """
-        live = self.rdzv.live
-        # Live: every node hosts its own store, so any node's torchrun may start again; it
-        # rejoins through the Lighthouse, not torch's rendezvous.
-        restarts = self.rdzv.max_restarts if live or self.plan.rank != 0 else 0
-        leads = "false" if live else \
-            f'[ "$(cat {shlex.quote(group_rank_file(self.rdzv, self.plan.rank))} 2>/dev/null)" = 0 ]'
-        log = self.log
-        host, _, port = self.rdzv.rdzv_endpoint.rpartition(":")
-        python = f'"${{FATPIPE_PYTHON:-{self.plan.python}}}"'
-        rejoin = "" if live else (
-            f"timeout {REJOIN_TIMEOUT_S} {python} -c {shlex.join([REJOIN_PY, host, port, self.rdzv.run_id])} "
-            f'>> {log} 2>&1 || echo "fatpipe: could not prepare the rendezvous for the new torchrun" >> {log}')
-        lighthouse = self._lighthouse(python) if live else ""
-        end_lighthouse = "kill $lh 2>/dev/null; " if lighthouse else ""
-        return f"""read -r boot < /proc/sys/kernel/random/boot_id; st=$(< /proc/$$/stat); st=(${{st##*") "}})
-start=${{st[19]}}; echo "$boot $start" > {self.ident}; echo $$ > {self.pid}; trap true TERM INT HUP; n=0
-{lighthouse}while :; do
-  from=$(stat -c %s {log} 2>/dev/null || echo 0); tag={AGENT_TAG_PREFIX}$$-$start-$n
-  {AGENT_TAG_ENV}=$tag bash {self.script} >> {log} 2>&1 < /dev/null; rc=$?
-  [ -e {self.stop} ] || [ $n -ge {restarts} ] || {leads} && break
-  if [ $rc -gt 128 ] && [ $rc -lt 192 ]; then sig=$(kill -l $((rc - 128)) 2>/dev/null || echo $((rc - 128)))
-  elif [ $rc -ne 0 ] && sig=$(tail -c +$((from + 1)) {log} | grep -o 'SignalException: Process [0-9]* got signal: [0-9A-Za-z.]*' | tail -n 1 | sed 's/.*: //') && [ -n "$sig" ]; then :
-  else break; fi
-  left=$({_tagged_pids('$tag')}); [ -n "$left" ] && kill -KILL $left 2>/dev/null
-  n=$((n + 1))
-  echo "fatpipe: torchrun on {self.name} ended by signal $sig, not by fatpipe stop: starting it again (restart $n of {restarts})" >> {log}
-  {rejoin}
-done
-{end_lighthouse}echo $rc > {self.exit}.tmp; mv {self.exit}.tmp {self.exit}"""
-
-    def _lighthouse(self, python: str) -> str:
-        """The node's relay to the run's serving Lighthouse, and its own Lighthouse where the
-        run has one per node (trainer.live.lighthouse), beside torchrun for the whole run and
-        started again a second after it dies; its lines go to the node's log."""
-        path = f'PYTHONPATH="$PWD/{REMOTE_PKG}" ' if self.plan.transport == "ssh" else ""
-        args = lighthouse_args(self.rdzv, self.plan.rank)
-        run = f"{path}{python} -m {LIGHTHOUSE_MODULE} {shlex.join(args)}"
-        return (f"( trap 'kill $c 2>/dev/null; exit 0' TERM INT HUP; while :; do {run} & c=$!; "
-                f"wait $c; sleep 1; done ) >> {self.log} 2>&1 < /dev/null & lh=$!\n")
+        rdzv, plan = self.rdzv, self.plan
+        live = rdzv.live
+        host, _, port = rdzv.rdzv_endpoint.rpartition(":")
+        files = {name: f"{rdzv.run_rel}/node-{plan.rank}.{ext}" for name, ext in (
+            ("script", "sh"), ("log", "log"), ("pid", "pid"), ("exit", "exit"), ("stop", "stop"),
+            ("earlier", "earlier.log"), ("ident", "ident"), ("keeper", "keeper"))}
+        return {
+            "files": files, "name": plan.name, "python": plan.python,
+            "restarts": rdzv.max_restarts if live or plan.rank != 0 else 0,
+            "leads": None if live else group_rank_file(rdzv, plan.rank),
+            "rejoin": None if live else [REJOIN_PY, host, port, rdzv.run_id],
+            "rejoin_timeout_s": REJOIN_TIMEOUT_S,
+            # The node's relay to the run's serving Lighthouse, and its own Lighthouse where the
+            # run has one per node (trainer.live.lighthouse): `python -m` these.
+            "lighthouse": [LIGHTHOUSE_MODULE, *lighthouse_args(rdzv, plan.rank)] if live else None,
+            "lighthouse_path": REMOTE_PKG if live and plan.transport == "ssh" else None,
+        }
 
     def follow_command(self, follow: bool = True, offset: int = 0) -> str:
         """The node's log from byte `offset` on: to its end, or (`follow`) until its process has
@@ -207,19 +175,19 @@ done
         if not follow:
             return self.sh(rest)
         # tail waits on the wrapper's pid only while it is the run's (a reused pid is a stranger's).
-        pid = self._runproc("pid", self.pid, self.ident)
+        pid = self._runproc("pid", self.pid, self.ident, self.keeper)
         return self.sh(f'p=$({pid}); if [ -n "$p" ]; then '
                        f'exec tail {start} -s 0.5 -F --pid="$p" {self.log} 2>/dev/null; fi; {rest}')
 
     def status_command(self) -> str:
         """Prints the node's exit status, running, lost (its process is gone, or its pid is
         another process's now) or not-started."""
-        return self.sh(self._runproc("status", self.pid, self.ident, self.exit))
+        return self.sh(self._runproc("status", self.pid, self.ident, self.exit, self.keeper))
 
     def stop_command(self) -> str:
         """Stops the run's processes on the node, and nothing else (`runproc.stop`)."""
         return self.sh(self._runproc("stop", self.pid, self.ident, self.exit, self.stop,
-                                     str(STOP_WAIT_S)))
+                                     str(STOP_WAIT_S), self.keeper))
 
     def _runproc(self, action: str, *quoted: str) -> str:
         """`runproc` on the node with `action` and its arguments (already quoted)."""
@@ -227,12 +195,13 @@ done
 
     def status_step(self) -> Step:
         """The node program's step that answers the run's state on the node (`runproc.status`)."""
-        return Step("runproc.status", self._files("pid", "ident", "exit"), self.plan.workdir, RUNPROC_SOURCE)
+        return Step("runproc.status", self._files("pid", "ident", "exit", "keeper"), self.plan.workdir,
+                    RUNPROC_SOURCE)
 
     def stop_step(self) -> Step:
         """The node program's step that stops the run's processes there, and nothing else."""
-        return Step("runproc.stop", (*self._files("pid", "ident", "exit", "stop"), STOP_WAIT_S),
-                    self.plan.workdir, RUNPROC_SOURCE)
+        return Step("runproc.stop", (*self._files("pid", "ident", "exit", "stop"), STOP_WAIT_S,
+                                     *self._files("keeper")), self.plan.workdir, RUNPROC_SOURCE)
 
     def log_step(self, offset: int = 0) -> Step:
         """The node program's step that reads the node's log from byte `offset` (None: no log yet)."""
@@ -271,13 +240,6 @@ done
 def state_of(answer: dict) -> str:
     """A run state from the node program's answer to `status_step`."""
     return str(answer["ok"]).strip() if "error" not in answer else f"unreadable: {answer['error']}"
-
-
-def _tagged_pids(tag_pattern: str) -> str:
-    """A shell command listing the pids whose environment holds AGENT_TAG_ENV=`tag_pattern`
-    (a grep pattern; may hold shell variables)."""
-    return (f'grep -lzx "{AGENT_TAG_ENV}={tag_pattern}" /proc/[0-9]*/environ 2>/dev/null '
-            "| cut -d/ -f3")
 
 
 def node_runs(rdzv: Rendezvous, state_dir: Path) -> list[NodeRun]:

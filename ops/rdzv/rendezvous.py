@@ -27,7 +27,7 @@ from fatpipe.infra.node import DEFAULT_REMOTE_DIR, REMOTE_VENV
 from fatpipe.infra.tiers import tier_name, tier_profile
 from fatpipe.trainer.live.lighthouse import bind_address, majority
 
-from .faultmode import choose_fault_mode
+from .faultmode import choose_fault_mode, refuse_live_across_regions
 from .nodefiles import (
     LIVE_LIGHTHOUSE,
     LIVE_PORTS_PER_NODE,
@@ -38,7 +38,7 @@ from .nodefiles import (
     torchrun_command,
 )
 from .record import NodePlan, Rendezvous
-from .regionenv import region_env
+from .regionenv import node_regions, region_env
 
 TRAINER_MODULE = "fatpipe.trainer"
 # What a live run adds to every node's environment (trainer.live.manager reads them).
@@ -102,6 +102,7 @@ def new_rendezvous(project, outputs, run_id: str, run_dir: Path, *, train=None,
     spec = train or project.train
     runs = "entry" if entry else "script" if script else "trainer"
     fault = choose_fault_mode(spec, len(outputs.nodes), runs)
+    refuse_live_across_regions(spec, fault.mode, runs, list(node_regions(outputs, run_dir).values()))
     live = fault.mode == "live"
     if live and entry:
         raise FatpipeError("fault_tolerance = \"live\" runs the built-in trainer or a script "
@@ -197,11 +198,12 @@ def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str
         "PYTHONUNBUFFERED": "1",  # the per-node log streams line by line, not in 8 KiB blocks
     }
     env |= outputs.nccl or _tier_nccl(outputs.tier_gbps)  # outputs from before they carried it
-    if shared:
-        # Sim nodes share one machine: NCCL would use shared memory and bypass the shaped links,
-        # and every rank using every core would oversubscribe the CPUs.
+    if shared or outputs.provider == "sim":
+        # Sim nodes share one machine, over ssh too: NCCL would use shared memory and bypass the
+        # shaped links, and every rank using every core would oversubscribe the CPUs.
         env |= {"NCCL_SHM_DISABLE": "1", "NCCL_P2P_DISABLE": "1",
                 "OMP_NUM_THREADS": str(max(1, (os.cpu_count() or 1) // world))}
+    if shared:
         workdir, python = str(project.root), sys.executable
     else:
         workdir = node.remote_dir or remote_dir(outputs.name, node.name)

@@ -3,21 +3,24 @@ without signalling any other process.
 
 A pid names a process only while that process lives: once the wrapper is gone (the node
 rebooted, the process was killed) the kernel may give its pid to any other process, root's by
-default. So the wrapper (`noderun.NodeRun._wrapper`) records who it is before its pid: the
+default. So the wrapper (supervisor.py) records who it is before its pid: the
 kernel's boot id and its own start time (field 22 of /proc/<pid>/stat, clock ticks since boot)
 in node-<rank>.ident. A pid counts as the run's only while its process has that start time in
 that boot; otherwise the run's process is gone ("lost") and nothing is signalled. Every signal
 goes to a process whose start time was checked just before it, so a pid reused while `stop`
 waits is not hit either. The workers torchrun leaves behind (sessions of their own, nobody's
 children once torchrun is killed) are found by their tag, AGENT_TAG_ENV, which holds the
-wrapper's pid and start time: no other wrapper's workers carry it.
+wrapper's pid and start time: no other wrapper's workers carry it. Each attempt's keeper (the
+wrapper's child that runs torchrun) records itself the same way in node-<rank>.keeper, and its
+attempt's status once torchrun ends: a wrapper killed alone leaves the node running while its
+keeper lives, and then ended with the status the keeper recorded, never "lost".
 
 Standard library only, Python 3.8. `noderun` asks `status` and `stop` through the node program
 (ops/reach/nodecall.py), run from the project folder; a follower's `tail --pid` takes the pid from
 this file sent as `python3 -c`, with the action and the run's per-node file names as arguments:
-    status PID IDENT EXIT          prints the exit status, running, lost or not-started
-    pid PID IDENT                  prints the wrapper's pid while it is the run's, else nothing
-    stop PID IDENT EXIT STOP WAIT_S
+    status PID IDENT EXIT [KEEPER]         prints the exit status, running, lost or not-started
+    pid PID IDENT [KEEPER]                 prints the pid of the run's process while it lives, else nothing
+    stop PID IDENT EXIT STOP WAIT_S [KEEPER]
 """
 
 from __future__ import annotations
@@ -102,8 +105,24 @@ class Wrapper:
             return None
         if not self.recorded and self.start_time() is None:  # an older wrapper's, only while it lives
             return None
-        attempt = rf"{self.start}-\d+" if self.recorded else r"\d+"
+        attempt = rf"{self.start}-(\d+|lh)" if self.recorded else r"\d+"  # lh: its Lighthouse
         return re.compile(rf"{AGENT_TAG_ENV}={AGENT_TAG_PREFIX}{self.pid}-{attempt}")
+
+
+class Keeper:
+    """What an attempt's keeper recorded (supervisor.py): `<pid> <attempt> <boot id> <start
+    time>`, and once its child ended `<status> signal|exit` (how the child ended)."""
+
+    def __init__(self, path: str | None):
+        parts = (_read(path) or "").split() if path else []
+        ok = len(parts) in (4, 6) and parts[0].isdigit() and parts[1].isdigit() and parts[3].isdigit()
+        self.pid, self.attempt = (int(parts[0]), int(parts[1])) if ok else (None, None)
+        self.boot, self.start = (parts[2], parts[3]) if ok else (None, None)
+        self.status = parts[4] if ok and len(parts) == 6 and parts[4].isdigit() else None
+        self.signalled = self.status is not None and parts[5] == "signal"
+
+    def alive(self) -> bool:
+        return self.pid is not None and self.boot == boot_id() and same(self.pid, self.start)
 
 
 def processes() -> dict[int, tuple[int, str]]:
@@ -158,7 +177,7 @@ def wait(done, seconds: float) -> None:
         time.sleep(0.1)
 
 
-def status(pid_file: str, ident_file: str, exit_file: str) -> str:
+def status(pid_file: str, ident_file: str, exit_file: str, keeper_file: str | None = None) -> str:
     def ended() -> str | None:
         text = _read(exit_file)
         return None if text is None else text.strip()
@@ -169,62 +188,75 @@ def status(pid_file: str, ident_file: str, exit_file: str) -> str:
         return "not-started"
     if Wrapper(pid_file, ident_file).alive():
         return "running"
-    return ended() or "lost"  # it may have recorded its status since the first look
+    # The wrapper is gone: its last keeper's record says how the trainer ended, or that it runs.
+    keeper = Keeper(keeper_file)
+    if keeper.status is None and keeper.alive():
+        return "running"
+    return ended() or Keeper(keeper_file).status or "lost"  # either may have been written since
 
 
-def stop(pid_file: str, ident_file: str, exit_file: str, stop_file: str, wait_s: float) -> None:
+def stop(pid_file: str, ident_file: str, exit_file: str, stop_file: str, wait_s: float,
+         keeper_file: str | None = None) -> None:
     """Stop the run: the stop marker first (the wrapper must not start torchrun again), TERM to
     the wrapper's group (the wrapper outlives it and records torchrun's status), `wait_s` for
     that status (or for all of them to be gone), then KILL what is left of the wrapper's tree
-    and its tagged workers (torchrun stuck in its exit barrier ignores TERM). A lost wrapper's
-    tagged workers get the same, with no status written: nothing recorded how that run ended."""
+    and its tagged workers (torchrun stuck in its exit barrier ignores TERM). A wrapper killed
+    alone leaves its keeper: TERM to the keeper's tree and the tagged processes, and the keeper
+    records the status. A lost wrapper's tagged workers get the same, with no status written:
+    nothing recorded how that run ended."""
     exists = os.path.exists
     if exists(exit_file) or not exists(pid_file):
         return
     wrapper = Wrapper(pid_file, ident_file)
     start, tag = wrapper.start_time(), wrapper.tag()
     alive = start is not None and same(wrapper.pid, start)
+    keeper = Keeper(keeper_file)
+    kept = not alive and keeper.status is None and keeper.alive()  # a keeper records the status
+    recorded = alive or kept
     table = processes()
     ours = tagged(table, tag) if tag else set()
-    if alive:
-        ours |= descendants(table, wrapper.pid)
-    ours = {pid: table[pid][1] for pid in ours if pid in table}
-    if alive:
+    if recorded:
+        ours |= descendants(table, wrapper.pid if alive else keeper.pid)
         with open(stop_file, "w"):
             pass
-        if same(wrapper.pid, start):
-            try:  # its group: the leader lives, so the group is the wrapper's
-                os.killpg(wrapper.pid, signal.SIGTERM)
-            except (ProcessLookupError, PermissionError):
-                pass
-    else:
+    ours = {pid: table[pid][1] for pid in ours if pid in table}
+    if alive and same(wrapper.pid, start):
+        try:  # its group: the leader lives, so the group is the wrapper's
+            os.killpg(wrapper.pid, signal.SIGTERM)
+        except (ProcessLookupError, PermissionError):
+            pass
+    elif not alive:
         for pid, started in ours.items():
             signal_same(pid, started, signal.SIGTERM)
-    wait(lambda: (alive and exists(exit_file)) or not any(same(p, s) for p, s in ours.items()),
+    wait(lambda: (recorded and exists(exit_file)) or not any(same(p, s) for p, s in ours.items()),
          wait_s)
     left = {p: s for p, s in ours.items() if same(p, s)}
     for pid, started in left.items():
         signal_same(pid, started, signal.SIGKILL)
     wait(lambda: not any(same(p, s) for p, s in left.items()), KILL_WAIT_S)
-    if alive and not exists(exit_file):
+    if recorded and not exists(exit_file):
         with open(exit_file, "w") as f:
             f.write("137\n")
 
 
-def wrapper_pid(pid_file: str, ident_file: str) -> str:
-    """The wrapper's pid while it is the run's, else "": what a follower's `tail --pid` may wait on."""
+def wrapper_pid(pid_file: str, ident_file: str, keeper_file: str | None = None) -> str:
+    """The pid of the run's process while it lives (the wrapper's, else a keeper's that outlived
+    it), else "": what a follower's `tail --pid` may wait on."""
     wrapper = Wrapper(pid_file, ident_file)
-    return str(wrapper.pid) if wrapper.alive() else ""
+    if wrapper.alive():
+        return str(wrapper.pid)
+    keeper = Keeper(keeper_file)
+    return str(keeper.pid) if keeper.status is None and keeper.alive() else ""
 
 
 def main(argv: list[str]) -> int:
     action, files = argv[0], argv[1:]
     if action == "status":
-        print(status(*files[:3]))
+        print(status(*files[:4]))
     elif action == "pid":  # what a follower's `tail --pid` may wait on: never a stranger
-        print(wrapper_pid(*files[:2]))
+        print(wrapper_pid(*files[:3]))
     elif action == "stop":
-        stop(*files[:4], float(files[4]))
+        stop(*files[:4], float(files[4]), *files[5:6])
     else:
         print(f"unknown action {action!r}", file=sys.stderr)
         return 2

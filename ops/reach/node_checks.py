@@ -27,11 +27,9 @@ def _owner(folder):
 
 
 def _mine(folder, cluster, project_id):
-    return _marker_lines(folder) == (cluster, project_id)
-
-
-def _legacy(folder, cluster):
-    return _marker_lines(folder) == (cluster, "")
+    """The marker names this cluster and this project's id: the only proof that fatpipe made the
+    folder for this project (a marker without an id, an earlier fatpipe's, proves neither)."""
+    return bool(project_id) and _marker_lines(folder) == (cluster, project_id)
 
 
 def _write(folder, cluster, project_id):
@@ -42,13 +40,14 @@ def _write(folder, cluster, project_id):
 
 
 def claim(folder, cluster, project_id, *inside):
-    """[answer, rest]: made (with the top-most folder it made), ours, adopted, not-a-folder,
-    not-empty, other (with whose), or no-firewall (a listing in this call showed none: nothing is
-    made); a folder claimed (made, ours, adopted) gets the folders `inside` it that the pushes fill."""
+    """[answer, rest]: made (with the top-most folder it made), ours, not-a-folder, not-empty,
+    other (with whose: an earlier fatpipe's marker without a project id too), or no-firewall (a
+    listing in this call showed none: nothing is made); a folder claimed (made, ours) gets the
+    folders `inside` it that the pushes fill."""
     if _no_firewall:
         return ["no-firewall", _no_firewall[0]]
     answer = _claim(folder, cluster, project_id)
-    if answer[0] in ("made", "ours", "adopted"):
+    if answer[0] in ("made", "ours"):
         for sub in inside:
             os.makedirs(os.path.join(folder, sub), exist_ok=True)
     return answer
@@ -61,9 +60,6 @@ def _claim(folder, cluster, project_id):
         if os.path.isfile(os.path.join(folder, PROJECT_MARKER)):
             if _mine(folder, cluster, project_id):
                 return ["ours", ""]
-            if _legacy(folder, cluster):
-                _write(folder, cluster, project_id)
-                return ["adopted", ""]
             return _owner(folder)
         if os.listdir(folder):
             return ["not-empty", ""]
@@ -102,9 +98,10 @@ def unclaim(folder, top, cluster, project_id):
 
 
 def remove(folder, cluster, project_id):
-    """[answer, rest]: removed (it was this project's), kept (not fatpipe's), other, or absent."""
+    """[answer, rest]: removed (its marker carries this project's id), kept (not fatpipe's), other
+    (another project's, or a marker without a project id), or absent."""
     if os.path.isdir(folder) and os.path.isfile(os.path.join(folder, PROJECT_MARKER)):
-        if not (_mine(folder, cluster, project_id) or _legacy(folder, cluster)):
+        if not _mine(folder, cluster, project_id):
             return _owner(folder)
         if os.path.islink(folder):  # as `rm -rf -- folder` does: the link, not what it points to
             os.unlink(folder)

@@ -3,15 +3,15 @@
 Before the first push, `claim_project_dir` (Python on the node: node_checks.py) makes the folder and marks it with the cluster's name
 and the project's id (`.fatpipe/project-id`), or adopts an empty one; a folder that holds
 anything else, or another project's marker (two checkouts with a cluster of the same name on the
-same hosts), is refused, never pushed into. A marker an earlier fatpipe wrote (the cluster's name
-alone) is adopted once, and the caller says so. `down` removes the folder only when the marker is
-this project's, as the login user (the node profile's applier runs as root and removes nothing of
-it). See docs/ARCHITECTURE.md, "The project folder on a node".
+same hosts), is refused, never pushed into. A marker without a project id (an earlier fatpipe's)
+proves nothing of whose the folder is: refused too, naming the line that makes it this
+project's. `down` removes the folder only when the marker carries this project's id, as the login
+user (the node profile's applier runs as root and removes nothing of it). See
+docs/ARCHITECTURE.md, "The project folder on a node".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
@@ -63,21 +63,25 @@ def owner_words(rest: str) -> str:
 def claim_project_dir(transport: Transport, folder: str, cluster: str, project_id: str,
                       inside: tuple[str, ...] = ()) -> str:
     """Make `folder` this project's (marked with `cluster` and `project_id`) before anything is
-    pushed into it: `made`, `ours`, or `adopted` (an earlier fatpipe's marker of this cluster,
-    now this project's: the caller says so once). Raises FatpipeError naming the node and the
-    folder when it belongs to someone else."""
+    pushed into it: `made` or `ours`. Raises FatpipeError naming the node and the folder when it
+    belongs to someone else, or its marker names no project."""
     said = _answer(transport, claim_step(folder, cluster, project_id, inside))
     return judge_claim(transport, folder, cluster, project_id, said)
 
 
 def judge_claim(transport: Transport, folder: str, cluster: str, project_id: str, said: tuple[str, str]) -> str:
-    """The claim's answer (`made`, `ours`, `adopted`), or its refusal raised naming the node and folder."""
+    """The claim's answer (`made`, `ours`), or its refusal raised naming the node and folder."""
     answer, rest = said
     where = f"{transport.describe()}: {folder}"
     if answer == "no-firewall":
         raise FatpipeError(f"{where}: {rest}; nothing was pushed")
     if answer == "not-a-folder":
         raise FatpipeError(f"{where} exists and is not a folder; choose another remote_dir for this host")
+    if answer == "other" and rest == f"- {cluster[:200]}":  # an earlier fatpipe's marker: whose is unknown
+        raise FatpipeError(f"{where} carries a {PROJECT_MARKER} naming cluster {cluster!r} without a project id "
+                           "(an earlier fatpipe's), which does not prove it is this project's; nothing was "
+                           f"pushed: if it is, add {project_id} as that file's second line, else choose another "
+                           "remote_dir")
     if answer == "other":
         raise FatpipeError(f"{where} belongs to {owner_words(rest)} (its {PROJECT_MARKER}), not to this "
                            f"project ({project_id}, cluster {cluster!r}); nothing was pushed: choose another "
@@ -86,19 +90,6 @@ def judge_claim(transport: Transport, folder: str, cluster: str, project_id: str
         raise FatpipeError(f"{where} exists, is not empty and was not made by fatpipe (no {PROJECT_MARKER}); "
                            "nothing was pushed: empty it or choose another remote_dir")
     return answer
-
-
-def adopted_line(transport: Transport, folder: str, cluster: str, project_id: str) -> str:
-    """What to say once when `claim_project_dir` adopted an earlier fatpipe's folder."""
-    return (f"{transport.describe()}: {folder} was marked for cluster {cluster!r} without a project id "
-            f"(by an earlier fatpipe, or at the node's boot): it is project {project_id}'s from now on")
-
-
-def claim_and_say(transport: Transport, folder: str, cluster: str, project_id: str,
-                  log: Callable[[str], None] | None, inside: tuple[str, ...] = ()) -> None:
-    """`claim_project_dir`, and the one line to `log` when it adopted an earlier fatpipe's folder."""
-    if claim_project_dir(transport, folder, cluster, project_id, inside) == "adopted" and log:
-        log(adopted_line(transport, folder, cluster, project_id))
 
 
 def remove_project_dir(transport: Transport, folder: str, cluster: str, project_id: str) -> tuple[str, str]:

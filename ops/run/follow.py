@@ -5,14 +5,18 @@ connection (a laptop asleep, a changed network, an idle NAT timeout, a killed ss
 with no line lost or printed twice: only complete lines count, a partial last line is read
 again. A node has ended only when the node says so: its exit file (written by its wrapper), or
 its process gone without one (lost). A node that cannot be reached has not ended; past
-`unreachable_s` the follow gives up (NodesUnreachable) and the run goes on on its nodes
-(docs/ARCHITECTURE.md, "A run lives on its nodes"). Once a node has failed, the run cannot
-finish (the node count is fixed): its peers get `fail_grace_s` to print their own errors, then
-they are stopped.
+`unreachable_s` out of reach (counted from the last contact: a stream that connects again is
+contact, even on a quiet log) the follow gives up (NodesUnreachable) and the run goes on on its
+nodes (docs/ARCHITECTURE.md, "A run lives on its nodes"), unless a live run went on without it
+(`liveleave`): then it left, and the run ends with the others. Once a node has failed, a
+restart run cannot finish (the node count is fixed): its peers get `fail_grace_s` to print
+their own errors, then they are stopped.
 """
 
 from __future__ import annotations
 
+import os
+import signal
 import subprocess
 import threading
 import time
@@ -22,6 +26,7 @@ from fatpipe.infra.defaults import UNREACHABLE_TIMEOUT_S
 
 from ..rdzv.noderun import UNFOLLOWED, NodeRun, Sink
 from ..reach.transport import fan_out
+from .liveleave import ended_without, mark_leaves
 
 FAIL_GRACE_S = 10
 LIVE_LOST_S = 30  # live: a node out of reach this long after its peers ended is not waited for
@@ -29,6 +34,7 @@ BACKOFF_S = (1, 2, 4, 8, 15)  # between reconnections; the last one repeats
 LOST_RECHECK_S = 1.0  # a wrapper that exits just after the status read its exit file: ask again
 CHUNK = 65536
 DRAIN_TRIES = 5
+REACHED = b"--fatpipe-follow--"  # a stream's first line: the node's shell answered
 
 
 class NodesUnreachable(Exception):
@@ -88,25 +94,41 @@ class LogView:
         self.node, self.sink, self.halt = node, sink, halt
         self.offset = 0  # bytes of the node's log passed to the sink, whole lines only
         self.proc: subprocess.Popen | None = None
-        self.unreachable_since: float | None = None
+        self.unreachable_since: float | None = None  # monotonic, since the last contact
+        self.unreachable_at: float | None = None  # the same moment, wall time
+        self.left: dict | None = None  # a live run went on without it (liveleave)
         self.end: NodeEnd | None = None
+
+    def reached(self) -> None:
+        """The node answered: whatever time out of reach it had is over."""
+        self.unreachable_since = self.unreachable_at = self.left = None
+
+    def out_of_reach(self) -> None:
+        if self.unreachable_since is None:
+            self.unreachable_at, self.unreachable_since = time.time(), time.monotonic()
 
     def stream(self) -> None:
         """Stream the log from `offset` until the node's process has exited or the connection
         dropped. A partial last line is kept back: read again next time, or with the end."""
-        command = self.node.follow_command(True, self.offset)
+        # A marker first: a stream that connected is contact, though the log says nothing.
+        command = f"echo {REACHED.decode()}; {self.node.follow_command(True, self.offset)}"
         # ssh's own complaints go nowhere: they must never pass for lines of the log.
         self.proc = proc = subprocess.Popen(
             self.node.transport.argv(command), stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
             stderr=subprocess.DEVNULL, start_new_session=True)
         if self.halt.is_set():  # halted while this stream was starting: kill() did not see it
             proc.kill()
-        pending = b""
+        pending, first = b"", True
         try:
             while chunk := proc.stdout.read1(CHUNK):
                 pending += chunk
                 *lines, pending = pending.split(b"\n")
                 for line in lines:
+                    if first:
+                        first = False
+                        if line == REACHED:
+                            self.reached()
+                            continue
                     self.show(line)
                     self.offset += len(line) + 1
         finally:
@@ -149,22 +171,28 @@ class LogView:
                 end = settle(self.node, state)
                 drains += end.ended
                 if end.ended and (self.show_rest(rest) or drains >= DRAIN_TRIES):
-                    self.unreachable_since, self.end = None, end
+                    self.reached()
+                    self.end = end
                     return
             except Exception as e:  # noqa: BLE001 - this machine failed (a process limit, a sink):
                 end = NodeEnd("unreachable", why=str(e))  # never a node's end, try again
             if self.halt.is_set():
                 return
-            if end.state == "unreachable" and self.unreachable_since is None:
-                self.unreachable_since = time.monotonic()
-            elif end.state != "unreachable":
-                self.unreachable_since = None
+            if end.state == "unreachable":
+                self.out_of_reach()
+            else:
+                self.reached()
             tries = 0 if self.offset > before else tries + 1
             self.halt.wait(BACKOFF_S[min(tries, len(BACKOFF_S) - 1)] if tries else 0.2)
 
     def kill(self) -> None:
+        """End the stream and whatever it started here (its own session: a wrapper's children
+        would hold the pipe open)."""
         if self.proc is not None and self.proc.poll() is None:
-            self.proc.kill()
+            try:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
 
 
 def stop_nodes(nodes: list[NodeRun]) -> dict[str, str]:
@@ -175,7 +203,8 @@ def stop_nodes(nodes: list[NodeRun]) -> dict[str, str]:
 
 def follow_nodes(nodes: list[NodeRun], sink: Sink | None, timeout_s: float | None = None,
                  fail_grace_s: float | None = FAIL_GRACE_S, stopped: list[str] | None = None,
-                 unreachable_s: float = UNREACHABLE_TIMEOUT_S, live: bool = False) -> dict[str, int | None]:
+                 unreachable_s: float = UNREACHABLE_TIMEOUT_S, live: bool = False,
+                 left: dict[str, dict] | None = None) -> dict[str, int | None]:
     """Stream every node's log to `sink` until every node has ended; {node: exit status, None
     for a lost node}.
 
@@ -183,8 +212,10 @@ def follow_nodes(nodes: list[NodeRun], sink: Sink | None, timeout_s: float | Non
     names are appended to `stopped`. Raises TimeoutError past `timeout_s` (the caller stops the
     nodes), NodesUnreachable when a node stays out of reach past `unreachable_s` (nothing is
     stopped: the run goes on). Under live fault tolerance (`live`) the run goes on without a
-    lost node, so a failed node stops nobody, and once every node in reach has ended, one out of
-    reach for LIVE_LOST_S is not waited for: it counts as lost.
+    lost node, so a failed node stops nobody; a node out of reach past the bound that the nodes
+    in reach went on without has left (in `left`: the step and time, liveleave) and is not
+    waited for; once a node finished the run, one out of reach for LIVE_LOST_S (or the bound)
+    is not waited for either: it counts as lost.
     """
     if live:
         fail_grace_s = None
@@ -201,20 +232,22 @@ def follow_nodes(nodes: list[NodeRun], sink: Sink | None, timeout_s: float | Non
             now = time.monotonic()
             if deadline and now > deadline:
                 raise TimeoutError(f"the run did not finish within {timeout_s:g} s")
-            if live and any(v.end for v in views) and all(
-                    v.end or v.unreachable_since and now - v.unreachable_since > LIVE_LOST_S for v in views):
+            if live and ended_without(views, now, min(LIVE_LOST_S, unreachable_s)):
                 break  # the ones out of reach are left as lost: the run ended without them
-            away = [v.node.name for v in views if v.unreachable_since and now - v.unreachable_since > unreachable_s]
+            away = [v for v in views if v.left is None and v.unreachable_since
+                    and now - v.unreachable_since > unreachable_s]
+            if away and live:
+                away = mark_leaves(views, away)
             if away:
-                raise NodesUnreachable(away, unreachable_s, known(views))
+                raise NodesUnreachable([v.node.name for v in away], unreachable_s, known(views))
             if failed_at is None and any(v.end and v.end.code != 0 for v in views):
                 failed_at = now
             if failed_at and fail_grace_s is not None and not stopping and now - failed_at > fail_grace_s:
                 stopping = True
-                left = [v.node for v in views if v.end is None]
+                going = [v.node for v in views if v.end is None]
                 if stopped is not None:
-                    stopped.extend(n.name for n in left)
-                threading.Thread(target=stop_nodes, args=(left,), daemon=True).start()
+                    stopped.extend(n.name for n in going)
+                threading.Thread(target=stop_nodes, args=(going,), daemon=True).start()
     finally:
         halt.set()
         for view in views:
@@ -222,6 +255,8 @@ def follow_nodes(nodes: list[NodeRun], sink: Sink | None, timeout_s: float | Non
         for thread in threads:
             if thread.ident is not None:  # started
                 thread.join(timeout=5)
+    if left is not None:
+        left.update({v.node.name: v.left for v in views if v.left and not v.end})
     return {v.node.name: v.end.code if v.end else None for v in views}
 
 

@@ -14,7 +14,6 @@ from pathlib import Path
 
 from fatpipe.infra.defaults import UNREACHABLE_TIMEOUT_S
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.runs import find_run
 
 from ..env.nodeenv import ENV_FILE, check_node_envs
 from ..rdzv.faultmode import FaultMode, without_torchft
@@ -24,13 +23,11 @@ from ..rdzv.noderun import (
     NodeRun,
     Sink,
     node_runs,
-    node_states,
-    ridden_out,
-    run_nodes,
 )
-from ..rdzv.rendezvous import Rendezvous, read_rendezvous, restart_instead
+from ..rdzv.rendezvous import Rendezvous, restart_instead
 from ..reach.nodecall import forget_all
 from ..reach.transport import fan_out
+from .detach import LET_GO, Detach
 from .failure import describe_failure
 from .follow import (
     FAIL_GRACE_S,
@@ -39,6 +36,8 @@ from .follow import (
     read_end,
     stop_nodes,
 )
+from .headline import keep_headline
+from .liveleave import leave_lines
 from .prepare import prepare_envs, prepare_node
 from .runchecks import ask_launch_checks
 from .runsync import pull_runs, push_run
@@ -62,13 +61,18 @@ class Follow:
     # Called once every node has started, before the follow: a live run's caller lets the
     # cluster's lock go there (a deploy that makes a lost node again, a rejoin, may run).
     on_started: Callable[[], None] | None = None
+    # A Detach (a termination of this command, cli/signals.py) during the follow lets go of the
+    # run, which goes on on its nodes (LET_GO), instead of stopping it: a training run's, not a netcheck's.
+    signal_detaches: bool = False
 
 
 def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None,
            log: Log = lambda _: None, follow: Follow = Follow()) -> LaunchResult:
     """Prepare every node, start the run, stream its logs, and return how it ended.
 
-    Ctrl-C (KeyboardInterrupt) or the timeout stops the run on every node before returning. A
+    Ctrl-C (KeyboardInterrupt) or the timeout stops the run on every node before returning; a
+    termination (Detach) with `follow.signal_detaches` lets go of it instead: every node reads
+    LET_GO in `unknown`, nothing is stopped (ops/run/detach.py). A
     node out of reach for longer than `follow.unreachable_s` (default UNREACHABLE_TIMEOUT_S)
     ends the follow, not the run: the result names it in `unknown` and nothing is stopped.
     """
@@ -100,7 +104,7 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
                 follow.on_started()
             result.exit_codes = follow_nodes(nodes, sink, timeout_s=timeout_s, fail_grace_s=FAIL_GRACE_S,
                                              stopped=result.stopped, unreachable_s=unreachable_s,
-                                             live=rdzv.live)
+                                             live=rdzv.live, left=result.left)
             for line in live_leavers(result):
                 log(line)
         except NodesUnreachable as e:
@@ -113,14 +117,20 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
             result.timed_out = True
             stop_nodes(nodes)
             read_ends(nodes, result)
-        except KeyboardInterrupt:
-            log("interrupted: stopping every node")
-            result.interrupted = True
-            stop_nodes(nodes)
-            read_ends(nodes, result)
-        ended = [n for n in nodes if n.name not in result.unknown]
-        for failure in pull_ended(ended, Path(run_dir), unreachable_s, log):
+        except KeyboardInterrupt as e:
+            if isinstance(e, Detach) and follow.signal_detaches:  # the run goes on; the caller says so
+                result.unknown = dict.fromkeys((n.name for n in nodes), LET_GO)
+            else:
+                log("interrupted: stopping every node")
+                result.interrupted = True
+                stop_nodes(nodes)
+                read_ends(nodes, result)
+        # What the nodes that ended wrote; one a live run left is out of reach: not waited for.
+        ended = [n for n in nodes if n.name not in result.unknown and n.name not in result.left]
+        for failure in pull_through(ended, Path(run_dir), unreachable_s, log):
             log(failure)
+        if rdzv.live and not result.unknown:  # the run's record from every node's (`headline`)
+            keep_headline(Path(run_dir))
         result.stopped += [n.name for n in ended if n.name not in result.stopped
                            and (Path(run_dir) / f"node-{n.plan.rank}.stop").exists()]
         result.failure = describe_failure(result, rdzv, since, project.root)
@@ -151,11 +161,7 @@ def checked_envs(rdzv: Rendezvous, nodes: list[NodeRun], run_dir: Path, state_di
 
 def live_leavers(result: LaunchResult) -> list[str]:
     """Under live fault tolerance, one line per node the run finished without."""
-    if not result.live or 0 not in result.exit_codes.values():
-        return []
-    return [f"{name} left the run ({'lost: its end is unknown' if code is None else f'status {code}'}); "
-            "the other nodes finished it" for name, code in result.exit_codes.items()
-            if ridden_out(code)]
+    return leave_lines(result.exit_codes, result.left) if result.live else []
 
 
 def read_ends(nodes: list[NodeRun], result: LaunchResult) -> None:
@@ -165,6 +171,16 @@ def read_ends(nodes: list[NodeRun], result: LaunchResult) -> None:
             result.exit_codes[node.name] = end.code
         else:
             result.unknown[node.name] = end.state
+
+
+def pull_through(nodes: list[NodeRun], run_dir: Path, within_s: float, log: Log) -> list[str]:
+    """`pull_ended`, finished though a termination asks to let go meanwhile: the run has ended
+    on every node pulled from, and its results come back before the command goes on."""
+    while True:
+        try:
+            return pull_ended(nodes, run_dir, within_s, log)
+        except Detach as e:
+            log(f"{e.why}: the run has ended; its results come back first")
 
 
 def pull_ended(nodes: list[NodeRun], run_dir: Path, within_s: float, log: Log) -> list[str]:
@@ -181,39 +197,6 @@ def pull_ended(nodes: list[NodeRun], run_dir: Path, within_s: float, log: Log) -
         placed |= set(pulled.placed)
         pause = min(pause * 2, 60.0)
     return pulled.failed
-
-
-def running_nodes(project, cluster: str, nodes: list[NodeRun] | None = None) -> tuple[str, list[str]] | None:
-    """(run id, nodes still running it) for the cluster's latest run (its `nodes`, when read
-    already), or None when nothing runs. A second run would collide with it on the rendezvous
-    port and the CPUs.
-    """
-    if nodes is None:
-        try:
-            nodes = run_nodes(project, cluster)[2]
-        except FatpipeError:
-            return None
-    if not nodes:
-        return None
-    run_id = nodes[0].rdzv.run_id
-    states = node_states(nodes)
-    busy = [n.name for n, state in zip(nodes, states, strict=True) if state == "running"]
-    return (run_id, busy) if busy else None
-
-
-def refuse_if_running(project, cluster: str, nodes: list[NodeRun] | None = None,
-                      live_ok: bool = False) -> str | None:
-    """Refuse while a run is going on the cluster; with `live_ok`, a live run is let go on (it
-    rides out a node made again) and the line to show about it is returned."""
-    busy = running_nodes(project, cluster, nodes)
-    if busy:
-        run_id, names = busy
-        if live_ok and read_rendezvous(find_run(project, cluster, run_id)[1]).live:
-            return (f"run {run_id} goes on live on {', '.join(names)}: a node made again here joins it "
-                    f"with `fatpipe launch {cluster} --rejoin NODE`")
-        raise FatpipeError(f"run {run_id} is still running on {', '.join(names)}: follow it with "
-                           f"`fatpipe logs {cluster} -f` or end it with `fatpipe stop {cluster}`")
-    return None
 
 
 def run_id_of(run_dir: Path) -> str:

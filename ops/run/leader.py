@@ -13,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fatpipe.infra.defaults import GROUP_RANK_FILE
+from fatpipe.infra.runinfo import recorded_exits
 
 from ..rdzv.nodefiles import planned_group_ranks
 from ..rdzv.noderun import NodeRun
@@ -29,7 +30,12 @@ def recorded_group_rank(run_dir: Path, index: int) -> int | None:
 
 
 def leader_index(rdzv: Rendezvous, run_dir: Path) -> int:
-    """The node index of group rank 0: the node that recorded it, else as planned."""
+    """The node index of group rank 0: the node that recorded it, else as planned. Under live
+    each node is a torchrun world of its own, and node 0 may be the one the run left: the lowest
+    node that finished the run (its exit 0 recorded here), node 0 until one has."""
+    if rdzv.live:
+        exits = recorded_exits(Path(run_dir))
+        return min((n.rank for n in rdzv.nodes if exits.get(f"node-{n.rank}") == 0), default=0)
     recorded = [recorded_group_rank(run_dir, n.rank) for n in rdzv.nodes]
     if 0 in recorded:
         return recorded.index(0)

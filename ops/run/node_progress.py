@@ -17,8 +17,9 @@ def _read(path):
         return ""
 
 
-def progress_text(sep, metrics, tail_bytes, summary, group_rank, pid, ident, exit_file):
-    """Metrics size and tail, summary, state and group rank, separated by `sep`."""
+def progress_text(sep, metrics, tail_bytes, summary, group_rank, *state_files):
+    """Metrics size and tail, summary, state (runproc.status of `state_files`) and group rank,
+    separated by `sep`."""
     try:
         size = os.path.getsize(metrics)
         with open(metrics, "rb") as f:
@@ -26,5 +27,5 @@ def progress_text(sep, metrics, tail_bytes, summary, group_rank, pid, ident, exi
             tail = f.read().decode(errors="replace")
     except OSError:
         size, tail = 0, ""
-    state = sys.modules["runproc"].status(pid, ident, exit_file)
+    state = sys.modules["runproc"].status(*state_files)
     return sep.join([f"{size}\n{tail}", _read(summary), state + "\n", _read(group_rank)])

@@ -19,7 +19,7 @@ from ..env.projectsync import push_project
 from ..env.shipped import SYNC_EXCLUDES, trainer_package_dir
 from ..rdzv.noderun import Log, NodeRun
 from ..reach.nodecall import drop_kept
-from ..reach.projectdir import claim_and_say
+from ..reach.projectdir import claim_project_dir
 from .runsync import push_run
 
 
@@ -54,7 +54,7 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
         return
     # Never another's folder; once it is this project's, the folders the pushes fill are made with
     # it (in the command's first call: ops/run/runchecks.py), so no push asks for them again.
-    claim_and_say(t, plan.workdir, node.rdzv.cluster, project.project_id, log, pushed_folders(node))
+    claim_project_dir(t, plan.workdir, node.rdzv.cluster, project.project_id, pushed_folders(node))
     started = time.monotonic()
     pushed = push_project(t, project.root, plan.workdir, push_excludes(project, node), made=True)
     for line in pushed.lines():

@@ -16,6 +16,7 @@ from pathlib import Path
 
 from fatpipe.infra.defaults import GROUP_RANK_FILE, SUMMARY_FILE
 from fatpipe.infra.runinfo import RunInfo
+from fatpipe.trainer.live.runplan import node_run_dir  # torch-free
 
 from ..rdzv.noderun import RUNPROC_SOURCE, NodeRun, run_nodes
 from ..reach.nodecall import NodeCallError, Step, answer_of
@@ -53,11 +54,13 @@ def parse_progress(stdout: str) -> dict | None:
 
 
 def progress_step(node: NodeRun) -> Step:
-    """The node program's step that reads the run's progress on the node (node_progress.py)."""
+    """The node program's step that reads the run's progress on the node (node_progress.py):
+    under live, the node's own record (`live-node-<k>/` for node k)."""
     folder = node.rdzv.run_rel
     files = node.status_step().args
+    record = node_run_dir(Path(folder), node.plan.rank).as_posix() if node.rdzv.live else folder
     return Step("node_progress.progress_text",
-                (_SEP, f"{folder}/{METRICS_FILE}", TAIL_BYTES, f"{folder}/{SUMMARY_FILE}",
+                (_SEP, f"{record}/{METRICS_FILE}", TAIL_BYTES, f"{record}/{SUMMARY_FILE}",
                  f"{folder}/{GROUP_RANK_FILE.format(index=node.plan.rank)}", *files),
                 node.plan.workdir, (*RUNPROC_SOURCE, ("node_progress", NODE_PROGRESS)))
 
@@ -74,8 +77,13 @@ def read_progress(node: NodeRun) -> dict | None:
 
 def leader_progress(nodes: list[NodeRun], first: NodeRun) -> tuple[NodeRun, dict | None]:
     """(the leader, its progress): `first` (the planned leader) unless it recorded another group
-    rank, then the node among the others that recorded 0."""
+    rank, then the node among the others that recorded 0. Under live, where `first` does not
+    answer (the node the run went on without), the lowest node that does."""
     found = read_progress(first)
+    if found is None and first.rdzv.live:
+        for node in (n for n in nodes if n is not first):
+            if (theirs := read_progress(node)) is not None:
+                return node, theirs
     if not found or found["group_rank"] in (None, 0):
         return first, found
     others = [n for n in nodes if n is not first]

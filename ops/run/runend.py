@@ -59,9 +59,31 @@ def node_exits(run_dir: Path, nodes: list[NodeRun], gone: set[str],
 
 
 def ended_result(run_id: str, run_dir: Path, nodes: list[NodeRun], codes: dict[str, int | None]) -> LaunchResult:
-    """The LaunchResult a followed launch would have had: `codes` with the stopped nodes."""
+    """The LaunchResult a followed launch would have had: `codes` with the stopped nodes, read
+    in the run's own fault tolerance (a live run's end is its survivors')."""
     stopped = [n.name for n in nodes if (Path(run_dir) / f"node-{n.plan.rank}.stop").exists()]
-    return LaunchResult(run_id, Path(run_dir), dict(codes), stopped=stopped)
+    live = bool(nodes) and nodes[0].rdzv.live
+    return LaunchResult(run_id, Path(run_dir), dict(codes), stopped=stopped, live=live)
+
+
+def ended_note(result: LaunchResult) -> str:
+    """How the run ended, in the phase table's few words: the nodes that exit 0 (under live a run
+    that went on without a node says which, and how it ended), else why it did not end well."""
+    if result.ok:
+        codes = result.exit_codes
+        passed = sum(1 for code in codes.values() if code == 0)
+        if passed == len(codes):
+            return f"all {passed} node(s) exit 0"
+        without = ", ".join(f"{name} ({'lost' if code is None else f'exit {code}'})"
+                            for name, code in codes.items() if code != 0)
+        return f"{passed} of {len(codes)} node(s) exit 0; the run went on without {without}"
+    if result.interrupted or result.timed_out:
+        return "interrupted" if result.interrupted else "timed out"
+    if result.failure:
+        return result.failure
+    if result.unknown:
+        return "stopped following: " + ", ".join(f"{n} {s}" for n, s in result.unknown.items())
+    return f"worst exit {result.exit_code}"
 
 
 def stopped_by_fatpipe(result: LaunchResult) -> bool:

@@ -25,6 +25,7 @@ from fatpipe.infra.defaults import NETCHECK_FILE, RENDEZVOUS_FILE
 
 from ..rdzv.noderun import NodeRun
 from ..reach.transport import Result, fan_out
+from .headline import keep_headline
 
 # What a push of a run folder sends: the rendezvous, each node's env and script, and the link
 # measurement comm=auto reads. Everything else in a run folder is made on the nodes.
@@ -32,7 +33,7 @@ from ..reach.transport import Result, fan_out
 RUN_INPUTS = (RENDEZVOUS_FILE, "node-*.env", "node-*.sh", NETCHECK_FILE, "manifest.json")
 CHECKPOINTS = "checkpoints"
 PULL_PREFIX = ".pull-"
-# node-<rank>.log, .pid, .ident, .exit, .stop, .earlier.log: written by that node's wrapper alone.
+# node-<rank>.log, .pid, .ident, .keeper, .exit, .stop, .earlier.log: written by that node's wrapper alone.
 _PER_NODE = re.compile(r"^node-(\d+)\.")
 
 
@@ -131,7 +132,7 @@ def place(partial: Path, run_dir: Path, rank: int, newest: dict[Path, float]) ->
 def pull_runs(nodes: list[NodeRun], run_dir: Path, checkpoints: bool = False) -> Pulled:
     """Pull every ssh node's run folder into `run_dir` (in parallel), then place them one node
     after the other. Checkpoints only when asked. Nodes that share this machine's files have
-    nothing to pull."""
+    nothing to pull. A live run's record is then made from every node's here (`headline`)."""
     run_dir = Path(run_dir)
     remote = [n for n in nodes if not n.transport.shares_fs]
     pulled = Pulled()
@@ -145,6 +146,8 @@ def pull_runs(nodes: list[NodeRun], run_dir: Path, checkpoints: bool = False) ->
             pulled.failed.append(failure)
         else:
             pulled.placed[node.name] = place(partial, run_dir, node.plan.rank, newest)
+    if remote[0].rdzv.live:  # node 0's pulled copy of the run's record was its own view
+        keep_headline(run_dir)
     return pulled
 
 

@@ -41,8 +41,46 @@ def run_summary(run_dir: Path, tier_gbps: float) -> dict:
         "failed_collectives": train.get("failed_collectives"),
         "collectives_attempted": train.get("collectives_attempted"),
         "sync_failure_rate": train.get("sync_failure_rate"),
+        **live_figures(train),
+        # Across regions: int8 chunks the outer step skipped everywhere, a value not finite.
+        "nonfinite_chunks_dropped": (train.get("regions") or {}).get("nonfinite_chunks_dropped"),
         "recorded_only": bool(train.get("recorded_only")),
     }
+
+
+def live_figures(train: dict) -> dict:
+    """Under live fault tolerance each node is a torchrun world of its own: the cluster's nodes
+    (one replica group each), the leaves and joins of the quorum, and the exchanges across the
+    groups that failed (a step that did not commit), from the run's record (ops.run.headline)."""
+    if train.get("fault_tolerance") != "live":
+        return {"live": False}
+    changes = [m.get("event") for m in train.get("membership") or [] if isinstance(m, dict)]
+    return {"live": True, "nodes": train.get("nodes"), "leaves": changes.count("leave"),
+            "joins": changes.count("join"), "sync_exchanges": train.get("sync_exchanges"),
+            "failed_exchanges": train.get("failed_exchanges")}
+
+
+def size_row(doc: dict) -> tuple[str, str]:
+    """The summary's row for the run's size: its world and restarts, or under live (each node a
+    world of its own, started again by its wrapper) its replica groups, leaves and joins."""
+    if doc.get("live"):
+        return ("replica groups / leaves / joins",
+                f"{doc.get('nodes') or '-'} / {doc.get('leaves', 0)} / {doc.get('joins', 0)}")
+    restarts = doc.get("restarts")
+    return ("world size / restarts",
+            f"{doc.get('world_size') or '-'} / {restarts if restarts is not None else '-'}")
+
+
+def failure_text(doc: dict) -> str:
+    """The sync failure rate: under live the exchanges across the replica groups that failed
+    (a step attempt that did not commit), else the collectives; "-" for a run from before."""
+    if doc.get("sync_failure_rate") is None:
+        return "-"
+    rate = f"{100 * doc['sync_failure_rate']:.2f}%"
+    if doc.get("live") and doc.get("sync_exchanges") is not None:
+        return (f"{rate} ({doc['failed_exchanges']} of {doc['sync_exchanges']:,} exchanges across "
+                "the replica groups failed)")
+    return f"{rate} ({doc['failed_collectives']} of {doc['collectives_attempted']:,} collectives failed)"
 
 
 def recorded_summary(run_dir: Path) -> dict:

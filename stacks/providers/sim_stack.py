@@ -53,8 +53,9 @@ def node_input(cluster, index: int, isolation: str) -> dict:
         "host_if": "",
         "transport": cluster.transport if isolation == "netns" else "local",
     }
-    if node["transport"] == "ssh":  # a stand-in for a rented machine: its host firewall too
-        node["firewall"] = cluster.firewall
+    if node["transport"] == "ssh":  # a stand-in for a rented machine: its host firewall too,
+        # which keeps the run's ports for the cluster's nodes (infra.firewall.firewall_plan)
+        node.update(firewall=cluster.firewall, nodes=cluster.nodes, rdzv_port=cluster.rdzv_port)
     if isolation == "netns":
         prefix = cluster.private_cidr.split("/")[1]
         region = cluster.region_of(index)
@@ -112,7 +113,7 @@ class SimClusterConstruct(ClusterConstruct):
         self.nodes, outputs = [], []
         for index in range(cluster.nodes):
             node = node_input(cluster, index, isolation)
-            extra = tuple(key for key in ("firewall", *REGION_KEYS) if key in node)
+            extra = tuple(key for key in ("firewall", "nodes", "rdzv_port", *REGION_KEYS) if key in node)
             resource = TerraformResource(
                 self, f"node-{index}",
                 terraform_resource_type="terraform_data",

@@ -18,7 +18,7 @@ from conftest import skip_or_fail
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER, REMOTE_VENV
 from fatpipe.infra.nodevenv import node_venv, venv_stamp
-from fatpipe.infra.project import Project, load_project, parse_project
+from fatpipe.infra.project import Project, load_project, parse_project, project_id_at
 
 from .conftest import declared_env_cli, require_ssh_sim, ssh_sim_toml
 from .test_wheel_check import WHEEL, index  # noqa: F401 (the local package index fixture)
@@ -164,7 +164,7 @@ def place_venvs(folder: Path, stamp: str) -> list[Path]:
     for remote_dir in remote_dirs:
         venv = remote_dir / REMOTE_VENV
         (venv / "bin").mkdir(parents=True, exist_ok=True)
-        (remote_dir / PROJECT_MARKER).write_text(LAUNCH_NAME + "\n")
+        (remote_dir / PROJECT_MARKER).write_text(f"{LAUNCH_NAME}\n{project_id_at(folder)}\n")  # this project's
         (venv / ".fatpipe-stamp").write_text(stamp + "\n")
         (venv / "bin" / "python").write_text(f'#!/bin/sh\nexec {sys.executable} "$@"\n')
         (venv / "bin" / "python").chmod(0o755)

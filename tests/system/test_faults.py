@@ -13,7 +13,9 @@ victim, which comes back and ends with their parameters.
 from __future__ import annotations
 
 import json
+import os
 import re
+import signal
 import subprocess
 
 import faults
@@ -105,8 +107,17 @@ def test_a_killed_worker_resumes_from_its_checkpoint_or_rejoins(needs_netns, clu
 @pytest.mark.parametrize("mode", ["restart", "live"])
 def test_a_killed_agent_is_restarted_and_the_run_finishes(needs_netns, cluster, reference, mode):
     launch = Launch(cluster, mode)
-    killed_after = launch.inject(lambda: faults.kill_agent(faults.netns_name(NAME, 2)))
+
+    def kill_agent_and_a_supervisor():
+        faults.kill_agent(faults.netns_name(NAME, 2))
+        # Node 1's supervisor killed alone (kill -9 of its recorded pid), not its trainer.
+        os.kill(int((launch.run_dir / "node-1.pid").read_text()), signal.SIGKILL)
+
+    killed_after = launch.inject(kill_agent_and_a_supervisor)
     assert "ended by signal KILL, not by fatpipe stop: starting it again" in launch.node_log(2)
+    # Node 1 trained to the end under its keeper, which recorded its end: never "lost".
+    assert (launch.run_dir / "node-1.exit").read_text().strip() == "0", launch.output()
+    assert "the node's supervisor is gone: torchrun's status 0" in launch.node_log(1)
     if mode == "live":
         check_went_on(launch, 2)
     else:

@@ -4,8 +4,9 @@ The machines are sim nodes with an sshd each (`transport = "ssh"`, `firewall = f
 fresh VPS is). A second namespace is "the internet": a veth into node 0 with an address outside
 private_cidr and a route to the private network through it. The `ssh` cluster over those machines
 gets the firewall on deploy; from the internet the rendezvous port and a gloo-range port no longer
-answer, from the private network they do, SSH still does from anywhere, and `down` hands back
-each node's ruleset exactly as it was (node 0 has a table of its own beforehand).
+answer, from the other node they do (not from this machine, inside private_cidr but no node), SSH
+still does from anywhere, and `down` hands back each node's ruleset exactly as it was (node 0 has
+a table of its own beforehand).
 """
 
 from __future__ import annotations
@@ -130,8 +131,10 @@ def test_only_ssh_is_open_to_the_internet_and_down_hands_the_ruleset_back(machin
     for port in (RDZV_PORT, GLOO_PORT):  # the internet reaches neither, on either address
         assert not connects(INTERNET, node0, port), port
         assert not connects(INTERNET, NODE0_OUTSIDE_IP, port), port
-        assert connects(None, node0, port), port  # this machine: the bridge's address in private_cidr
-        assert connects(netns(1), node0, port), port  # another node
+        # This machine (the bridge's address in private_cidr) is no node: the run's ports and the
+        # ephemeral range are the nodes' alone; another node reaches them.
+        assert not connects(None, node0, port), port
+        assert connects(netns(1), node0, port), port
     login = sh("ssh", "-F", "/dev/null", "-i", f"{folder}/.fatpipe/{HOSTS}/ssh/id_ed25519", "-o", "BatchMode=yes",
                "-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null", "-o", "ConnectTimeout=10",
                f"root@{node0}", "echo", "still-in", ns=INTERNET)

@@ -180,7 +180,8 @@ def assert_every_line_once(output: str, folder: Path, run_id: str) -> None:
 
 
 def test_a_killed_follower_and_a_partition_past_the_keepalive_cost_nothing(cluster):
-    launch = Background(cluster, "launch", NAME, *TRAIN, "--steps", "200", "--timeout", "900")
+    # -v: every line of every node's log (the terminal otherwise leaves c10d's warnings to the logs)
+    launch = Background(cluster, "launch", NAME, "-v", *TRAIN, "--steps", "200", "--timeout", "900")
     try:
         run_id = launch.run_id()
         launch.wait_steps(5)

@@ -1,6 +1,9 @@
 """Teardown you can trust: a real `fatpipe up --down-after` on a netns sim cluster, stopped by Ctrl-C at
-each phase (deploy, netcheck, launch), by SIGTERM, and a second Ctrl-C during the teardown, with and
-without a terminal, leaves no namespace, veth, bridge or process behind, and no traceback.
+each phase (deploy, netcheck, launch), by SIGTERM under `--on-signal stop`, and a second Ctrl-C during
+the teardown, with and without a terminal, leaves no namespace, veth, bridge or process behind, and no
+traceback. The operator's machine never ends a run by accident: SIGTERM, SIGHUP and a SIGINT no
+terminal typed during the run let go of it (exit 76): it goes on, and so does the cluster (a SIGINT
+without a terminal takes the same path: tests/unit/test_shield.py).
 
 Ctrl-C is what a terminal does: SIGINT to the whole foreground process group (the test starts fatpipe
 in a session of its own and signals that group), or the ^C byte typed into a real pseudo-terminal.
@@ -47,13 +50,18 @@ def cluster(needs_netns, project_dir, request):
     simnet.sweep_cluster(name, project_dir / ".fatpipe" / name / "nodes")
 
 
+def cli_env() -> dict[str, str]:
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env.pop("FATPIPE_CONFIG", None)
+    return env
+
+
 class Up:
     """`fatpipe up --down-after` running in a session of its own; its output read as it comes."""
 
     def __init__(self, folder: Path, *args: str, tty: bool = False):
-        env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1",
-               "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
-        env.pop("FATPIPE_CONFIG", None)
+        env = cli_env()
         argv = [sys.executable, "-m", "fatpipe.cli", "up", "--down-after", *args]
         self.lines: queue.Queue[str] = queue.Queue()
         self.text = ""
@@ -184,7 +192,7 @@ def test_ctrl_c_during_netcheck(cluster, project_dir):
 
 @pytest.mark.parametrize("cluster", [("t-int-lau", 116)], indirect=True)
 def test_ctrl_c_during_launch(cluster, project_dir):
-    up = Up(project_dir, "--netcheck", "off", *TRAIN)
+    up = Up(project_dir, "--netcheck", "off", *TRAIN, tty=True)  # typed at the terminal: the user's stop
     up.wait_for(r"\] launch: ")
     up.wait_for(r"started run \S+ on 2 node")
     time.sleep(2)
@@ -194,9 +202,56 @@ def test_ctrl_c_during_launch(cluster, project_dir):
     assert_clean(project_dir, cluster, up.text)
 
 
+def fatpipe(folder: Path, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=cli_env(),
+                          capture_output=True, text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+
+
+def detached_by(folder: Path, name: str, signum: int) -> str:
+    """An `up --down-after` sent `signum` while its run trains: it lets go (exit 76) with the line that
+    says how to reattach and to stop, and ends on the line that names the cluster left up and billing.
+    The run id."""
+    up = Up(folder, "--netcheck", "off", *LONG_TRAIN)
+    up.wait_for(r"started run \S+ on 2 node")
+    up.wait_for(r"step \d+")
+    up.proc.send_signal(signum)
+    code = up.finish()
+    line = re.search(rf"detached on {signal.Signals(signum).name}: run (\S+) goes on on its nodes \(exit 76\); "
+                     rf"`fatpipe logs {name} -f` reattaches, `fatpipe stop {name}` stops it", up.text)
+    assert code == 76 and line, up.text[-3000:]
+    last = [ln for ln in up.text.splitlines() if ln.strip()][-1]
+    assert last.startswith(f"{name} stays up, and bills") and f"`fatpipe down {name}` destroys it" in last, last
+    for bad in ("Traceback", "stopping every node", "down: destroy"):
+        assert bad not in up.text, bad
+    assert (folder / ".fatpipe" / name / "outputs.json").exists() and simnet.leftover_netns(name)
+    return line.group(1)
+
+
+LONG_TRAIN = ["--preset", "tiny", "--steps", "250", "--batch-size", "4", "--seq-len", "64", "--max-restarts", "0"]
+
+
+@pytest.mark.parametrize("cluster", [("t-int-let", 119)], indirect=True)
+def test_a_termination_lets_go_of_the_run_and_the_cluster_unless_asked_to_stop(cluster, project_dir):
+    run_id = detached_by(project_dir, cluster, signal.SIGTERM)  # a laptop's shutdown, systemd, a CI cancel
+    # The run went on without its operator: reattached, it trains to its last step and ends well.
+    logs = fatpipe(project_dir, "logs", cluster, "-f", timeout=600)
+    assert logs.returncode == 0 and "step 250/250" in logs.stdout, logs.stdout[-3000:] + logs.stderr
+    assert (project_dir / ".fatpipe" / cluster / "runs" / "latest").read_text().strip() == run_id
+    detached_by(project_dir, cluster, signal.SIGHUP)  # a closed terminal
+    assert fatpipe(project_dir, "stop", cluster).returncode == 0  # an explicit request stops it
+    # Unattended: --on-signal stop makes SIGTERM stop the run, and --down-after destroy.
+    up = Up(project_dir, "--netcheck", "off", "--on-signal", "stop", *LONG_TRAIN)
+    up.wait_for(r"started run \S+ on 2 node")
+    up.wait_for(r"step \d+")
+    os.kill(up.proc.pid, signal.SIGTERM)
+    code = up.finish()
+    assert code == 143 and "the run was stopped on every node" in up.text
+    assert_clean(project_dir, cluster, up.text)
+
+
 @pytest.mark.parametrize("cluster", [("t-int-term", 117)], indirect=True)
 def test_sigterm_then_ctrl_c_during_the_teardown_without_a_terminal(cluster, project_dir):
-    up = Up(project_dir, "--netcheck", "off", *TRAIN)
+    up = Up(project_dir, "--netcheck", "off", "--on-signal", "stop", *TRAIN)
     up.wait_for(r"started run \S+ on 2 node")
     os.kill(up.proc.pid, signal.SIGTERM)
     up.wait_for(r"down: destroy ")

@@ -3,7 +3,7 @@ loopback nodes (each its own torchrun, one replica group), a Lighthouse, gloo be
 node initialises its model from a seed of its own: the first quorum gives every node one node's
 weights. One node killed mid-run (agent and workers) costs the others seconds; started again, it
 is sent the live model, optimizer and scheduler, loops on the run's committed steps, and ends
-with the others' parameters.
+with the others' parameters. The script takes its optimizer and data shard before wrap().
 """
 
 from __future__ import annotations
@@ -30,12 +30,15 @@ import fatpipe.trainer.api as fatpipe
 STEPS = int(os.environ["LIVE_SCRIPT_STEPS"])
 dist.init_process_group("gloo")
 torch.manual_seed(1000 + int(os.environ["FATPIPE_NODE_RANK"]))  # every node its own init
-model = fatpipe.wrap(torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(),
-                                         torch.nn.Linear(256, 64)))
-adamw = torch.optim.AdamW(model.parameters(), lr=1e-3)
+net = torch.nn.Sequential(torch.nn.Linear(64, 256), torch.nn.ReLU(), torch.nn.Linear(256, 64))
+adamw = torch.optim.AdamW(net.parameters(), lr=1e-3)
 schedule = torch.optim.lr_scheduler.LambdaLR(adamw, lambda step: min(1.0, (step + 1) / 10))
+# The optimizer and the shard before wrap(), as nanoGPT orders its set-up: any order works.
 optimizer = fatpipe.optimizer(adamw, schedule)
 shard, shards = fatpipe.data_shard()
+with open(os.environ["LIVE_SCRIPT_HOLD"] + f".shard-{shard}-of-{shards}", "w"):
+    pass
+model = fatpipe.wrap(net)
 while fatpipe.steps_done() < STEPS:
     g = torch.Generator().manual_seed(fatpipe.steps_done() * shards + shard)
     x = torch.randn(32, 64, generator=g)
@@ -89,6 +92,8 @@ def test_a_scripts_node_killed_and_started_again_rejoins_with_the_live_state(tmp
     events = [m["event"] for m in summaries[0]["membership"]]
     assert events == ["leave", "join"], summaries[0]["membership"]
     assert summaries[0]["fault_tolerance"] == "live" and summaries[0]["uncommitted_steps"] <= 3
+    shards = sorted(p.name.rsplit(".", 1)[1] for p in tmp_path.glob("hold.shard-*"))
+    assert shards == ["shard-0-of-3", "shard-1-of-3", "shard-2-of-3"], shards  # nodes read apart
     rejoined = nodes[2].metrics()
     assert rejoined[-1]["step"] == STEPS and any(r["healed"] for r in rejoined), rejoined[-5:]
     # The scheduler came with the state: the learning rate it recorded is the run's.

@@ -2,9 +2,11 @@
 own torchrun, Lighthouse and relay under its wrapper, gloo over the shaped links. A node whose
 agent and workers are killed is started again by its wrapper and rejoins with the live state; a
 node whose link is cut for longer than the collective timeout drops out and comes back by itself.
-The others take every step without waiting for either. Node 0 destroyed (its Lighthouse with it)
-costs the others seconds: node 1's Lighthouse serves; made again and rejoined, node 0's serves
-again.
+The others take every step without waiting for either, and wait for a returning node whose
+copy of the live state outlasts the collective timeout's floor (slowed links). Node 0 destroyed
+(its Lighthouse with it) costs the others seconds: node 1's Lighthouse serves; made again and rejoined, node 0's serves
+again. A node destroyed is no reason to stop following, past the follow's bound too: the launch
+and `fatpipe logs -f` end with the others.
 """
 
 from __future__ import annotations
@@ -13,19 +15,28 @@ import json
 import os
 import signal
 import subprocess
+import sys
+import time
 
 import faults
 import pytest
+
+from fatpipe.trainer.live.manager import COLLECTIVE_TIMEOUT_S
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
 
 NAME, OCTET = "t-live", 64
 STEPS = 150
+DESTROYED_STEPS = 220  # the others train on past the follows' bound after the loss, on links
+SLOW_GBIT = 0.15  # that make each of their steps take 0.18 s at least (3.35 MB each way)
 REPLACED_STEPS = 600  # long enough for a deploy and a rejoin while the others train
+HEAL_STEPS = 80  # the killed node back and healed over slow links (2 s a step) well before the end
+HEAL_GBIT = 0.007  # 10 MB of live state in about 12 s
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "8", "--seq-len", "128",
          "--warmup-steps", "3", "--checkpoint-every", "10", "--comm", "none",
          "--eval-windows", "8", "--fault-tolerance", "live", "--max-restarts", "2"]
 RUN_TIMEOUT_S = 400
+BOUND_S = 20  # --unreachable-timeout of the follows that outlast a destroyed node
 
 
 @pytest.fixture(scope="module")
@@ -85,6 +96,36 @@ def test_a_node_cut_off_drops_out_and_comes_back_by_itself(needs_netns, cluster)
     assert "starting it again" not in launch.node_log(1)  # no restart: it rejoined live
 
 
+def test_a_rejoin_whose_state_outlasts_the_collective_timeout_kills_no_survivor(needs_netns,
+                                                                                 cluster):
+    """A rejoin at real sizes, scaled down: every link slowed until the returning node's copy of
+    the live state (the tiny model and AdamW, 10 MB) takes about 12 s, twice the collective
+    timeout's floor (GPT-2 124M on 1 Gbit/s is as long). The survivors wait for it (a heal's
+    timeouts scale with the state over the link they measured), it rejoins, nobody dies."""
+    train = [{str(STEPS): str(HEAL_STEPS), "none": "bf16"}.get(arg, arg) for arg in TRAIN]
+    launch = faults.Launch(cluster, NAME, train, RUN_TIMEOUT_S)
+    try:
+        slowed = launch.wait_steps(10)
+        for rank in range(3):
+            faults.reshape(NAME, rank, HEAL_GBIT)
+        launch.wait_steps(slowed + 4)  # the survivors measure the slow link
+        kill_node(2)
+        faults.wait_for("node 2 healed", lambda: any(r.get("healed") for r in node_steps(launch, 2)),
+                        240, every_s=1)
+    except BaseException:
+        launch.stop()
+        raise
+    finally:
+        for rank in range(3):
+            faults.reshape(NAME, rank, 1.0)  # the tier's rate again, for the rest and the next test
+    assert launch.finish() == 0, launch.output()
+    assert [r["step"] for r in launch.metrics()] == list(range(1, HEAL_STEPS + 1))
+    assert len({node_summary(launch, r)["param_digests"][0] for r in range(3)}) == 1
+    # The premise: the survivors waited for the state longer than the old collective timeout.
+    assert max(r["sync_s"] for r in launch.metrics()) > COLLECTIVE_TIMEOUT_S, launch.metrics()
+    assert "starting it again" in launch.node_log(2)
+
+
 def remove_node(rank: int) -> None:
     """The sim's node destroyed: every process in its namespace killed, then the namespace."""
     ns = faults.netns_name(NAME, rank)
@@ -98,15 +139,43 @@ def remove_node(rank: int) -> None:
 
 def test_a_destroyed_node_is_left_behind_and_the_others_finish(needs_netns, cluster):
     """Node 0 destroyed, its Lighthouse with it (the next test deploys it again): the others move
-    to node 1's Lighthouse and go on within seconds. The launch does not wait for the node out
-    of reach once the others ended, ends 0, and names the node that left."""
-    launch = faults.Launch(cluster, NAME, TRAIN, RUN_TIMEOUT_S)
-    assert launch.inject(lambda: remove_node(0), 20) == 0, launch.output()
-    assert [r["step"] for r in node_steps(launch, 1)] == list(range(1, STEPS + 1))
+    to node 1's Lighthouse and go on within seconds. They train on for longer than the follows'
+    bound: neither the launch nor `fatpipe logs -f` (started after the loss) stops following
+    for the node the run went on without; both end 0 and name the node that left, and when."""
+    train = [str(DESTROYED_STEPS) if arg == str(STEPS) else arg for arg in TRAIN]
+    launch = faults.Launch(cluster, NAME, [*train, "--unreachable-timeout", str(BOUND_S)], RUN_TIMEOUT_S)
+    follower, followed = None, cluster / "logs-f.out"
+    try:
+        launch.wait_steps(20)
+        remove_node(0)
+        removed = time.time()
+        for rank in (1, 2):
+            faults.reshape(NAME, rank, SLOW_GBIT)
+        with open(followed, "w") as out:
+            follower = subprocess.Popen(
+                [sys.executable, "-m", "fatpipe.cli", "logs", NAME, "-f", "--unreachable-timeout", str(BOUND_S)],
+                cwd=cluster, env=faults.cli_env(), stdout=out, stderr=subprocess.STDOUT)
+        assert launch.finish() == 0, launch.output()
+        follower.wait(timeout=120)
+    except BaseException:
+        launch.stop()
+        if follower is not None:
+            follower.kill()
+        raise
+    finally:
+        for rank in (1, 2):
+            faults.reshape(NAME, rank, 1.0)  # the tier's rate again, for the next test
+    steps = node_steps(launch, 1)
+    assert [r["step"] for r in steps] == list(range(1, DESTROYED_STEPS + 1))
+    assert steps[-1]["time"] - removed > BOUND_S + 5, "the run ended before the bound: more steps"
+    followed = followed.read_text()
+    assert follower.returncode == 0, followed[-4000:]
+    assert f"{NAME}-0 left the run at step" in followed, followed[-4000:]
     membership = node_summary(launch, 1)["membership"]
     assert [m["event"] for m in membership] == ["leave"], membership
     assert membership[0]["seconds_lost"] < 10, membership
-    assert f"{NAME}-0 left the run" in launch.output(), launch.output()
+    left = int(launch.log.read_text().split(f"{NAME}-0 left the run at step ", 1)[1].split()[0])
+    assert abs(left - membership[0]["step"]) <= 1, (left, membership)  # when, as its peers saw it
     assert "the Lighthouse of node 1 at" in launch.node_log(1), launch.node_log(1)[-3000:]
 
 

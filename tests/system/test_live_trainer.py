@@ -76,6 +76,32 @@ def test_a_killed_node_costs_seconds_and_rejoins_with_the_live_weights(tmp_path)
     assert len(comms) == 1 and comms <= {"none", "bf16"}, comms
 
 
+def test_a_node_killed_in_the_first_quorums_probe_leaves_one_comm_that_commits(tmp_path, monkeypatch):
+    """comm=auto's probe at step 1 held open on node 2 (its measurements taken, the others
+    waiting in the average), and node 2 killed there: the others' decision fails, they fail
+    step 1 and decide again without it, on one hook, and commit every step."""
+    from fatpipe.trainer.comm.autolive import PROBE_PAUSE_ENV
+
+    _lh, port = lighthouses.start_lighthouse(tmp_path / "lighthouse.log")
+    nodes = [lighthouses.LiveNode(tmp_path, r, 3, port, ["--steps", "15"]) for r in range(3)]
+    for node in nodes[:2]:
+        node.start()
+    monkeypatch.setenv(PROBE_PAUSE_ENV, "300")
+    nodes[2].start()
+    monkeypatch.delenv(PROBE_PAUSE_ENV)
+    deadline = time.monotonic() + RUN_S
+    while "holding the probe open" not in nodes[2].log.read_text():
+        assert time.monotonic() < deadline and nodes[2].proc.poll() is None, nodes[2].log.read_text()[-3000:]
+        time.sleep(0.3)
+    nodes[2].kill()
+    summaries = check_finished_together(nodes[:2])
+    for node in nodes[:2]:
+        assert [r["step"] for r in node.metrics()] == list(range(1, 16)), node.metrics()
+        assert "no hook every replica group agreed on" in node.log.read_text()
+    comms = {r["comm"] for node in nodes[:2] for r in node.metrics()}
+    assert len(comms) == 1 and comms == {summaries[0]["comm"]}, comms
+
+
 def test_two_ranks_per_node_train_the_same_parameters(tmp_path):
     _lh, port = lighthouses.start_lighthouse(tmp_path / "lighthouse.log")
     nodes = start_nodes(tmp_path, port, 2, ["--steps", "12", "--comm", "bf16"], nproc=2)

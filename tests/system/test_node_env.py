@@ -64,11 +64,11 @@ packages = ["einops>=0.7"]
         assert down.returncode == 0, down.stdout[-4000:]
 
 
-def place_venv(remote_dir: Path, stamp: str, path_first: Path | None = None) -> None:
+def place_venv(remote_dir: Path, stamp: str, project_id: str, path_first: Path | None = None) -> None:
     """A venv fatpipe takes as built: its stamp, and a python that is this machine's interpreter."""
     venv = remote_dir / REMOTE_VENV
     (venv / "bin").mkdir(parents=True, exist_ok=True)
-    (remote_dir / PROJECT_MARKER).write_text(NAME + "\n")  # the folder is this cluster's
+    (remote_dir / PROJECT_MARKER).write_text(f"{NAME}\n{project_id}\n")  # the folder is this project's
     (venv / ".fatpipe-stamp").write_text(stamp + "\n")
     prefix = f"PYTHONPATH={path_first} " if path_first else ""
     python = venv / "bin" / "python"
@@ -85,7 +85,7 @@ def test_a_node_with_another_torch_is_named_before_launch(nodes_over_ssh):
     outputs = json.loads((folder / ".fatpipe" / NAME / "outputs.json").read_text())
     remote_dirs = [Path(n["remote_dir"]) for n in outputs["nodes"]]
     for remote_dir in remote_dirs:
-        place_venv(remote_dir, stamp)
+        place_venv(remote_dir, stamp, project.project_id)
 
     alike = fatpipe(folder, "launch", NAME, "--max-restarts", "0", "--", "hello.py")
     assert alike.returncode == 0, alike.stdout[-4000:]
@@ -97,7 +97,7 @@ def test_a_node_with_another_torch_is_named_before_launch(nodes_over_ssh):
     fake = folder.parent / f"{folder.name}-fake-torch"
     (fake / "torch").mkdir(parents=True)
     (fake / "torch" / "__init__.py").write_text("__version__ = '2.0.1'\nclass version:\n    cuda = None\n")
-    place_venv(remote_dirs[1], stamp, path_first=fake)
+    place_venv(remote_dirs[1], stamp, project.project_id, path_first=fake)
     odd = fatpipe(folder, "launch", NAME, "--max-restarts", "0", "--", "hello.py")
     assert odd.returncode != 0, odd.stdout[-4000:]
     errors = [line.split(": ", 1)[1] for line in odd.stdout.splitlines() if line.lower().startswith("error:")]

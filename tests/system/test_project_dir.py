@@ -10,7 +10,7 @@ import pytest
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER
-from fatpipe.ops.reach.projectdir import claim_and_say, claim_project_dir, remove_project_dir
+from fatpipe.ops.reach.projectdir import claim_project_dir, remove_project_dir
 from fatpipe.ops.reach.transport import LocalTransport
 
 NODE = LocalTransport("lab-0")
@@ -31,26 +31,13 @@ def test_an_empty_folder_is_adopted(tmp_path):
     assert (tmp_path / PROJECT_MARKER).read_text() == f"lab\n{OURS}\n"
 
 
-def test_an_earlier_fatpipes_marker_of_the_cluster_is_adopted_once_and_said(tmp_path):
-    folder = tmp_path / "lab"
-    folder.mkdir()
-    (folder / PROJECT_MARKER).write_text("lab\n")
-    (folder / "ckpt.pt").write_text("a run's")
-    said: list[str] = []
-    claim_and_say(NODE, str(folder), "lab", OURS, said.append)
-    claim_and_say(NODE, str(folder), "lab", OURS, said.append)
-    assert len(said) == 1 and "lab-0" in said[0] and str(folder) in said[0] and OURS in said[0]
-    assert "without a project id" in said[0]
-    assert (folder / PROJECT_MARKER).read_text() == f"lab\n{OURS}\n" and (folder / "ckpt.pt").is_file()
-    with pytest.raises(FatpipeError, match=f"of project {OURS}"):  # and now it is ours alone
-        claim_project_dir(NODE, str(folder), "lab", THEIRS)
-
-
 @pytest.mark.parametrize("make,words", [
     (lambda f: (f.mkdir(), (f / "notes.txt").write_text("mine")), "is not empty and was not made by fatpipe"),
     (lambda f: (f.mkdir(), (f / ".hidden").mkdir()), "is not empty and was not made by fatpipe"),
     (lambda f: (f.mkdir(), (f / PROJECT_MARKER).write_text("other\n")),
      "belongs to cluster 'other' (marked by an earlier fatpipe)"),
+    (lambda f: (f.mkdir(), (f / PROJECT_MARKER).write_text("lab\n")),  # an earlier fatpipe's: not proof
+     "naming cluster 'lab' without a project id (an earlier fatpipe's)"),
     (lambda f: (f.mkdir(), (f / PROJECT_MARKER).write_text(f"lab\n{THEIRS}\n")),
      f"belongs to cluster 'lab' of project {THEIRS} (its {PROJECT_MARKER}), not to this project ({OURS}, "
      "cluster 'lab')"),
@@ -97,4 +84,6 @@ def test_down_removes_only_this_projects_folder(tmp_path):
     assert (other / PROJECT_MARKER).is_file()
     assert remove_project_dir(NODE, str(ours), "lab", OURS) == ("removed", "") and not ours.exists()
     assert remove_project_dir(NODE, str(ours), "lab", OURS) == ("absent", "")
-    assert remove_project_dir(NODE, str(legacy), "lab", OURS) == ("removed", "")  # an earlier fatpipe's, this cluster
+    # An earlier fatpipe's marker of this cluster carries no project id: no proof, kept.
+    assert remove_project_dir(NODE, str(legacy), "lab", OURS) == ("other", "cluster 'lab' (marked by an earlier fatpipe)")
+    assert (legacy / PROJECT_MARKER).read_text() == "lab\n"

@@ -118,3 +118,15 @@ def test_diloco_between_regions_crosses_only_its_int8_exchange(two_regions):
     # The per-step all-reduce still ran, inside the region: node 0's own link carried it.
     assert hier_node > STEPS * 4 * params, (hier_node, params)
     assert abs(hier["eval_loss"] - flat["eval_loss"]) < 0.5, (hier["eval_loss"], flat["eval_loss"])
+
+
+def test_live_with_diloco_between_the_regions_is_refused_before_anything_starts(two_regions):
+    """fault_tolerance = "live" never opens the regions: named with DiLoCo between them on this
+    cluster's regions, the launch refuses in one line naming both keys (exit 2), no run left."""
+    runs = two_regions / f".fatpipe/{CLUSTER}/runs"
+    before = sorted(p.name for p in runs.iterdir()) if runs.exists() else []
+    done = fatpipe(two_regions, "launch", CLUSTER, *TRAIN, "--fault-tolerance", "live", "--cross-comm", "diloco")
+    lines = done.stdout.strip().splitlines()
+    assert done.returncode == 2 and len(lines) == 1, done.stdout[-3000:]
+    assert 'fault_tolerance = "live" with cross_comm = "diloco" across regions (r0, r1)' in lines[0], lines
+    assert (sorted(p.name for p in runs.iterdir()) if runs.exists() else []) == before

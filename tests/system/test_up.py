@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -82,11 +83,23 @@ def test_up_default_cluster_on_netns(needs_netns, project_dir):
     write_project(project_dir, "upns", 4, "netns", 81)
     # --no-gate: a quick check on a busy 2-core machine may dip below the tier (netcheck's tests
     # cover the gate); training must run either way.
-    done = fatpipe(project_dir, "up", "--down-after", "--netcheck", "quick", "--no-gate", *TRAIN)
+    steps = 10
+    train = [*TRAIN[:2], "--steps", str(steps), *TRAIN[4:]]
+    done = fatpipe(project_dir, "up", "--down-after", "--netcheck", "quick", "--no-gate", *train)
     print(done.stdout[-6000:])
     assert done.returncode == 0, done.stdout[-6000:]
     for shown in ("final loss", "sync latency p50 / p95", "busbw in netcheck", "time per phase", "up finished"):
         assert shown in done.stdout
+    # Live on 4 nodes (the demo's mode) speaks once: one line a step for the cluster, the comm
+    # decision once, no third-party logging (torchft's, c10d's), all of it on a screen or two.
+    lines = done.stdout.splitlines()
+    assert "fault tolerance: live" in done.stdout
+    step_lines = [int(m[1]) for m in (re.search(r"\| step (\d+)/", line) for line in lines) if m]
+    assert step_lines == list(range(1, steps + 1)), done.stdout
+    assert done.stdout.count("comm=auto chose") <= 1
+    for noise in ("torchft::", "[c10d]", "flight recorder", "lighthouse: serving", "relay: "):
+        assert noise not in done.stdout, noise
+    assert len(lines) <= 120, done.stdout
     up = up_report(project_dir, "upns")
     assert up["summary"]["final_loss"] > 0 and up["summary"]["sync_s_p50"] > 0
     assert up["summary"]["world_size"] == 4 and up["summary"]["netcheck_busbw_gbps"] > 0

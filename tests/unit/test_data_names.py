@@ -122,7 +122,7 @@ def test_links_planted_in_a_node_folder_lead_no_write_or_read_outside(bucket, no
     (folder / "sub").symlink_to(outside)  # a folder component
     (folder / "f.bin").symlink_to(outside / "victim")  # the file itself
     (folder / "g.bin.fatpipe-partial").symlink_to(outside / "victim")  # its partial copy
-    manifest = fetch(spec(bucket, "planted"), root)
+    manifest = fetch(spec(bucket, "planted"), root, own=True)  # a node's project folder: fatpipe's
     assert sorted(os.listdir(outside)) == ["victim"] and (outside / "victim").read_bytes() == b"untouched"
     assert (folder / "sub" / "x.bin").read_bytes() == b"real data" and not (folder / "sub").is_symlink()
     assert (folder / "f.bin").read_bytes() == b"real file" and not (folder / "f.bin").is_symlink()

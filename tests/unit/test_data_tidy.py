@@ -1,5 +1,5 @@
-"""A staged folder is exactly its manifest: extras named by the check, removed by a push's check,
-the manifest kept beside what matches, the trainer reading only what it lists; and the chain never
+"""A staged folder fatpipe claimed is exactly its manifest: extras named by the check, removed by a
+push's check, the manifest kept beside what matches, the trainer reading only what it lists; and the chain never
 writes into the inode of a file a trainer may have mapped."""
 
 from __future__ import annotations
@@ -15,10 +15,12 @@ from fatpipe.trainer.staging.check import PRUNED_PREFIX
 from fatpipe.trainer.staging.manifest import (
     MANIFEST_NAME,
     PARTIAL_SUFFIX,
+    RECORD_NAME,
     ChunkCheck,
     build_manifest,
     write_manifest,
 )
+from fatpipe.trainer.staging.record import Staged
 from fatpipe.trainer.staging.stage import finish_files
 from fatpipe.trainer.staging.tidy import extra_files, prune
 
@@ -26,7 +28,10 @@ CHUNK = 1 << 16
 
 
 def staged(tmp_path, names=("a.bin", "b.bin", "sub/c.bin")):
+    """A node's dataset folder fatpipe claimed (begun empty in its own project folder), then filled."""
     folder = tmp_path / "data" / "set"
+    shell = {"kind": "folder", "path": "data/set", "files": []}
+    Staged.begin(shell, tmp_path, own=True).save(shell, tmp_path)
     for name in names:
         (folder / name).parent.mkdir(parents=True, exist_ok=True)
         (folder / name).write_bytes(os.urandom(1000))
@@ -63,7 +68,7 @@ def test_extras_are_named_by_verify_and_removed_by_a_push(tmp_path):
     assert pushed.returncode == 0, pushed.stdout
     assert json.loads(pushed.stdout.splitlines()[0].removeprefix(PRUNED_PREFIX)) == extras
     kept = sorted(p.name for p in folder.iterdir() if p.name != ".fatpipe-hashes.json")  # the cache: if settled
-    assert kept == sorted([MANIFEST_NAME, "a.bin", "a.bin.fatpipe-partial", "b.bin", "empty", "sub"])
+    assert kept == sorted([MANIFEST_NAME, RECORD_NAME, "a.bin", "a.bin.fatpipe-partial", "b.bin", "empty", "sub"])
     assert os.path.exists("/etc/passwd") and check(tmp_path, manifest).returncode == 0
 
 
@@ -75,7 +80,7 @@ def test_a_listed_file_that_is_a_link_is_a_difference_and_an_extra(tmp_path):
     (folder / "a.bin").symlink_to(outside)
     verify = check(tmp_path, manifest)
     assert verify.returncode == 1 and "data/set/a.bin: a symbolic link" in verify.stdout
-    assert prune(manifest, tmp_path) == ["a.bin"] and outside.exists() and not (folder / "a.bin").exists()
+    assert prune(manifest, tmp_path, Staged.read(manifest, tmp_path))[0] == ["a.bin"] and outside.exists() and not (folder / "a.bin").exists()
 
 
 def test_a_push_keeps_the_new_manifest_beside_data_that_already_matches(tmp_path):

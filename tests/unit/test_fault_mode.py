@@ -3,6 +3,7 @@ the launch's fall back to restart where a node has no torchft."""
 
 from __future__ import annotations
 
+import json
 import shlex
 
 import pytest
@@ -25,6 +26,9 @@ from .test_rendezvous import sim_outputs
     ({"comm": "diloco"}, 4, "trainer", "restart", "comm=diloco syncs every few steps"),
     ({"auto_periodic": True}, 4, "trainer", "restart", "auto_periodic syncs every few steps"),
     ({"cross_comm": "diloco"}, 4, "trainer", "restart", "cross_comm = diloco syncs between regions"),
+    # A named per-step hook with auto_periodic: cross_comm auto's DiLoCo between regions.
+    ({"comm": "bf16", "auto_periodic": True}, 4, "trainer", "restart", "auto_periodic syncs"),
+    ({"comm": "bf16", "auto_periodic": True, "cross_comm": "flat"}, 4, "trainer", "live", "4 nodes"),
     ({"comm": "powersgd"}, 3, "trainer", "live", "3 nodes"),
     ({"fault_tolerance": "restart"}, 4, "trainer", "restart", "[train] fault_tolerance"),
     ({"fault_tolerance": "live"}, 2, "script", "live", "[train] fault_tolerance"),
@@ -101,3 +105,50 @@ def test_the_launch_turns_an_auto_live_run_restart_where_a_node_has_no_torchft(p
     nodes = launch.node_runs(rdzv, project.state_dir("demo"))
     kept, _ = launch.checked_envs(rdzv, nodes, run_dir, project.state_dir("demo"), lines.append)
     assert seen[-1] is True and kept.live  # a named live is the check's to refuse, never turned
+
+
+def regions_outputs(regions: list[str]) -> dict:
+    doc = sim_outputs(len(regions))
+    for node, region in zip(doc["nodes"], regions, strict=True):
+        node["region"] = region
+    return doc
+
+
+@pytest.mark.parametrize(("flags", "key"), [
+    (["--cross-comm", "diloco"], 'cross_comm = "diloco"'),
+    (["--auto-periodic"], "auto_periodic = true"),
+])
+def test_live_across_regions_with_a_sync_between_them_is_refused_in_one_line(project_dir, run_cli, flags, key):
+    """live never opens the regions: named with DiLoCo between them, the launch refuses the run
+    (exit 2, one line naming both keys) before anything is written or started."""
+    project = load_project()
+    (project.state_dir("demo") / "outputs.json").parent.mkdir(parents=True, exist_ok=True)
+    (project.state_dir("demo") / "outputs.json").write_text(json.dumps(regions_outputs(["r0", "r0", "r1"])))
+    result = run_cli("launch", "--fault-tolerance", "live", *flags)
+    assert result.exit_code == 2, result.output
+    lines = result.output.strip().splitlines()
+    assert len(lines) == 1 and 'fault_tolerance = "live"' in lines[0] and key in lines[0], lines
+    assert "regions (r0, r1)" in lines[0], lines
+    assert not list((project.state_dir("demo") / "runs").glob("*/rendezvous.json"))
+    # auto takes restart for it; live with a flat ring, or on one region, is not refused.
+    for train, outputs, mode in ((TrainSpec(cross_comm="diloco"), regions_outputs(["r0", "r0", "r1"]), "restart"),
+                                 (TrainSpec(fault_tolerance="live"), regions_outputs(["r0", "r0", "r1"]), "live"),
+                                 (TrainSpec(fault_tolerance="live", cross_comm="diloco"), sim_outputs(3), "live")):
+        run_id, run_dir = new_run(project, "demo")
+        assert new_rendezvous(project, parse_outputs(outputs), run_id, run_dir, train=train).fault_tolerance == mode
+
+
+def test_up_refuses_it_before_deploying_a_cluster_that_declares_regions(project_dir, run_cli, monkeypatch):
+    from fatpipe.cli.up import Up
+
+    def deployment(self):
+        raise AssertionError("deployed a cluster for a run that is refused")
+
+    monkeypatch.setattr(Up, "deployment", deployment)
+    (project_dir / "fatpipe.toml").write_text(
+        '[clusters.rg]\nprovider = "sim"\nnodes = 3\nisolation = "netns"\nregions = 2\n'
+        'cross_region_gbps = 0.1\n\n[train]\nfault_tolerance = "live"\ncross_comm = "diloco"\n')
+    result = run_cli("up", "rg")
+    assert result.exit_code == 2, result.output
+    assert 'fault_tolerance = "live" with cross_comm = "diloco" across regions (r0, r1)' in result.output
+    assert not (project_dir / ".fatpipe" / "rg" / "outputs.json").exists()

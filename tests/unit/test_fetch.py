@@ -206,3 +206,35 @@ def test_nodes_sharing_this_machines_files_fetch_once_and_check_clean(bucket, no
     assert [v.problem for v in check_data(project, outputs, result.manifest)] == [None, None]
     spec = json.loads((project_dir / ".fatpipe/demo/data/fetch.json").read_text())
     assert spec["source"] == "s3://corpus/sets/v1/" and not any("node-own" in str(v) for v in spec.values())
+
+
+def test_a_fetch_into_a_folder_of_the_users_removes_only_what_it_staged(bucket, node_env, tmp_path):
+    """A folder that held the user's files before the first fetch (or any folder on nodes sharing
+    this machine's files): they stay; a key the source dropped goes; a key whose place holds a
+    file of the user's stops the fetch with nothing written."""
+    import boto3
+
+    from fatpipe.trainer.staging.record import InTheWay
+
+    s3 = boto3.client("s3", endpoint_url=bucket, region_name="us-east-1", aws_access_key_id="t",
+                      aws_secret_access_key="t")
+    s3.create_bucket(Bucket="users-folder")
+    for key in ("set/a.bin", "set/sub/b.bin"):
+        s3.put_object(Bucket="users-folder", Key=key, Body=key.encode() * 100, ACL="public-read")
+    data = tmp_path / "data" / "set"
+    (data / "sub").mkdir(parents=True)
+    (data / "notes.txt").write_text("the user's")
+    spec = s3_spec(bucket, source="s3://users-folder/set", anonymous=True)
+    for own in (False, True):  # the user's folder, here or in a node's own project folder
+        assert fetch(spec, tmp_path, own=own)["removed"] == []
+        assert (data / "sub" / "b.bin").read_bytes() == b"set/sub/b.bin" * 100
+
+    s3.delete_object(Bucket="users-folder", Key="set/sub/b.bin")
+    assert fetch(spec, tmp_path, own=True)["removed"] == ["sub/b.bin"]
+    assert sorted(p.relative_to(data).as_posix() for p in data.rglob("*") if ".fatpipe-" not in p.name) == \
+        ["a.bin", "notes.txt", "sub"]  # the user's folder `sub` stays, emptied
+
+    s3.put_object(Bucket="users-folder", Key="set/notes.txt", Body=b"the source's notes", ACL="public-read")
+    with pytest.raises(InTheWay, match="data/set holds 1 file.* fatpipe did not stage where the data goes: notes.txt"):
+        fetch(spec, tmp_path)
+    assert (data / "notes.txt").read_text() == "the user's" and not (data / "notes.txt.fatpipe-partial").exists()

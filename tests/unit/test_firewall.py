@@ -12,6 +12,7 @@ from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.firewall import trust_summary
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import parse_project
+from fatpipe.ops.reach import node_firewall
 from fatpipe.ops.reach.firewall_check import listing_problem, require_firewall
 from fatpipe.ops.reach.node_firewall import iptables_rules, nft_ruleset, normal_save
 from fatpipe.ops.reach.profile import agent_program
@@ -26,12 +27,15 @@ def ssh_cluster(ips=("10.0.0.10", "10.0.0.11"), extra: str = ""):
 def test_the_firewall_is_on_by_default_and_trusts_the_nodes_or_the_declared_network():
     c = ssh_cluster()
     assert c.firewall is True and c.public_private_ips is False
-    assert profile_plan(c, None, {})["firewall"] == {"trusted": ["10.0.0.10/32", "10.0.0.11/32"]}
-    declared = ssh_cluster(extra='private_cidr = "10.0.0.0/24"')
-    assert profile_plan(declared, None, {})["firewall"] == {"trusted": ["10.0.0.0/24"]}
+    nodes = ["10.0.0.10/32", "10.0.0.11/32"]
+    assert profile_plan(c, None, {})["firewall"] == {"trusted": nodes, "members": nodes, "run_ports": [29400, 29405]}
+    declared = ssh_cluster(extra='private_cidr = "10.0.0.0/24"\nrdzv_port = 31000')
+    assert profile_plan(declared, None, {})["firewall"] == {"trusted": ["10.0.0.0/24"], "members": nodes,
+                                                            "run_ports": [31000, 31005]}
     assert profile_plan(ssh_cluster(extra="firewall = false"), None, {})["firewall"] is None
     sim = parse_project('[clusters.s]\nprovider = "sim"\ntransport = "ssh"\n', "f.toml").clusters["s"]
-    assert sim.firewall and profile_plan(sim, None, {})["firewall"] == {"trusted": ["10.42.0.0/24"]}
+    assert sim.firewall and profile_plan(sim, None, {})["firewall"]["trusted"] == ["10.42.0.0/24"]
+    assert profile_plan(sim, None, {})["firewall"]["members"] == [f"10.42.0.{10 + i}/32" for i in range(sim.nodes)]
 
 
 @pytest.mark.parametrize("ips", [("100.64.3.1", "100.64.3.2"), ("172.20.0.5", "172.20.0.6"),
@@ -94,9 +98,17 @@ def test_config_says_what_the_firewall_trusts(tmp_path):
     assert "10.0.0.5/32, 10.200.1.7/32" in table
 
 
+@pytest.mark.parametrize("ip, said", [("0.0.0.0", "every interface"), ("224.0.0.1", "multicast"),
+                                      ("255.255.255.255", "broadcast")])
+def test_public_private_ips_still_wants_one_machines_address(ip, said):
+    with pytest.raises(ConfigError) as e:
+        ssh_cluster((ip, "203.0.113.11"), "public_private_ips = true")
+    assert said in str(e.value) and "hosts.0.private_ip" in str(e.value) and "\n" not in str(e.value)
+
+
 def test_public_private_ips_trusts_only_the_nodes_themselves():
     c = ssh_cluster(("203.0.113.10", "203.0.113.11"), "public_private_ips = true")
-    assert profile_plan(c, None, {})["firewall"] == {"trusted": ["203.0.113.10/32", "203.0.113.11/32"]}
+    assert profile_plan(c, None, {})["firewall"]["trusted"] == ["203.0.113.10/32", "203.0.113.11/32"]
 
 
 def test_the_nft_table_drops_all_but_ssh_from_outside():
@@ -113,6 +125,51 @@ def test_the_iptables_chain_ends_in_drop_and_trusts_ipv4_only():
     assert v4[0] == ["-i", "lo", "-j", "ACCEPT"] and v4[-1] == ["-j", "DROP"] and v6[-1] == ["-j", "DROP"]
     assert ["-s", "10.9.0.0/24", "-j", "ACCEPT"] in v4 and not any("-s" in r for r in v6)
     assert ["-p", "tcp", "--dport", "22", "-j", "ACCEPT"] in v6
+
+
+def test_a_declared_network_reaches_every_port_but_the_runs_which_only_the_nodes_reach(monkeypatch):
+    # The Lighthouse (kill), the Manager (Kill RPC), the checkpoint server (the weights) and the
+    # store (unpickles): the nodes' own addresses reach them, not the rest of private_cidr.
+    c = ssh_cluster(extra='private_cidr = "10.0.0.0/24"\nrdzv_port = 50000')
+    plan = profile_plan(c, None, {})["firewall"]
+    monkeypatch.setattr(node_firewall, "ephemeral_ports", lambda: [32768, 60999])
+    guarded = node_firewall.guarded_ports(plan)
+    assert guarded == [[32768, 60999]]  # rdzv_port's 50000-50005 lies in the ephemeral range: one range
+    text = nft_ruleset(plan["trusted"], [22], plan["members"], guarded).splitlines()
+    nodes = text.index('\t\tip saddr { 10.0.0.10/32, 10.0.0.11/32 } accept comment "fatpipe: the nodes"')
+    drop = text.index("\t\ttcp dport { 32768-60999 } drop")
+    assert nodes < text.index("\t\ttcp dport { 22 } accept") < drop < text.index("\t\tip saddr { 10.0.0.0/24 } accept")
+    rules = iptables_rules(plan["trusted"], [22], False, plan["members"], [[29400, 29405], [32768, 60999]])
+    order = [rules.index(r) for r in (["-s", "10.0.0.10/32", "-j", "ACCEPT"], ["-p", "tcp", "--dport", "22", "-j", "ACCEPT"],
+                                      ["-p", "tcp", "--dport", "29400:29405", "-j", "DROP"],
+                                      ["-p", "udp", "--dport", "32768:60999", "-j", "DROP"],
+                                      ["-s", "10.0.0.0/24", "-j", "ACCEPT"], ["-j", "DROP"])]
+    assert order == sorted(order)
+    # Without a declared network the nodes are all it trusts: nothing to close.
+    bare = profile_plan(ssh_cluster(), None, {})["firewall"]
+    assert "drop" not in nft_ruleset(bare["trusted"], [22], bare["members"], [[29400, 29405]]).replace("policy drop", "")
+    assert node_firewall.merged([[5, 9], [1, 3], [4, 4], [20, 20]]) == [[1, 9], [20, 20]]
+    assert node_firewall.guarded_ports({"trusted": ["10.0.0.0/24"]}) == []  # a plan from before members
+
+
+def test_a_node_reached_at_another_private_address_sends_from_it_and_is_trusted_there():
+    # private_ip a second address of the NIC: the kernel sources the node's connections from
+    # the first, which SSH reaches it at. A NAT's public address (shared with others) is no node's.
+    hosts = ('[[clusters.r.hosts]]\naddress = "10.0.0.20"\nprivate_ip = "10.0.0.9"\n'
+             '[[clusters.r.hosts]]\naddress = "203.0.113.5"\nport = 2201\nprivate_ip = "10.0.0.100"\n'
+             '[[clusters.r.hosts]]\naddress = "10.0.0.25"\nprivate_ip = "10.0.0.25"\n')
+    c = parse_project(f'[clusters.r]\nprovider = "ssh"\nprivate_cidr = "10.0.0.0/24"\n{hosts}', "f.toml").clusters["r"]
+    assert profile_plan(c, None, {})["firewall"]["members"] == ["10.0.0.9/32", "10.0.0.100/32", "10.0.0.25/32",
+                                                                "10.0.0.20/32"]
+
+
+def test_config_names_the_runs_ports_and_who_reaches_them(tmp_path):
+    (tmp_path / "fatpipe.toml").write_text('[clusters.r]\nprovider = "ssh"\nprivate_cidr = "10.0.0.0/24"\n'
+                                           '[[clusters.r.hosts]]\naddress = "h0"\nprivate_ip = "10.0.0.5"\n')
+    doc = json.loads(CliRunner().invoke(main, ["--config", str(tmp_path / "fatpipe.toml"), "config", "--json"]).output)
+    trusts = doc["clusters"]["r"]["firewall_trusts"]
+    assert trusts["sources"] == ["10.0.0.0/24"] and trusts["run_ports"] == [29400, 29402]
+    assert trusts["run_ports_from"] == ["10.0.0.5/32"] and "only the nodes reach the run's ports" in trusts["summary"]
 
 
 NFT_LISTED = """table inet fatpipe {

@@ -214,7 +214,7 @@ class StubUp:
         from fatpipe.cli.downafter import DownAfter
 
         self.spec, self.said, self.destroyed = SimpleNamespace(name="c"), [], 0
-        self.result, self.launched = result, launched
+        self.result, self.launched, self.left_up = result, launched, ""
         self.phases = SimpleNamespace(skip=lambda name, why: self.said.append(f"{name} skipped: {why}"))
         self.up = DownAfter
         self.say = self.said.append
@@ -231,17 +231,31 @@ class StubUp:
 
 
 def test_down_after_destroys_only_once_every_node_recorded_its_exit_or_the_user_asked(tmp_path):
+    from fatpipe.cli.signals import HEARD
+    from fatpipe.ops.run.detach import DETACHED, LET_GO
+
+    HEARD.signum, HEARD.stop = None, False
     ended = LaunchResult("r1", tmp_path, {"n0": 0, "n1": 1})
     up = StubUp(ended)
     assert up.down_after(1) == 1 and up.destroyed == 1  # failed, but every node recorded its end
     gave_up = LaunchResult("r1", tmp_path, {"n0": 0}, unknown={"n1": "unreachable"})
     up = StubUp(gave_up)
     assert up.down_after(UNFOLLOWED) == UNFOLLOWED and up.destroyed == 0
-    assert any("`fatpipe down c` destroys it" in line and "`fatpipe logs c -f` reattaches" in line
-               for line in up.said), up.said
-    up = StubUp(gave_up)
-    up.down_after(130)  # Ctrl-C: the user's decision
+    assert "c stays up, and bills" in up.left_up and "`fatpipe down c` destroys it" in up.left_up \
+        and "`fatpipe logs c -f` reattaches" in up.left_up, up.left_up
+    # A termination (SIGTERM, SIGHUP) let go of the run: it goes on, and so does the cluster.
+    let_go = LaunchResult("r1", tmp_path, unknown={"n0": LET_GO, "n1": LET_GO})
+    HEARD.signum = 15
+    up = StubUp(let_go)
+    assert up.down_after(DETACHED) == DETACHED and up.destroyed == 0 and "n0, n1" in up.left_up
+    up = StubUp()
+    up.down_after(143)  # before the launch: nothing runs yet, the usual clean-up
     assert up.destroyed == 1
+    HEARD.signum, HEARD.stop = 2, True
+    up = StubUp(gave_up)
+    up.down_after(130)  # Ctrl-C typed at the terminal (or --on-signal stop): the user's decision
+    assert up.destroyed == 1
+    HEARD.signum, HEARD.stop = None, False
     # The launch broke off on this machine (no result): the nodes are asked; one out of reach
     # or still running keeps the cluster up, a run that never started does not.
     nodes = gated_run(tmp_path, ["sleep 30\n", "exit 0\n"])

@@ -9,6 +9,7 @@ import lighthouses
 import pytest
 
 from fatpipe.trainer.live import relay
+from fatpipe.trainer.live.epochs import serving_lighthouse
 from fatpipe.trainer.live.lighthouse import majority
 from fatpipe.trainer.live.relay import Health, Relay, choose
 
@@ -100,6 +101,38 @@ def test_the_relay_moves_to_the_next_lighthouse_and_back(monkeypatch):
         await first.start()  # node 0 back: everyone moves back to it
         assert await asyncio.wait_for(held.read(), 10) == b""
         await _until("node 0's server to serve again", lambda: reaches(b"0"))
+        serving.cancel()
+
+    asyncio.run(scenario())
+
+
+@pytest.mark.timeout(60)
+def test_a_manager_asks_the_relay_which_lighthouse_it_forwards_to(monkeypatch):
+    """The answer names the Lighthouse and counts the relay's moves: a Manager that asks before
+    and after its quorum knows which Lighthouse formed it (live.epochs)."""
+    monkeypatch.setattr(relay, "CHECK_S", 0.05)
+    port = lighthouses.free_port()
+
+    async def scenario():
+        first, second = Named(b"0"), Named(b"1")
+        await first.start()
+        await second.start()
+        ready = asyncio.Event()
+        the_relay = Relay(("127.0.0.1", port),
+                          [("127.0.0.1", first.port), ("127.0.0.1", second.port)])
+        serving = asyncio.create_task(the_relay.serve(ready))
+        await ready.wait()
+
+        def serves(lighthouse: Named):
+            async def check():
+                answer = await asyncio.to_thread(serving_lighthouse, f"127.0.0.1:{port}")
+                return answer if answer and answer[0] == f"127.0.0.1:{lighthouse.port}" else None
+            return check
+
+        assert await _until("node 0's to serve", serves(first)) == (f"127.0.0.1:{first.port}", 1)
+        assert (await _through(port))[0] == b"0"  # anything else is forwarded as before
+        await first.stop()
+        assert await _until("node 1's to serve", serves(second)) == (f"127.0.0.1:{second.port}", 2)
         serving.cancel()
 
     asyncio.run(scenario())

@@ -35,11 +35,49 @@ def test_the_settings_of_a_node():
     ("FATPIPE_NODES", "x", "FATPIPE_NODE_RANK"),
     ("MASTER_PORT", "0", "MASTER_PORT"),
     ("FATPIPE_LIVE_PORT", "70000", "FATPIPE_LIVE_PORT"),
+    # Where the node's servers bind and what its Manager dials: one machine's address, never
+    # every interface's nor a group's.
+    ("FATPIPE_PRIVATE_IP", "0.0.0.0", "every interface"),
+    ("FATPIPE_PRIVATE_IP", "::", "every interface"),
+    ("FATPIPE_PRIVATE_IP", "239.1.2.3", "multicast"),
+    ("FATPIPE_PRIVATE_IP", "255.255.255.255", "broadcast"),
+    ("FATPIPE_LIVE_LIGHTHOUSE", "0.0.0.0:29510", "every interface"),
+    ("FATPIPE_LIVE_LIGHTHOUSE", "[::]:29510", "every interface"),
+    ("FATPIPE_LIVE_LIGHTHOUSE", "[ff02::1]:29510", "multicast"),
 ])
 def test_a_bad_value_is_one_line_naming_it(key, value, named):
     with pytest.raises(ConfigError) as e:
         settings_from_env({**GOOD, key: value})
     assert named in str(e.value) and "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "224.0.0.1", "ff02::1", "255.255.255.255"])
+def test_the_lighthouse_never_binds_every_interface_nor_a_group(host, capsys):
+    with pytest.raises(ValueError):
+        bind_address(host, 29510)
+    assert lighthouse_main(["--host", host, "--port", "29510"]) == 2
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"lighthouse: error: --host {host} is ")
+    assert "not one machine's" in line or "every interface" in line
+    assert lighthouse_main(["--relay-port", "29512", "--lighthouses", f"{host_in_url(host)}:29510"]) == 2
+    assert "--lighthouses" in capsys.readouterr().err
+    assert settings_from_env({**GOOD, "FATPIPE_PRIVATE_IP": "127.0.0.10"}).private_ip == "127.0.0.10"  # loopback sim nodes
+
+
+@pytest.mark.parametrize("text", ["0.0.0.0", "::", "224.0.0.1", "ff02::1", "255.255.255.255", "240.0.0.7",
+                                  "10.0.0.1", "127.0.0.1", "::1", "fd00::2"])
+def test_the_trainer_and_the_model_refuse_the_same_addresses_in_the_same_words(text):
+    import ipaddress
+
+    from fatpipe.infra.hostvalues import one_host_problem
+    from fatpipe.trainer.live.lighthouse import one_host_ip
+
+    try:
+        one_host_ip(text)
+        said = None
+    except ValueError as e:
+        said = str(e)
+    assert said == one_host_problem(ipaddress.ip_address(text))
 
 
 def test_ipv6_addresses_are_bracketed():
@@ -66,3 +104,65 @@ def test_the_hooks_that_run_under_live():
     for comm in ("diloco", "localsgd"):
         with pytest.raises(ConfigError, match="--fault-tolerance restart"):
             live_comm(comm)
+
+
+def test_torchfts_servers_listen_on_the_private_address_in_the_range_the_firewall_keeps_for_the_nodes():
+    # The node firewall lets only the nodes reach the ephemeral range (ops.reach.node_firewall.
+    # guarded_ports): the Manager (its Kill RPC) and the checkpoint server (the weights) must bind there.
+    from datetime import timedelta
+
+    from torchft import manager as tf_manager
+    from torchft._torchft import LighthouseServer
+
+    from fatpipe.ops.reach.node_firewall import guarded_ports
+    from fatpipe.trainer.live.manager import _private_servers, _private_transport
+
+    guarded = guarded_ports({"trusted": ["10.0.0.0/24"], "members": ["10.0.0.1/32"], "run_ports": [29400, 29402]})
+    lighthouse = LighthouseServer(bind="127.0.0.1:0", min_replicas=1)
+    with _private_servers("127.0.0.1", 0):  # as live_manager builds them, on a loopback node's address
+        server = tf_manager.ManagerServer(
+            replica_id="a", lighthouse_addr=lighthouse.address(), hostname="127.0.0.1", bind="[::]:0",
+            store_addr="127.0.0.1:1", world_size=1, heartbeat_interval=timedelta(milliseconds=100),
+            connect_timeout=timedelta(seconds=5), quorum_retries=0)
+        transport = _private_transport("127.0.0.1", timedelta(seconds=5))
+    try:
+        manager_host, manager_port = server.address().removeprefix("http://").rsplit(":", 1)
+        checkpoint_host, checkpoint_port = transport._server.socket.getsockname()[:2]
+        assert manager_host == checkpoint_host == "127.0.0.1"
+        for port in (int(manager_port), checkpoint_port):
+            assert any(first <= port <= last for first, last in guarded), (port, guarded)
+    finally:
+        transport.shutdown()
+        server.shutdown()
+        lighthouse.shutdown()
+
+
+def test_live_across_regions_refuses_a_sync_between_them_and_names_its_flat_ring(caplog):
+    """The built-in trainer under live on a node in a region (the launch refuses the plan first,
+    `ops.rdzv.faultmode`; a node script run by hand meets the same line): DiLoCo between regions
+    is refused, exit 2's ConfigError; a flat ring says so once, on node 0."""
+    import logging
+
+    import torch
+
+    from fatpipe.trainer.distenv import DistEnv
+    from fatpipe.trainer.livetrain import LiveTrainer
+
+    def trainer(node_rank: str, **cfg) -> LiveTrainer:
+        t = LiveTrainer.__new__(LiveTrainer)  # the checks before anything is built
+        t.cfg = TrainConfig(fault_tolerance="live", **cfg)
+        t.env = DistEnv(0, 0, 1, 0, torch.device("cpu"), "gloo")
+        t.settings = settings_from_env({**GOOD, "FATPIPE_NODE_RANK": node_rank})
+        return t
+
+    for cfg in ({"cross_comm": "diloco"}, {"auto_periodic": True}):
+        with pytest.raises(ConfigError) as e:
+            trainer("0", **cfg)._flat_across_regions("r1")
+        assert 'fault_tolerance = "live"' in str(e.value) and "\n" not in str(e.value)
+    caplog.set_level(logging.INFO)
+    trainer("1")._flat_across_regions("r1")
+    trainer("0", cross_comm="flat")._flat_across_regions("r1")
+    trainer("0")._flat_across_regions("")
+    assert "one ring over every rank" not in caplog.text
+    trainer("0")._flat_across_regions("r1")
+    assert caplog.text.count("one ring over every rank") == 1

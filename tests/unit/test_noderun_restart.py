@@ -1,4 +1,5 @@
-"""The node wrapper restarts a torchrun that a signal killed, and only that: stand-in scripts, no torch."""
+"""The node's supervisor restarts a torchrun that a signal killed, and only that, read from its exit
+status: stand-in scripts, no torch."""
 
 from __future__ import annotations
 
@@ -36,9 +37,9 @@ def node(folder: Path, body: str, rank: int = 1, max_restarts: int = 2) -> NodeR
     return NodeRun(rdzv, plan, LocalTransport(plan.name))
 
 
-def run_to_end(n: NodeRun, timeout_s: float = 30) -> tuple[str, str]:
-    """Start the node's wrapper, wait for its exit status; returns (status, log)."""
-    assert n.transport.run(n.start_command()).ok
+def run_to_end(n: NodeRun, timeout_s: float = 30, start: bool = True) -> tuple[str, str]:
+    """Start the node's wrapper (unless started), wait for its exit status; returns (status, log)."""
+    assert not start or n.transport.run(n.start_command()).ok
     deadline = time.monotonic() + timeout_s
     while (state := n.status()) in ("running", "not-started") and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -65,12 +66,16 @@ exit 0"""
     assert not alive(int((tmp_path / "orphan.pid").read_text()))
 
 
-def test_a_torchrun_that_handled_term_is_started_again(tmp_path):
-    # torchrun turns SIGTERM into SignalException and exits 1: its own line tells it apart.
-    body = """if [ $n = 1 ]; then echo "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15" >&2; exit 1; fi
-exit 0"""
-    state, log = run_to_end(node(tmp_path, body))
-    assert state == "0" and "ended by signal 15" in log, log
+def test_a_signal_restarts_and_words_in_the_log_never_do(tmp_path):
+    # torchrun ended by TERM (trainer.agent makes a TERM it handled its end): started again.
+    state, log = run_to_end(node(tmp_path / "a", 'if [ $n = 1 ]; then kill -TERM $$; fi\nexit 0'))
+    assert state == "0" and "ended by signal TERM, not by fatpipe stop" in log, log
+    # torch's words printed by the script itself (or the Lighthouse): it ends with its own status.
+    said = 'echo "torch.distributed.elastic.multiprocessing.api.SignalException: Process 7 got signal: 15" >&2'
+    for folder, status in (("b", 1), ("c", 0)):
+        state, log = run_to_end(node(tmp_path / folder, f"{said}\nexit {status}"))
+        assert state == str(status) and "starting it again" not in log, log
+        assert (tmp_path / folder / "attempts.txt").read_text().strip() == "1"
 
 
 def test_restarts_are_bounded_and_failures_are_not_restarted(tmp_path):

@@ -66,6 +66,15 @@ CORPUS = {
     "cluster-name-shell": (hostile(("name",), "lab;id"), "name", "lab;id"),
     "remote-dir-newline": (hostile(("nodes", 0, "remote_dir"), "fatpipe/lab\nid"), "nodes.0.remote_dir", "fatpipe/lab"),
     "key-file-newline": (hostile(("nodes", 0, "ssh_key_file"), "/k\n-oProxyCommand=id"), "nodes.0.ssh_key_file", "/k"),
+    # A node's address is where its servers bind and its peers dial: one machine's, never every
+    # interface (a Lighthouse bound there is open on every network the node is on) nor a group.
+    "private-ip-any": (hostile(("nodes", 0, "private_ip"), "0.0.0.0"), "nodes.0.private_ip", "every interface"),
+    "private-ip-multicast": (hostile(("nodes", 1, "private_ip"), "224.0.0.251"), "nodes.1.private_ip", "multicast"),
+    "private-ip-broadcast": (hostile(("nodes", 0, "private_ip"), "255.255.255.255"), "nodes.0.private_ip", "broadcast"),
+    "private-ip-v6-any": (hostile(("nodes", 0, "private_ip"), "::"), "nodes.0.private_ip", "IPv6"),
+    "public-ip-any": (hostile(("nodes", 0, "public_ip"), "0.0.0.0"), "nodes.0.public_ip", "every interface"),
+    "private-ip-loopback-beside-others": (hostile(("nodes", 0, "private_ip"), "127.0.0.10"), "nodes",
+                                          "no peer can reach it"),
 }
 
 
@@ -74,6 +83,9 @@ def test_the_good_outputs_read():
     assert list(outputs.nccl) == ["NCCL_SOCKET_NTHREADS", "GLOO_SOCKET_IFNAME", "NCCL_IB_DISABLE"]
     assert [n.name for n in outputs.nodes] == ["lab-0", "lab-1"]
     parse_outputs(hostile(("nodes", 0, "name"), "Node_1.a-b"))  # the cluster file's rule for node names
+    looped = hostile(("nodes",), [{"name": f"lo-{i}", "private_ip": f"127.0.0.{10 + i}", "transport": "local"}
+                                  for i in range(2)])
+    assert parse_outputs(looped).nodes[1].private_ip == "127.0.0.11"  # sim nodes on this machine, all of them
 
 
 @pytest.mark.parametrize("case", sorted(CORPUS))
@@ -86,7 +98,7 @@ def test_a_hostile_value_is_one_line_naming_its_key(case):
     assert shown in text and "\n" not in text.replace("\\n", ""), text
 
 
-@pytest.mark.parametrize("case", ["nccl-command", "nccl-not-nccl", "name-command", "name-traversal"])
+@pytest.mark.parametrize("case", ["nccl-command", "nccl-not-nccl", "name-command", "name-traversal", "private-ip-any"])
 def test_the_cli_refuses_with_exit_2_and_writes_nothing(case, tmp_path):
     doc, key, _ = CORPUS[case]
     (tmp_path / "fatpipe.toml").write_text('[clusters.lab]\nprovider = "sim"\nnodes = 2\n')

@@ -212,7 +212,7 @@ def test_the_project_push_through_prepare_keeps_runs_pulled_paths_and_data(tmp_p
     write(there / "out" / "ckpt.pt", "the node's newer checkpoint")
     write(there / "out" / "only-there.pt", "the node's")
     write(there / "data" / "shard-0.bin", "staged")
-    monkeypatch.setattr("fatpipe.ops.run.prepare.claim_and_say", lambda *args: None)  # tests/system/test_node_folder.py
+    monkeypatch.setattr("fatpipe.ops.run.prepare.claim_project_dir", lambda *args: None)  # tests/system/test_node_folder.py
     monkeypatch.setattr("fatpipe.ops.run.prepare.data_excludes", lambda *args: ("/data",))
     monkeypatch.setattr("fatpipe.ops.run.prepare.push_run", lambda *args: Result(0, "", ""))
     node = FolderTransport(home)

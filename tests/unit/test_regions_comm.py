@@ -1,6 +1,7 @@
 """The exchange between regions: int8 with a scale per chunk and error feedback against the exact
 float32 mean, in real gloo processes (4 ranks in 2 regions, 2 streams per shard); the groups are
-the same whatever order the ranks' regions come in; and the launch's regions and streams."""
+the same whatever order the ranks' regions come in; a value that is not finite drops its chunk on
+every region alike and leaves no residual; and the launch's regions and streams."""
 
 from __future__ import annotations
 
@@ -41,6 +42,18 @@ def test_error_feedback_carries_what_rounding_dropped_into_the_next_exchange():
     assert torch.allclose(sent + feedback.residual, exact, atol=1e-6)
     scale = exact.abs().max() / 127
     assert (sent - exact).abs().max() <= scale
+
+
+def test_a_value_that_is_not_finite_sends_its_chunk_as_zeros_and_leaves_no_residual():
+    feedback, values = ErrorFeedback(), torch.randn(3 * CHUNK)
+    values[CHUNK + 1], values[2 * CHUNK + 2] = float("nan"), float("inf")
+    q, scales = feedback.quantize(values)
+    assert torch.isfinite(scales).tolist() == [True, False, False]
+    assert torch.all(q[CHUNK:] == 0) and torch.all(dequantize(q, scales)[CHUNK:] == 0)
+    assert torch.isfinite(feedback.residual).all() and torch.all(feedback.residual[CHUNK:] == 0)
+    # The next exchange of finite values is sent whole.
+    q, scales = feedback.quantize(torch.ones(3 * CHUNK))
+    assert torch.isfinite(scales).all() and torch.isfinite(feedback.residual).all()
 
 
 def _worker(rank: int, labels: list[str], port: int, queue) -> None:
@@ -89,6 +102,72 @@ def test_the_int8_mean_between_regions_is_the_exact_mean_within_rounding(labels)
     # Each rank sent its shard (half of its region's tensor) to the other region, as int8.
     half = -(-len(exact) // 2)
     assert sorted(sent for *_, sent in results) == sorted([wire_bytes(half)] * 2 + [wire_bytes(len(exact) - half)] * 2)
+
+
+def _nonfinite_worker(rank: int, port: int, queue) -> None:
+    """Two regions of one rank each; region r0's pseudo-gradient holds a NaN in chunk 1 and an
+    inf in chunk 3 at the first exchange, every value finite at the second."""
+    from fatpipe.trainer.comm.regions import CrossExchange, region_layout
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=2)
+    layout = region_layout(torch.device("cpu"), f"r{rank}")
+    exchange = CrossExchange(layout, torch.device("cpu"))
+    torch.manual_seed(200 + rank)
+    first, second = torch.randn(4 * CHUNK + 5), torch.randn(4 * CHUNK + 5)
+    if rank == 0:
+        first[CHUNK + 7], first[3 * CHUNK] = float("nan"), float("-inf")
+    means = [exchange.mean(first.clone())]
+    residual = exchange.feedback.residual.clone()
+    means.append(exchange.mean(second.clone()))
+    queue.put((rank, first, second, means, residual, exchange.dropped_chunks))
+    dist.barrier()
+    dist.destroy_process_group()
+
+
+def test_a_chunk_that_is_not_finite_is_dropped_alike_everywhere_and_its_residual_with_it():
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    port = _free_port()
+    procs = [ctx.Process(target=_nonfinite_worker, args=(r, port, queue)) for r in range(2)]
+    for p in procs:
+        p.start()
+    results = sorted(queue.get(timeout=150) for _ in procs)
+    for p in procs:
+        p.join(30)
+    (_, first0, second0, means0, residual0, dropped0), (_, first1, second1, means1, residual1, dropped1) = results
+    # Both regions apply the same outer step, and it is finite.
+    assert all(torch.equal(a, b) for a, b in zip(means0, means1, strict=True))
+    assert all(torch.isfinite(m).all() for m in means0)
+    # Chunks 1 and 3 count zero from both regions; the others are the mean within rounding.
+    bad = torch.zeros(first0.numel(), dtype=torch.bool)
+    bad[CHUNK:2 * CHUNK] = bad[3 * CHUNK:4 * CHUNK] = True
+    assert torch.all(means0[0][bad] == 0)
+    exact = (first0 + first1) / 2
+    assert (means0[0][~bad] - exact[~bad]).abs().max() < 0.02
+    # The residuals stay finite (none of the bad value is carried on), and the dropped chunks'
+    # are zero on both sides: the next exchange is the plain mean again.
+    for residual in (residual0, residual1):
+        assert torch.isfinite(residual).all() and torch.all(residual[bad] == 0)
+    assert (means0[1] - (second0 + second1) / 2).abs().max() < 0.05
+    assert dropped0 == dropped1 == 2
+
+
+def test_the_runs_summary_shows_the_chunks_dropped_between_regions(tmp_path):
+    from rich.console import Console
+
+    from fatpipe.cli.render import summary_table
+    from fatpipe.ops.run.summary import run_summary
+
+    console = Console(width=200, record=True)
+    for dropped in (0, 2):
+        (tmp_path / "summary.json").write_text(json.dumps({
+            "steps": 40, "regions": {"regions": ["r0", "r1"], "nonfinite_chunks_dropped": dropped}}))
+        doc = run_summary(tmp_path, tier_gbps=1)
+        assert doc["nonfinite_chunks_dropped"] == dropped
+        console.print(summary_table(doc))
+    text = console.export_text()
+    assert text.count("dropped between regions") == 1 and "2 int8 chunk(s) not finite" in text
 
 
 def test_the_launch_takes_netchecks_grouping_and_splits_a_capped_link(tmp_path):

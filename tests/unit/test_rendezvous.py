@@ -183,3 +183,16 @@ def test_cli_keeps_the_script_apart_from_the_cluster(run_cli, project_dir):
 
     result = run_cli("rendezvous", "--outputs", "outputs.json", "--steps", "0")
     assert result.exit_code == 2 and "--steps" in result.output
+
+
+def test_sim_nodes_over_ssh_share_this_machines_cores_too(project_dir):
+    """A sim node reached over ssh (its own disk, this machine's CPUs) pins its threads as the
+    other sim nodes do: unpinned, each rank used every core."""
+    project = load_project()
+    outputs = sim_outputs(2)
+    for node in outputs["nodes"]:
+        node |= {"transport": "ssh", "public_ip": node["private_ip"], "netns": f"ns-{node['name']}"}
+    run_id, run_dir = new_run(project, "demo")
+    new_rendezvous(project, parse_outputs(outputs | {"ssh_user": "root"}), run_id, run_dir)
+    env = (run_dir / "node-1.env").read_text()
+    assert "\nOMP_NUM_THREADS=" in env and "NCCL_SHM_DISABLE=1" in env

@@ -103,8 +103,8 @@ def test_a_launchs_checks_of_a_node_are_one_call(tmp_path, counted, monkeypatch)
     from fatpipe.ops.reach.nodecall import forget_all
     from fatpipe.ops.reach.projectdir import claim_project_dir
     from fatpipe.ops.run import runchecks
-    from fatpipe.ops.run.launch import running_nodes
     from fatpipe.ops.run.prepare import push_excludes, pushed_folders
+    from fatpipe.ops.run.runguard import run_going
 
     nodes, project = two_home_nodes(tmp_path)
     project_root, rdzv = project.root, nodes[0].rdzv
@@ -115,7 +115,7 @@ def test_a_launchs_checks_of_a_node_are_one_call(tmp_path, counted, monkeypatch)
     monkeypatch.setattr("fatpipe.ops.run.prepare.data_excludes", lambda *args: ())
     try:
         runchecks.ask_launch_checks(project, outputs, rdzv, previous=nodes)
-        assert running_nodes(project, "c", nodes) is None
+        assert run_going(project, "c", nodes) is None
         for node in nodes:
             assert claim_project_dir(node.transport, "proj", "c", "0a1b2c3d", pushed_folders(node)) == "made"
             ProjectPush(node.transport, project_root, "proj", push_excludes(project, node), made=True).look(

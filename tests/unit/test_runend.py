@@ -8,10 +8,11 @@ from types import SimpleNamespace
 from fatpipe.ops.run.runend import ended_result, node_exits, stopped_by_fatpipe
 
 
-def node(rank: int, state: str = "running"):
+def node(rank: int, state: str = "running", live: bool = False):
     asked = []
     return SimpleNamespace(name=f"n-{rank}", plan=SimpleNamespace(rank=rank), asked=asked,
-                           status=lambda timeout=30: asked.append(1) or state)
+                           status=lambda timeout=30: asked.append(1) or state,
+                           rdzv=SimpleNamespace(live=live))
 
 
 def test_recorded_exits_are_final_and_only_the_others_are_asked(tmp_path):
@@ -41,3 +42,10 @@ def test_only_a_run_whose_every_bad_node_fatpipe_stopped_is_stopped(tmp_path):
     (tmp_path / "node-1.stop").touch()  # `fatpipe stop` reached both
     assert stopped_by_fatpipe(ended_result("r", tmp_path, nodes, {"n-0": 143, "n-1": 143}))
     assert not stopped_by_fatpipe(ended_result("r", tmp_path, nodes, {"n-0": 0, "n-1": 0}))
+
+
+def test_a_live_run_ends_as_its_survivors_did(tmp_path):
+    # `fatpipe logs -f` reads the mode from the run's rendezvous: a node the run left is no failure.
+    live = [node(0, live=True), node(1, live=True)]
+    assert ended_result("r", tmp_path, live, {"n-0": 0, "n-1": None}).exit_code == 0
+    assert ended_result("r", tmp_path, [node(0), node(1)], {"n-0": 0, "n-1": None}).exit_code == 255

@@ -4,6 +4,7 @@ replace another's."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -41,10 +42,10 @@ class FolderTransport(LocalTransport):
         return Result(0, "", "")
 
 
-def node(name: str, rank: int, home: Path, fail: str | None = None):
+def node(name: str, rank: int, home: Path, fail: str | None = None, live: bool = False):
     return SimpleNamespace(name=name, transport=FolderTransport(name, home, fail),
                            plan=SimpleNamespace(rank=rank, workdir="proj"),
-                           rdzv=SimpleNamespace(run_rel=RUN_REL, run_id="r1"))
+                           rdzv=SimpleNamespace(run_rel=RUN_REL, run_id="r1", live=live))
 
 
 def write(path: Path, text: str, age_s: float = 0.0) -> Path:
@@ -174,3 +175,27 @@ def test_a_run_push_over_ssh_never_deletes(tmp_path, monkeypatch):
     assert rsync[0] == "rsync" and "--delete" not in rsync
     assert "--exclude=*" in rsync and rsync[-2:] == [f"{tmp_path}/", "10.0.0.5:proj/run/"]
     assert "--include=/rendezvous.json" in rsync and "--include=/node-*.sh" in rsync
+
+
+def step(s: int, groups: int) -> str:
+    return json.dumps({"step": s, "participants": groups, "time": 100.0 + s}) + "\n"
+
+
+def test_a_live_runs_pull_makes_its_record_from_every_nodes_whole(tmp_path):
+    """Node 0 was away for steps 4-6: the pulled run folder has every step, from node 1 there."""
+    homes = [tmp_path / "n0", tmp_path / "n1"]
+    runs = [home / "proj" / RUN_REL for home in homes]
+    away = "".join(step(s, 2) for s in (1, 2, 3, 7, 8))
+    for name, text in (("metrics.jsonl", away), ("live-node-0/metrics.jsonl", away),
+                       ("node-0.log", "log of node 0")):
+        write(runs[0] / name, text)
+    write(runs[1] / "live-node-1" / "metrics.jsonl", "".join(step(s, 1 if 4 <= s <= 6 else 2)
+                                                              for s in range(1, 9)))
+    write(runs[1] / "node-1.log", "log of node 1")
+    local = tmp_path / "local" / RUN_REL
+    nodes = [node("c-0", 0, homes[0], live=True), node("c-1", 1, homes[1], live=True)]
+    assert runsync.pull_runs(nodes, local).ok
+    steps = [json.loads(line) for line in (local / "metrics.jsonl").read_text().splitlines()]
+    assert [(r["step"], r["recorded_by"]) for r in steps] == [
+        (1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 1), (7, 0), (8, 0)]
+    assert (local / "live-node-0" / "metrics.jsonl").read_text() == away  # node 0's own, as it was

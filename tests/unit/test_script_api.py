@@ -29,13 +29,48 @@ def test_outside_a_run_there_is_no_config_and_no_group_leaves_the_model_alone():
     model = torch.nn.Linear(2, 2)
     assert api.wrap(model) is model  # no process group: one process, nothing to synchronise
     assert api.step(torch.tensor(1.0), tokens=4) is None and api.run_dir() is None
-    # The live API's calls outside a run: the optimizer as it is, one shard, steps still counted
-    # (a loop on steps_done() ends under plain torchrun too).
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-    assert api.optimizer(optimizer) is optimizer and api.data_shard() == (0, 1)
+    # The live API's calls outside a run: the optimizer steps every time and says so (the
+    # documented `if optimizer.step(): scheduler.step()` steps the schedule), one shard, steps
+    # still counted (a loop on steps_done() ends under plain torchrun too).
+    sgd = torch.optim.SGD(model.parameters(), lr=0.1)
+    optimizer = api.optimizer(sgd)
+    schedule = torch.optim.lr_scheduler.StepLR(optimizer, step_size=1, gamma=0.5)  # an Optimizer
+    before_weight = model.weight.detach().clone()
+    model(torch.ones(1, 2)).sum().backward()
+    if optimizer.step():
+        schedule.step()
+    assert not torch.equal(model.weight, before_weight) and sgd.param_groups[0]["lr"] == 0.05
+    optimizer.zero_grad()
+    assert model.weight.grad is None and optimizer.state_dict() == sgd.state_dict()
+    assert api.data_shard() == (0, 1)
     before = api.steps_done()
     api.step(torch.tensor(1.0), tokens=4)
     assert api.steps_done() == before + 1
+
+
+
+def test_inside_a_run_each_call_works_in_any_order_or_names_the_order(tmp_path, monkeypatch):
+    monkeypatch.setattr(api, "_wrapped", False)
+    monkeypatch.setenv(api.RUN_DIR_ENV, str(tmp_path / "run"))
+    monkeypatch.setenv(api.TRAIN_ARGS_ENV, "--fault-tolerance restart")
+    monkeypatch.setenv("RANK", "3")
+    monkeypatch.setenv("WORLD_SIZE", "4")
+    assert api.data_shard() == (3, 4)  # before the script's init_process_group: torchrun's
+    with pytest.raises(RuntimeError, match=r"call fatpipe.wrap\(model\) before the first step"):
+        api.step(torch.tensor(1.0), tokens=4)
+    with pytest.raises(RuntimeError, match="needs the process group"):
+        api.wrap(torch.nn.Linear(2, 2))
+    # Under live each node's torchrun numbers its ranks from 0: the shard is the node's, also
+    # before wrap() (nanoGPT seeds its data before it builds the model).
+    monkeypatch.setenv(api.TRAIN_ARGS_ENV, "--fault-tolerance live")
+    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("FATPIPE_LIVE_LIGHTHOUSE", "10.0.0.1:29510")
+    monkeypatch.setenv("FATPIPE_PRIVATE_IP", "10.0.0.3")
+    monkeypatch.setenv("MASTER_PORT", "29500")
+    monkeypatch.setenv("FATPIPE_NODE_RANK", "2")
+    monkeypatch.setenv("FATPIPE_NODES", "3")
+    assert api.data_shard() == (5, 6)
 
 
 def test_the_run_config_comes_from_the_node_environment(tmp_path):

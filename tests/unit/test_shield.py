@@ -4,9 +4,12 @@ Small stand-in processes play terraform: the behaviour under test is the process
 
 from __future__ import annotations
 
+import fcntl
 import os
 import signal
+import subprocess
 import sys
+import termios
 import time
 
 import pytest
@@ -92,9 +95,10 @@ def test_a_teardown_without_a_terminal_goes_on(monkeypatch):
     with steps.guarded_teardown(out, "the teardown of demo"):
         os.kill(os.getpid(), signal.SIGINT)
         os.kill(os.getpid(), signal.SIGTERM)
+        os.kill(os.getpid(), signal.SIGHUP)  # a terminal closed meanwhile
         time.sleep(0.1)
     assert any("goes on" in line and "Ctrl-C" in line for line in out.lines)
-    assert any("termination" in line for line in out.lines)
+    assert sum("termination" in line for line in out.lines) == 2
 
 
 @pytest.mark.parametrize("answer", [True, False])
@@ -117,12 +121,116 @@ def test_a_teardown_on_a_terminal_asks_before_it_is_abandoned(monkeypatch, answe
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # put back
 
 
-def test_sigterm_while_changing_a_cluster_is_taken_like_ctrl_c(project_dir):
+def changing_hears(signum: int, on_signal: str = "detach"):
+    """What `changing` raises when this process gets `signum`, and what it recorded."""
     from fatpipe.infra.project import load_project
 
-    with pytest.raises(steps.Terminated):
-        with steps.changing(load_project(), "demo", "deploy"):
+    try:
+        with steps.changing(load_project(), "demo", "up", on_signal):
+            os.kill(os.getpid(), signum)
+            time.sleep(1)
+    except KeyboardInterrupt as e:
+        return e
+    finally:
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # put back
+        assert signal.getsignal(signal.SIGHUP) is signal.SIG_DFL
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    raise AssertionError("nothing was raised")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGHUP])
+def test_a_termination_lets_go_of_a_run_unless_asked_to_stop_it(project_dir, signum):
+    from fatpipe.ops.run.detach import Detach
+
+    heard = changing_hears(signum)  # a shutdown, a logout, a closed terminal, a CI cancel
+    assert type(heard) is Detach and heard.why == signal.Signals(signum).name
+    assert not steps.HEARD.stop and steps.interrupted_status() == 128 + signum
+    heard = changing_hears(signum, "stop")  # --on-signal stop: taken like Ctrl-C
+    assert type(heard) is steps.Terminated and steps.HEARD.stop
+
+
+def test_a_second_termination_does_not_cut_short_what_the_first_set_going(project_dir):
+    from fatpipe.infra.project import load_project
+    from fatpipe.ops.run.detach import Detach
+
+    with steps.changing(load_project(), "demo", "up"):
+        with pytest.raises(Detach):
             os.kill(os.getpid(), signal.SIGTERM)
             time.sleep(1)
-    assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL
-    steps.TERMINATED.clear()
+        os.kill(os.getpid(), signal.SIGTERM)  # during the clean-up (a stop, a pull): it goes on
+        os.kill(os.getpid(), signal.SIGHUP)
+        time.sleep(0.2)
+    assert steps.HEARD.why == "SIGTERM"
+
+
+def test_only_a_ctrl_c_typed_at_the_terminal_stops(project_dir, monkeypatch):
+    from fatpipe.ops.run.detach import Detach, detached_line
+
+    monkeypatch.setattr(steps, "typed_at_the_terminal", lambda: False)
+    heard = changing_hears(signal.SIGINT)  # sent by a program (a CI cancel): lets go, and says so
+    assert type(heard) is Detach and not steps.HEARD.stop
+    line = detached_line(heard.why, "r1", "demo")
+    assert line.startswith("detached on SIGINT without a terminal (only a Ctrl-C typed at one stops a run): "
+                           "run r1 goes on on its nodes (exit 76); `fatpipe logs demo -f` reattaches, "
+                           "`fatpipe stop demo` stops it"), line
+    monkeypatch.setattr(steps, "typed_at_the_terminal", lambda: True)
+    heard = changing_hears(signal.SIGINT)
+    assert type(heard) is KeyboardInterrupt and steps.HEARD.stop and steps.interrupted_status() == 130
+
+
+TYPED = "from fatpipe.cli.signals import typed_at_the_terminal as t; print(t(), flush=True)"
+
+
+def test_a_terminal_is_one_whose_foreground_this_process_holds():
+    def on_a_terminal():  # a session of its own whose controlling terminal is the pty
+        os.setsid()
+        fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+
+    master, slave = os.openpty()
+    with os.fdopen(master, "rb", buffering=0) as out:
+        proc = subprocess.run([sys.executable, "-c", TYPED], stdin=slave, stdout=slave, stderr=slave,
+                              preexec_fn=on_a_terminal, timeout=60)
+        os.close(slave)
+        assert proc.returncode == 0 and out.read(64).strip() == b"True"
+    none = subprocess.run([sys.executable, "-c", TYPED], capture_output=True, text=True, start_new_session=True,
+                          stdin=subprocess.DEVNULL, timeout=60)
+    assert none.stdout.strip() == "False", none.stderr  # a CI runner's, or a daemon's
+
+
+HUNG_UP = """
+import os, sys
+from fatpipe.cli.signals import silence_if_hung_up
+master, slave = os.openpty()
+os.dup2(slave, 1)
+os.close(master)  # the terminal hangs up
+try:
+    os.write(1, b"x")
+except OSError as e:
+    print("before", e.errno, file=sys.stderr)
+silence_if_hung_up()
+os.write(1, b"x")
+print("after: written", file=sys.stderr)
+"""
+
+
+def test_after_a_hang_up_output_goes_nowhere_instead_of_failing():
+    proc = subprocess.run([sys.executable, "-c", HUNG_UP], capture_output=True, text=True, timeout=60)
+    assert proc.stderr.split("\n")[:2] == ["before 5", "after: written"], proc.stderr  # EIO, then fine
+
+
+def test_a_termination_after_the_run_ended_lets_its_results_come_back_first(monkeypatch):
+    from fatpipe.ops.run import launch
+    from fatpipe.ops.run.detach import Detach
+
+    tries: list[int] = []
+
+    def pull_ended(nodes, run_dir, within_s, log):
+        tries.append(1)
+        if len(tries) == 1:
+            raise Detach("SIGTERM")  # mid-pull
+        return ["n1: pull failed"]
+
+    monkeypatch.setattr(launch, "pull_ended", pull_ended)
+    said: list[str] = []
+    assert launch.pull_through([], None, 1, said.append) == ["n1: pull failed"] and len(tries) == 2
+    assert said == ["SIGTERM: the run has ended; its results come back first"]

@@ -44,8 +44,10 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ..comm.hooks import powersgd_available
 from ..config import TrainConfig, build_parser
 from ..distenv import DistEnv, join_counter
+from ..live.manager import settings_from_env
 from .ddpcomm import one_bucket_cap_mb
-from .livescript import LiveOptimizer, live_config
+from .livescript import live_config
+from .runoptimizer import RunOptimizer
 from .scriptrun import ScriptRun
 
 RUN_DIR_ENV = "FATPIPE_RUN_DIR"  # the run folder, relative to the project folder on the node
@@ -55,6 +57,8 @@ log = logging.getLogger(__name__)
 _run: ScriptRun | None = None
 _steps_outside = 0  # step() calls outside a fatpipe run
 _group: tuple[DistEnv, dist.Store] | None = None  # from init_process_group, when the script used it
+_wrapped = False  # wrap() or attach() was called
+_stateful: list = []  # what fatpipe.optimizer() was given: a returning node is sent it under live
 
 
 def init_process_group(timeout_s: float = 1800.0) -> None:
@@ -96,10 +100,14 @@ def wrap(model: torch.nn.Module, *, allow_periodic: bool = False, steps: int | N
     `steps` (the script's optimizer steps, when known) makes the last step close the periodic
     methods' and the node metrics' last interval; `comm` overrides the run's choice.
     """
+    global _wrapped
+    cfg, _wrapped = run_config(run_dir, steps, comm), True
     if not dist.is_initialized():
+        if cfg is not None and os.environ.get("WORLD_SIZE"):  # torchrun started it: a group is due
+            raise RuntimeError("fatpipe.wrap(model) needs the process group: call "
+                               "dist.init_process_group() (or fatpipe.init_process_group()) first")
         return model  # one process: nothing to synchronise
     device = next(model.parameters()).device
-    cfg = run_config(run_dir, steps, comm)
     if device.type == "cuda":
         ddp_kwargs.setdefault("device_ids", [device.index])
     if cfg is None:
@@ -120,7 +128,8 @@ def wrap(model: torch.nn.Module, *, allow_periodic: bool = False, steps: int | N
 def attach(ddp_model: DDP, *, allow_periodic: bool = False, steps: int | None = None,
            comm: str | None = None, run_dir: str | os.PathLike | None = None) -> DDP:
     """Register the run's comm hook on a DDP model the script built (before its first step)."""
-    cfg = run_config(run_dir, steps, comm)
+    global _wrapped
+    cfg, _wrapped = run_config(run_dir, steps, comm), True
     if cfg is None:
         return ddp_model
     cfg = dataclasses.replace(cfg, bucket_cap_mb=ddp_model.bucket_bytes_cap / 2**20)
@@ -155,6 +164,8 @@ def _start(cfg: TrainConfig, ddp: DDP, allow_periodic: bool, steps_given: bool) 
         log.parent.addHandler(logging.StreamHandler(sys.stderr))  # the comm decision's lines
         log.parent.setLevel(logging.INFO)
     _run = ScriptRun(cfg, env, store, ddp, allow_periodic, steps_given)
+    if _run.live is not None:
+        _run.live.stateful[:] = _stateful  # fatpipe.optimizer() may have come first
     atexit.register(finish)
     _previous_hook = sys.excepthook
 
@@ -180,20 +191,24 @@ def step(loss, tokens: int = 0, lr: float | None = None, step: int | None = None
     global _steps_outside
     if step is not None:
         step = _step_number(step)
+    if _run is None and not _wrapped and run_config() is not None:
+        raise RuntimeError("fatpipe.step() records the model fatpipe.wrap() returned: "
+                           "call fatpipe.wrap(model) before the first step")
     if _run is None:  # outside a run nothing is recorded; steps_done() still counts
         _steps_outside = step if step is not None else _steps_outside + 1
         return None
     return _run.step(loss, tokens, lr, step)
 
 
-def optimizer(opt: torch.optim.Optimizer, *stateful):
-    """Under live: `opt` wrapped so that its step() steps only when the quorum commits (and says
-    whether it did); `opt` and `stateful` (a scheduler: anything with state_dict and
-    load_state_dict) are what a returning node is sent. Otherwise `opt` itself."""
-    if _run is None or _run.live is None:
-        return opt
-    _run.live.stateful[:] = [opt, *stateful]
-    return LiveOptimizer(opt, _run.live)
+def optimizer(opt: torch.optim.Optimizer, *stateful) -> RunOptimizer:
+    """`opt` stepped through the run, before or after wrap(): its step() says whether it stepped
+    (under live only when the quorum commits; in every other mode always). `opt` and `stateful`
+    (a scheduler: anything with state_dict and load_state_dict) are what a returning node is
+    sent under live."""
+    _stateful[:] = [opt, *stateful]
+    if _run is not None and _run.live is not None:
+        _run.live.stateful[:] = _stateful
+    return RunOptimizer(opt, lambda: _run.live if _run is not None else None)
 
 
 def steps_done() -> int:
@@ -206,13 +221,15 @@ def steps_done() -> int:
 
 def data_shard() -> tuple[int, int]:
     """(this rank's shard, the number of shards) for the script's sampler: its rank among every
-    rank the cluster declares. Under live each node's group numbers its ranks from 0, so this,
-    not dist.get_rank(), keeps nodes from reading the same data."""
-    if not dist.is_initialized():
-        return 0, 1
-    rank, world = dist.get_rank(), dist.get_world_size()
-    if _run is not None and _run.live is not None:
-        settings = _run.live.settings
+    rank the cluster declares, before or after wrap(). Under live each node's group numbers its
+    ranks from 0, so this, not dist.get_rank(), keeps nodes from reading the same data."""
+    if dist.is_initialized():
+        rank, world = dist.get_rank(), dist.get_world_size()
+    else:  # before the script's init_process_group: what torchrun told this process
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    cfg = _run.cfg if _run is not None else run_config()
+    if cfg is not None and cfg.fault_tolerance == "live":
+        settings = settings_from_env()
         return settings.node_rank * world + rank, settings.nodes * world
     return rank, world
 

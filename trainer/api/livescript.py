@@ -25,6 +25,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass, replace
+from pathlib import Path
 
 import torch
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -33,8 +34,8 @@ from ..config import TrainConfig
 from ..distenv import DistEnv
 from ..exiting import stop_before_join
 from ..live.manager import live_manager, settings_from_env
-from ..live.membership import QuorumWatch, goodput, membership, step_fields
-from ..live.runplan import live_comm, node_run_dir, require_torchft
+from ..live.membership import Attempts, QuorumWatch, run_fields, step_fields
+from ..live.runplan import live_comm, node_run_dir, own_record, require_torchft
 from ..live.step import across_replicas, gather_quorum, gradients_finite, join_quorum
 from ..replicas import param_digest
 
@@ -49,8 +50,16 @@ def live_config(cfg: TrainConfig) -> TrainConfig:
     return replace(cfg, comm=live_comm(cfg.comm), out=str(node_run_dir(cfg.out_dir, node_rank)))
 
 
+def record_mirror(cfg: TrainConfig) -> Path | None:
+    """Under live, where node 0 keeps a copy of its own record (`live.runplan.own_record`)."""
+    if cfg.fault_tolerance != "live":
+        return None
+    return own_record(cfg.out_dir, settings_from_env().node_rank)
+
+
 def live_fields(outcome: StepOutcome, rec: dict) -> dict:
-    return step_fields(outcome.participants, outcome.healed, outcome.quorum_s, rec)
+    return step_fields(outcome.participants, outcome.healed, outcome.quorum_s, rec,
+                       outcome.attempts)
 
 
 @dataclass(frozen=True)
@@ -61,6 +70,7 @@ class StepOutcome:
     participants: int  # replica groups whose gradients made the mean
     healed: bool  # this node was sent the live state at this step
     quorum_s: float  # time spent waiting for the quorum
+    attempts: int = 1  # optimizer steps at this step number on this node, this one included
 
 
 class LiveScript:
@@ -75,7 +85,7 @@ class LiveScript:
             raise RuntimeError("under fault_tolerance = \"live\" DDP must keep one bucket layout: "
                                "build it with find_unused_parameters=True and no static_graph, "
                                "or let fatpipe.wrap() build it")
-        self.settings = settings_from_env()
+        self.settings, self.world_size = settings_from_env(), env.world_size
         self.module = ddp.module
         self.stateful: list = []  # what fatpipe.optimizer() was given, sent to a returning node
         self.manager = live_manager(self.settings, self._state, self._load, env.local_rank,
@@ -86,6 +96,7 @@ class LiveScript:
         stop_before_join(self.close)  # the Manager's quorum thread would hold the script's end
         self.outcome: StepOutcome | None = None
         self.uncommitted = 0  # optimizer steps that did not commit
+        self.attempts = Attempts()  # at each step number: the failed ones were the quorum's
         self.quorum = QuorumWatch()  # joins and leaves, as events for `fatpipe top`
 
     def begin(self) -> None:
@@ -109,6 +120,7 @@ class LiveScript:
         if not gradients_finite(self.module.parameters()):  # a garbled all-reduce
             manager.report_error(RuntimeError("non-finite gradient after the all-reduce"))
         participants, healed = manager.num_participants(), not manager.is_participating()
+        self.attempts.begin(manager.current_step() + 1)
         committed = manager.should_commit()  # applies the live state a returning node was sent
         self.meter.settle(committed, healed)
         if committed:
@@ -118,7 +130,8 @@ class LiveScript:
             log.warning("step %d not committed: the quorum changed during it",
                         manager.current_step() + 1)
         self.in_step = False
-        self.outcome = StepOutcome(committed, participants, healed, self.quorum_s)
+        self.outcome = StepOutcome(committed, participants, healed, self.quorum_s,
+                                   self.attempts.of(manager.current_step()))
         return committed
 
     def take_outcome(self) -> StepOutcome:
@@ -134,8 +147,9 @@ class LiveScript:
 
     def summary(self, records: list[dict], tokens_per_step: int) -> dict:
         """What summary.json adds under live (`tokens_per_step`: one node's)."""
+        nodes = self.settings.nodes
         return {"fault_tolerance": "live", "node": self.settings.replica_id,
-                "membership": membership(records), "goodput": goodput(records, tokens_per_step),
+                "world_size": nodes * self.world_size, **run_fields(records, nodes, tokens_per_step),
                 "uncommitted_steps": self.uncommitted, "param_digest": param_digest(self.module)}
 
     def _state(self) -> dict:
@@ -153,16 +167,3 @@ class LiveScript:
             self.closed_at = manager.current_step()  # what steps_done() says from here
             manager.shutdown(wait=False)
 
-
-class LiveOptimizer:
-    """The script's optimizer under live: `step()` steps only when the quorum commits and
-    returns whether it did; everything else is the optimizer's own."""
-
-    def __init__(self, optimizer: torch.optim.Optimizer, live: LiveScript):
-        self._optimizer, self._live = optimizer, live
-
-    def step(self, closure=None) -> bool:
-        return self._live.commit(self._optimizer, closure)
-
-    def __getattr__(self, name: str):
-        return getattr(self._optimizer, name)

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from pathlib import Path
 
 import torch.distributed as dist
 
@@ -20,7 +21,7 @@ from ..config import TrainConfig
 from ..distenv import DistEnv
 from ..faults import FaultLedger, is_collective_failure
 from ..files import write_text_atomic
-from ..metrics import MetricsLog, read_metrics, summarize
+from ..metrics import METRICS_FILE, MetricsLog, read_metrics, summarize
 from ..nic import NicMeter, traffic_interface
 from ..nodemetrics import NodeMetrics
 
@@ -30,9 +31,12 @@ log = logging.getLogger(__name__)
 class RunRecord:
     """One rank's writers of the run folder: each step's record, node windows, fault counts."""
 
-    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store):
-        """`store` is the run-wide store (it outlives an attempt), where faults are counted."""
-        self.cfg, self.env = cfg, env
+    def __init__(self, cfg: TrainConfig, env: DistEnv, store: dist.Store,
+                 mirror: Path | None = None):
+        """`store` is the run-wide store (it outlives an attempt), where faults are counted;
+        `mirror`: a folder that gets a copy of metrics.jsonl and summary.json, and is the one
+        read back (live's node 0: `live.runplan.own_record`)."""
+        self.cfg, self.env, self.mirror = cfg, env, mirror
         self.faults = FaultLedger(cfg.out_dir, store, env.attempt, env.is_main)
         self.nodes = NodeMetrics(cfg, env, store)  # per-node windows: nodes.jsonl, events.jsonl
         self.nic: NicMeter | None = None
@@ -44,7 +48,8 @@ class RunRecord:
         rank 0's metrics.jsonl, appended to (`metrics`: a run never cuts its record)."""
         self.nic = NicMeter(traffic_interface())
         if self.env.is_main:
-            self.metrics = MetricsLog(self.cfg.out_dir, self.cfg.steps if known_total else None)
+            self.metrics = MetricsLog(self.cfg.out_dir, self.cfg.steps if known_total else None,
+                                      mirror=self.mirror)
 
     def last_step(self) -> int:
         """Rank 0: the last step the run folder recorded (0: none); other ranks: 0."""
@@ -80,17 +85,19 @@ class RunRecord:
 
     def records(self) -> list[dict]:
         """Rank 0: the run's steps in metrics.jsonl, all attempts, each as recorded last."""
-        return read_metrics(self.cfg.out_dir / "metrics.jsonl")
+        return read_metrics((self.mirror or self.cfg.out_dir) / METRICS_FILE)
 
     def write_summary(self, records: list[dict], tokens_per_step: int, **fields) -> dict:
         """Rank 0: summary.json from `records`, the fault counts and `fields` (comm, comm_decision,
         preset, params, ...); faults.json saved beside it."""
         fields.setdefault("world_size", self.env.world_size)  # live: the cluster's ranks
+        # `fields` win: under live the failure rate is over the exchanges across the groups.
         summary = summarize(records, tokens_per_step, restarts=self.env.restarts,
-                            **fields, **self.faults.totals())
+                            **{**self.faults.totals(), **fields})
         self.faults.save()
         path = self.cfg.out_dir / "summary.json"
-        write_text_atomic(path, json.dumps(summary, indent=2) + "\n")
+        for folder in filter(None, (self.mirror, self.cfg.out_dir)):
+            write_text_atomic(folder / "summary.json", json.dumps(summary, indent=2) + "\n")
         held = (f", eval loss {summary['eval_loss']:.4f} (held out)"
                 if summary.get("eval_loss") is not None else "")
         log.info("summary: loss %.4f%s, %.0f tokens/s, step p50 %.1f ms, sync p50 %.1f ms -> %s",

@@ -33,7 +33,7 @@ from ..comm.redecide import AutoComm
 from ..config import PERIODIC_NAMES, TrainConfig
 from ..distenv import DistEnv
 from .ddpcomm import grad_bytes, register_timed_hook, use_comm
-from .livescript import LiveScript, live_fields
+from .livescript import LiveScript, live_fields, record_mirror
 from .record import RunRecord
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class ScriptRun:
         if not self._one_bucket():  # powerSGD_hook on gloo needs one bucket (ddpcomm says why)
             self.hooks = tuple(h for h in self.hooks if h != "powersgd")
         self._check(cfg.comm)
-        self.record = RunRecord(cfg, env, store)
+        self.record = RunRecord(cfg, env, store, mirror=record_mirror(cfg))
         self.record.open(known_total=steps_given)  # the console says step N/M only when the script said M
         # Rank 0 alone reads the record; every rank counts the same steps (the periodic methods
         # and comm=auto's checks go by them): the largest of every rank's is rank 0's.

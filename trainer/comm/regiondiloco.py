@@ -45,8 +45,12 @@ class RegionDiLoCo(DiLoCo):
         return self.exchange.mean(flat)
 
     def after_step(self, step: int) -> None:
-        sent = self.exchange.sent_bytes
+        sent, dropped = self.exchange.sent_bytes, self.exchange.dropped_chunks
         super().after_step(step)
+        if self.exchange.dropped_chunks > dropped and dist.get_rank() == 0:
+            log.warning("step %d: %d chunk(s) of the exchange between regions held a value that "
+                        "is not finite: the outer step skipped them on every region",
+                        step, self.exchange.dropped_chunks - dropped)
         if self.due(step):  # what crossed, int8 and scales, not the float32 parameters' bytes
             took = self._comm.sync_s
             crossed = self.exchange.sent_bytes - sent
@@ -62,20 +66,24 @@ class RegionDiLoCo(DiLoCo):
                         inner.buckets + outer.buckets)
 
     def summary(self) -> dict:
-        """summary.json's `regions`: the groups, the level between them, what rank 0 sent across."""
+        """summary.json's `regions`: the groups, the level between them, what rank 0 sent across,
+        and the int8 chunks dropped as not finite (the outer step skipped them everywhere)."""
         layout = self.exchange.layout
         return {"regions": layout.regions, "shards": layout.shards,
                 "streams": len(layout.cross_groups), "outer": self.outer_decision,
-                "rank0_sent_bytes": self.exchange.sent_bytes}
+                "rank0_sent_bytes": self.exchange.sent_bytes,
+                "nonfinite_chunks_dropped": self.exchange.dropped_chunks}
 
     def shared_state(self) -> dict:
-        return {**super().shared_state(), "outer_decision": self.outer_decision}
+        return {**super().shared_state(), "outer_decision": self.outer_decision,
+                "nonfinite_chunks_dropped": self.exchange.dropped_chunks}
 
     def rank_state(self) -> dict:
         return {**super().rank_state(), "feedback": self.exchange.feedback.state_dict()}
 
     def restore(self, shared: dict | None, mine: dict | None) -> None:
         super().restore(shared, mine)
+        self.exchange.dropped_chunks = int((shared or {}).get("nonfinite_chunks_dropped", 0))
         if mine and mine.get("feedback"):
             self.exchange.feedback.load_state_dict(mine["feedback"], self.device)
 

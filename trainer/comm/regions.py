@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..collectives import all_gather_objects
-from .quant import ErrorFeedback, dequantize, wire_bytes
+from .quant import ErrorFeedback, dequantize, kept_chunks, wire_bytes
 
 REGION_ENV = "FATPIPE_REGION"
 STREAMS_ENV = "FATPIPE_CROSS_STREAMS"
@@ -83,24 +83,28 @@ def shard_bounds(numel: int, parts: int, index: int) -> tuple[int, int]:
 
 class CrossExchange:
     """The mean over regions of a flat tensor every rank of a region holds alike, sent as int8
-    with error feedback; returns it on every rank, and counts what this rank sent across."""
+    with error feedback; returns it on every rank, and counts what this rank sent across and
+    the chunks dropped as not finite (`dropped_chunks`, every shard's: the same on every rank)."""
 
     def __init__(self, layout: RegionLayout, device: torch.device):
         self.layout, self.device = layout, device
         self.feedback = ErrorFeedback()
         self.sent_bytes = 0
+        self.dropped_chunks = 0
 
     def mean(self, flat: torch.Tensor) -> torch.Tensor:
         layout = self.layout
-        out = torch.zeros_like(flat)
+        # One more value: the chunks this rank's shard dropped, summed with the shards.
+        out = torch.zeros(flat.numel() + 1, dtype=flat.dtype, device=flat.device)
         if layout.shard is not None:
             lo, hi = shard_bounds(flat.numel(), layout.shards, layout.shard)
-            out[lo:hi] = self._exchange(flat[lo:hi])
+            out[lo:hi], out[-1] = self._exchange(flat[lo:hi])
         # Each shard's owner in the region holds its mean: summing puts every shard everywhere.
         dist.all_reduce(out, group=layout.region_group)
-        return out
+        self.dropped_chunks += int(out[-1].item())
+        return out[:-1]
 
-    def _exchange(self, part: torch.Tensor) -> torch.Tensor:
+    def _exchange(self, part: torch.Tensor) -> tuple[torch.Tensor, int]:
         q, scales = self.feedback.quantize(part)
         groups = self.layout.cross_groups
         pieces = [shard_bounds(q.numel(), len(groups), s) for s in range(len(groups))]
@@ -114,8 +118,12 @@ class CrossExchange:
         for work in works:
             work.wait()
         self.sent_bytes += wire_bytes(q.numel()) * (self.layout.count - 1)
+        # A chunk some region could not send counts zero from all: the same outer step everywhere.
+        dropped = ~kept_chunks(every_scales)
+        self.feedback.drop(dropped)
         total = torch.zeros(part.numel(), device=self.device)
         for region in range(self.layout.count):
             q_region = torch.cat([qs[region] for qs in gathered])
-            total += dequantize(q_region, every_scales[region])
-        return total / self.layout.count
+            scales_region = torch.where(dropped, torch.nan, every_scales[region])
+            total += dequantize(q_region, scales_region)
+        return total / self.layout.count, int(dropped.sum())

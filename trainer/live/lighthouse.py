@@ -2,11 +2,12 @@
 and the node's relay to whichever Lighthouse of the run serves (`relay`).
 
 It runs on every node under the node's supervisor (node 0 alone serves a Lighthouse in runs of
-1 or 2 nodes), bound to the node's private address only (the firewall admits that network
-alone); the relay listens on loopback. A Lighthouse holds no training state: killed and started
-again, or replaced by the next node's, the replica groups' managers reconnect and the next
-quorum forms (docs/ARCHITECTURE.md, "Live fault tolerance"). It imports no torch: it starts in a
-second.
+1 or 2 nodes), bound to the node's private address only (the firewall admits the nodes
+alone); the relay listens on loopback. A Lighthouse holds no training state, only its quorums'
+numbering and its last quorum: killed and started again, or replaced by the next node's, it
+starts both anew, the replica groups' managers reconnect and the next quorum forms, under an id
+of the Managers' own (`live.epochs`; docs/ARCHITECTURE.md, "Live fault tolerance"). It imports
+no torch: it starts in a second.
 """
 
 from __future__ import annotations
@@ -28,9 +29,26 @@ JOIN_TIMEOUT_MS = 10000
 
 
 def bind_address(host: str, port: int) -> str:
-    """host:port as the Lighthouse binds it; an IPv6 address in brackets."""
-    ip = ipaddress.ip_address(host)
+    """host:port as the Lighthouse binds it; an IPv6 address in brackets. ValueError names a
+    host that is no IP address or not one machine's (every interface, a group)."""
+    ip = one_host_ip(host)
     return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
+
+
+def one_host_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
+    """`text` as one machine's IP address; ValueError says why it is not (infra.hostvalues'
+    rule: the trainer imports nothing of fatpipe's beyond itself, a unit test ties the two)."""
+    try:
+        ip = ipaddress.ip_address(text)
+    except ValueError:
+        raise ValueError(f"{text!r} is not an IP address") from None
+    if ip.is_unspecified:
+        raise ValueError(f"{ip} is the unspecified address: a server bound to it listens on every interface")
+    if ip.is_multicast:
+        raise ValueError(f"{ip} is a multicast address, not one machine's")
+    if ip.version == 4 and ip.is_reserved:
+        raise ValueError(f"{ip} is a reserved address (the broadcast address among them), not one machine's")
+    return ip
 
 
 # From this many nodes on, a majority is left when one is lost: every node runs a Lighthouse
@@ -39,16 +57,16 @@ STANDBY_MIN_NODES = 3
 
 
 def majority(nodes: int) -> int:
-    """The replica groups a quorum needs: a majority of the cluster's nodes from
-    STANDBY_MIN_NODES on (with one Lighthouse per node, two quorums at once are then
-    impossible); 1 below that."""
+    """The replica groups a quorum (and a commit) needs: a majority of the cluster's nodes from
+    STANDBY_MIN_NODES on (two Lighthouses may each form a quorum, but a step commits only after
+    an all-reduce across its whole quorum, and two majorities share a node); 1 below that."""
     return nodes // 2 + 1 if nodes >= STANDBY_MIN_NODES else 1
 
 
 def address(text: str) -> tuple[str, int]:
     """IP:PORT (an IPv6 address in brackets) as (ip, port); ValueError names a bad one."""
     host, _, port = text.rpartition(":")
-    ip = ipaddress.ip_address(host.strip("[]"))
+    ip = one_host_ip(host.strip("[]"))
     if not port.isdigit() or not 0 < int(port) < 65536:
         raise ValueError(f"{text!r} has no port 1-65535")
     return str(ip), int(port)
@@ -99,14 +117,14 @@ def _bad_arguments(args: argparse.Namespace) -> str | None:
     if args.port is not None:
         try:
             bind_address(args.host or "", args.port)
-        except ValueError:
-            return f"--host {args.host!r} is not an IP address"
+        except ValueError as e:
+            return f"--host {e}"
         if not 0 < args.port < 65536:
             return "--port must be 1-65535"
     try:
         lighthouses = [address(a) for a in args.lighthouses.split(",") if a]
-    except ValueError:
-        return f"--lighthouses {args.lighthouses!r} must be IP:PORT,..."
+    except ValueError as e:
+        return f"--lighthouses {args.lighthouses!r} must be IP:PORT,... ({e})"
     if args.relay_port is not None and not (lighthouses and 0 < args.relay_port < 65536):
         return "--relay-port must be 1-65535, with --lighthouses"
     if args.min_replicas < 1 or (args.port is None and args.relay_port is None):
@@ -115,8 +133,9 @@ def _bad_arguments(args: argparse.Namespace) -> str | None:
 
 
 def _serve(bind: str, args: argparse.Namespace):
-    # Quorum changes (a join, a leave) at info; not every step's requests.
-    os.environ.setdefault("RUST_LOG", "torchft::lighthouse=info,warn")
+    # Warnings only: at info torchft's Lighthouse logs every quorum request and status, about ten
+    # lines a step; the trainers log each change of the quorum (RUST_LOG set on the node wins).
+    os.environ.setdefault("RUST_LOG", "warn")
     from torchft._torchft import LighthouseServer
 
     server = LighthouseServer(bind=bind, min_replicas=args.min_replicas,

@@ -3,9 +3,10 @@
 torchft advertises `socket.gethostname()` and binds every interface: its manager server on
 `[::]`, its checkpoint server (which hands the live weights to a returning replica) on `""`.
 Sim nodes share one hostname and DigitalOcean maps it to 127.0.1.1, and the training ports must
-be reachable from the private network only (docs/ARCHITECTURE.md, "Live fault tolerance"). So
-both are bound to, and advertised as, the node's private address; and a returning replica loads
-the weights it is sent with `weights_only=True`, never unpickling what a peer serves.
+be reachable from the nodes only (docs/security.md). So both are bound to, and advertised as,
+the node's private address (never one of every interface: `lighthouse.one_host_ip`), on an
+ephemeral port the node firewall keeps for the nodes; and a returning replica loads the weights
+it is sent with `weights_only=True`, never unpickling what a peer serves.
 """
 
 from __future__ import annotations
@@ -21,16 +22,21 @@ from dataclasses import dataclass
 from datetime import timedelta
 
 from ..config import ConfigError
+from .epochs import EpochClient
+from .lighthouse import one_host_ip
+from .timeouts import HealTimeouts
 
 LIGHTHOUSE_ENV = "FATPIPE_LIVE_LIGHTHOUSE"  # host:port of the run's Lighthouse
 MANAGER_PORT_ENV = "FATPIPE_LIVE_PORT"  # the replica group's manager server port (0: any)
 NODES_ENV = "FATPIPE_NODES"  # the cluster's node count: the data stream is cut for all of them
 MIN_REPLICAS_ENV = "FATPIPE_LIVE_MIN_REPLICAS"  # replica groups a quorum needs (lighthouse.majority)
+TIER_ENV = "FATPIPE_TIER_GBPS"  # the cluster's declared link rate: a heal's timeouts (live.timeouts)
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 # How long a collective across replica groups may take before the group counts the step as
 # failed and a new quorum forms without the peer that did not answer. A killed peer's sockets
 # close at once; a cut link is only seen by this timeout. Steps on the sim take about a second.
+# The floor: in a quorum where a group is sent the live state, longer (live.timeouts).
 COLLECTIVE_TIMEOUT_S = 6.0
 # How long one quorum request waits before it is sent again (live.step.LiveStep._quorum): a
 # request in flight when the Lighthouse died is lost with it; asked again, it reaches the one
@@ -52,6 +58,7 @@ class LiveSettings:
     manager_port: int = 0
     timeout_s: float = COLLECTIVE_TIMEOUT_S
     quorum_timeout_s: float = QUORUM_TIMEOUT_S
+    tier_gbps: float | None = None  # the declared link rate (none: measured or the lowest tier)
 
     @property
     def lighthouse_url(self) -> str:
@@ -63,13 +70,15 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> LiveSettings:
     env = os.environ if env is None else env
     lighthouse = env.get(LIGHTHOUSE_ENV, "")
     host, _, port = lighthouse.rpartition(":")
-    if not host or not _is_ip(host.strip("[]")) or not _is_port(port):
+    problem = _ip_problem(host.strip("[]"))
+    if problem or not _is_port(port):
         raise ConfigError(f"{LIGHTHOUSE_ENV} must be IP:PORT of the run's Lighthouse, "
-                          f"got {lighthouse!r}")
+                          f"got {lighthouse!r}" + (f": {problem}" if host and problem else ""))
     private_ip = env.get("FATPIPE_PRIVATE_IP", "")
-    if not _is_ip(private_ip):
+    problem = _ip_problem(private_ip)
+    if problem:
         raise ConfigError(f"FATPIPE_PRIVATE_IP must be this node's private IP address, "
-                          f"got {private_ip!r}")
+                          f"got {private_ip!r}: {problem}")
     name = env.get("FATPIPE_NODE_NAME") or socket.gethostname()
     if not _NODE_NAME.match(name):
         raise ConfigError(f"FATPIPE_NODE_NAME {name!r}: letters, digits, '.', '_' and '-' only")
@@ -85,17 +94,30 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> LiveSettings:
     min_replicas = env.get(MIN_REPLICAS_ENV, "1")
     if not (min_replicas.isdigit() and 1 <= int(min_replicas) <= int(nodes)):
         raise ConfigError(f"{MIN_REPLICAS_ENV} ({min_replicas!r}) must be 1 to {NODES_ENV} ({nodes})")
+    tier = env.get(TIER_ENV)
+    if tier is not None and not _is_rate(tier):
+        raise ConfigError(f"{TIER_ENV} must be a link rate in Gbit/s above 0, got {tier!r}")
     return LiveSettings(lighthouse=lighthouse, private_ip=private_ip, replica_id=name,
                         store_port=int(store_port), node_rank=int(node_rank), nodes=int(nodes),
-                        manager_port=int(manager_port), min_replicas=int(min_replicas))
+                        manager_port=int(manager_port), min_replicas=int(min_replicas),
+                        tier_gbps=float(tier) if tier is not None else None)
 
 
-def _is_ip(text: str) -> bool:
+def _is_rate(text: str) -> bool:
     try:
-        ipaddress.ip_address(text)
+        return 0 < float(text) < float("inf")
     except ValueError:
         return False
-    return True
+
+
+def _ip_problem(text: str) -> str | None:
+    """Why `text` is not one machine's IP address (none that binds every interface, nor a
+    group's: lighthouse.one_host_ip); None when it is."""
+    try:
+        one_host_ip(text)
+    except ValueError as e:
+        return str(e)
+    return None
 
 
 def _is_port(text: str) -> bool:
@@ -120,7 +142,14 @@ def _private_servers(ip: str, port: int) -> Iterator[None]:
         address_family = family
 
         def __init__(self, _address, handler):
-            super().__init__((ip, 0), handler)
+            class PinnedTimeoutHandler(handler):
+                def setup(self):
+                    # The timeout the connection began with: live.timeouts changes the class's
+                    # between quorums, and torchft asserts the socket's is still the handler's.
+                    self.timeout = type(self).timeout
+                    super().setup()
+
+            super().__init__((ip, 0), PinnedTimeoutHandler)
 
     plain_manager = tf_manager.ManagerServer
 
@@ -153,6 +182,20 @@ def _private_transport(ip: str, timeout: timedelta):
     return PrivateHTTPTransport(timeout=timeout, num_chunks=0)
 
 
+def _gloo_group(timeout: timedelta):
+    """torchft's reconfigurable gloo group, each collective under the group's timeout of the
+    moment (`live.timeouts` sets it at each quorum), not only the one it was configured with."""
+    from torchft.process_group import ProcessGroupGloo
+
+    class PerCallTimeoutGloo(ProcessGroupGloo):
+        def _opts_hook(self, opts):
+            if hasattr(opts, "timeout"):
+                opts.timeout = self._timeout
+            return opts
+
+    return PerCallTimeoutGloo(timeout=timeout)
+
+
 def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
                  load_state_dict: Callable[[dict], None], group_rank: int, group_size: int,
                  init_sync: bool = False):
@@ -166,13 +209,12 @@ def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
     for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
         logging.getLogger(name).setLevel(logging.WARNING)
     from torchft import Manager
-    from torchft.process_group import ProcessGroupGloo
 
     timeout = timedelta(seconds=settings.timeout_s)
     with _private_servers(settings.private_ip, settings.manager_port):
         transport = _private_transport(settings.private_ip, timeout)
-        return Manager(
-            pg=ProcessGroupGloo(timeout=timeout), min_replica_size=settings.min_replicas,
+        manager = Manager(
+            pg=_gloo_group(timeout), min_replica_size=settings.min_replicas,
             state_dict=state_dict, load_state_dict=load_state_dict,
             timeout=timeout, quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
             connect_timeout=timedelta(seconds=30), rank=group_rank, world_size=group_size,
@@ -181,3 +223,8 @@ def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
             lighthouse_addr=settings.lighthouse_url, replica_id=settings.replica_id,
             port=settings.manager_port, hostname=settings.private_ip,
             checkpoint_transport=transport, init_sync=init_sync)
+    # Each quorum under an id of its own epoch, with the timeouts of a heal where one is in it.
+    timeouts = HealTimeouts(manager, settings.timeout_s, settings.quorum_timeout_s,
+                            settings.tier_gbps, group_size)
+    manager._client = EpochClient(manager._client, settings.lighthouse, timeouts, init_sync)
+    return manager

@@ -1,9 +1,12 @@
 """Joins, leaves and goodput of a live run, read from its steps' records (metrics.jsonl).
 
-Each committed step records how many replica groups made its mean (`participants`) and the wall
-time it ended at (`time`). A step whose count is lower than the step before it is a leave, a
-higher one a join; what it cost is the wall time from the step before it beyond a median step
-(the failed attempts, the quorum without the lost node, a returning node's copy of the state).
+Each committed step records how many replica groups made its mean (`participants`), the wall
+time it ended at (`time`) and the attempts it took on this node (`attempts`: the ones before the
+last failed their exchange across the groups). A step whose count is lower than the step before
+it is a leave, a higher one a join; what it cost is the wall time from the step before it beyond
+a median step (the failed attempts, the quorum without the lost node, a returning node's copy of
+the state). The same functions read one node's record and the run's, merged from every node's
+(`ops.run.headline`), so the summary of either says the same things the same way.
 """
 
 from __future__ import annotations
@@ -14,13 +17,34 @@ import time
 from ..bandwidth import busbw_gbs
 
 
-def step_fields(participants: int, healed: bool, quorum_s: float, rec: dict) -> dict:
+def step_fields(participants: int, healed: bool, quorum_s: float, rec: dict,
+                attempts: int = 1) -> dict:
     """What a live step adds to its record (metrics.jsonl): the replica groups in its mean,
-    whether this one was sent the live state, the quorum's wait, the wall time it ended at, and
-    the bus bandwidth over the groups that took part."""
+    whether this one was sent the live state, the quorum's wait, the attempts it took here, the
+    wall time it ended at, and the bus bandwidth over the groups that took part."""
     busbw = busbw_gbs(rec["wire_bytes"], rec["sync_s"], participants) * 8 if rec["sync_s"] else 0.0
     return {"participants": participants, "healed": healed, "quorum_s": quorum_s,
-            "time": time.time(), "busbw_gbps": busbw}
+            "attempts": attempts, "time": time.time(), "busbw_gbps": busbw}
+
+
+class Attempts:
+    """The attempts this node made at one step number. A node that heals jumps to the quorum's
+    step: the attempts it failed at its old step were not the run's (the quorum went on without
+    it), so the step it then commits took one."""
+
+    def __init__(self):
+        self.step: int | None = None
+        self.count = 0
+
+    def begin(self, step: int) -> None:
+        """An attempt at `step` starts."""
+        if step != self.step:
+            self.step, self.count = step, 0
+        self.count += 1
+
+    def of(self, committed: int) -> int:
+        """The attempts step `committed` took here."""
+        return self.count if committed == self.step else 1
 
 
 class QuorumWatch:
@@ -77,3 +101,25 @@ def skipped_batches(records: list[dict], nodes: int, batches_per_node_step: int)
     node that is down leaves its share of that step's data unread (counted, never hidden)."""
     return sum(max(0, nodes - r["participants"]) * batches_per_node_step
                for r in records if "participants" in r)
+
+
+def exchanges(records: list[dict]) -> dict:
+    """The gradient exchanges across the replica groups: one per attempt at a committed step,
+    failed when the step did not commit then (a record from before `attempts`: one)."""
+    tried = sum(max(1, int(r.get("attempts", 1))) for r in records)
+    failed = tried - len(records)
+    return {"sync_exchanges": tried, "failed_exchanges": failed,
+            "sync_failure_rate": failed / tried if tried else 0.0}
+
+
+def run_fields(records: list[dict], nodes: int, node_tokens: int,
+               batches_per_node_step: int | None = None) -> dict:
+    """What summary.json says of a live run from its steps' records: the declared nodes, each
+    join and leave, goodput, the exchanges that failed, and the batches no node read (the
+    built-in trainer's, which reads its data by step: `batches_per_node_step`)."""
+    fields = {"nodes": nodes, "node_tokens": node_tokens, "membership": membership(records),
+              "goodput": goodput(records, node_tokens), **exchanges(records)}
+    if batches_per_node_step is not None:
+        fields["batches_per_node_step"] = batches_per_node_step
+        fields["skipped_batches"] = skipped_batches(records, nodes, batches_per_node_step)
+    return fields

@@ -17,6 +17,9 @@ from __future__ import annotations
 import torch
 from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
+from .epochs import link_rate
+from .timeouts import allreduce_timed
+
 
 class _Done:
     """A finished collective, as `dist.all_reduce(..., async_op=True)` returns one."""
@@ -40,14 +43,14 @@ class ManagerGroup:
     commit."""
 
     def __init__(self, manager):
-        self.manager = manager
+        self.manager, self.link = manager, link_rate(manager)
 
     def size(self) -> int:
         return self.manager.num_participants()
 
     def allreduce(self, tensors: list[torch.Tensor], opts) -> _Done:
         (tensor,) = tensors
-        self.manager.allreduce(tensor, reduce_op=opts.reduceOp).wait()
+        allreduce_timed(self.manager, self.link, tensor, reduce_op=opts.reduceOp)
         return _Done(tensors)
 
 

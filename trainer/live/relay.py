@@ -4,10 +4,12 @@ Manager to the first Lighthouse, in the cluster's node order, that takes connect
 Every node of a run of 3 or more runs a Lighthouse (docs/ARCHITECTURE.md, "Live fault
 tolerance"): node 0's serves while it is up; when it stops taking connections (its node died, its
 link is cut) the relays move their Managers to node 1's, and back once node 0's takes connections
-again. A Lighthouse holds no training state, so the one that serves next only needs the Managers'
-next requests. Every Lighthouse asks for a majority of the cluster's nodes before it forms a
-quorum, so two Lighthouses serving at once (a node cut off from node 0 but not from node 1) can
-never both form one: the nodes can never split into two runs.
+again. A Lighthouse holds no training state, only its quorums' numbering and the last quorum,
+which the next one starts anew: so a Manager asks the relay which Lighthouse it forwards to
+(`ASK`), and acts on a quorum id of its own derived from that (`live.epochs`). Two Lighthouses
+may serve at once (a node cut off from node 0 but not from node 1); what keeps the nodes from
+training as two runs is that a step commits only after an all-reduce across every member of
+its quorum, a majority of the nodes (docs/ARCHITECTURE.md, "Live fault tolerance").
 
 The Manager's gRPC channel reconnects by itself; moving it means closing its connection here.
 """
@@ -15,6 +17,7 @@ The Manager's gRPC channel reconnects by itself; moving it means closing its con
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 from dataclasses import dataclass, field
 
@@ -25,6 +28,10 @@ CONNECT_TIMEOUT_S = 1.0  # a cut link answers no SYN: its try fails after this
 DOWN_CHECKS = 2  # failed tries in a row before the serving Lighthouse counts as gone
 BACK_CHECKS = 3  # good tries in a row before an earlier Lighthouse is moved back to
 CHOICE_WAIT_S = 10.0  # how long a new connection waits for some Lighthouse to take connections
+# A Manager's question, on a connection of its own: which Lighthouse is forwarded to (gRPC's
+# preface begins otherwise). Answered with {"lighthouse": "IP:PORT" or null, "switches": N}.
+ASK = b"GET /fatpipe/relay "
+HEAD_WAIT_S = 0.5  # a client that says nothing first (not gRPC) is forwarded after this
 
 
 @dataclass
@@ -57,6 +64,7 @@ class Relay:
     lighthouses: list[tuple[str, int]]
     health: list[Health] = field(init=False)
     current: int | None = None
+    switches: int = 0  # changes of `current`: an answer to ASK tells a Manager whether it moved
     _pipes: set[asyncio.Task] = field(default_factory=set)
     _chosen: asyncio.Event = field(default_factory=asyncio.Event)
 
@@ -81,8 +89,8 @@ class Relay:
     def _switch(self, chosen: int | None) -> None:
         if chosen == self.current:
             return
-        was = "" if self.current is None else f" (was node {self.current}'s)"
-        self.current = chosen
+        previous, self.current, self.switches = self.current, chosen, self.switches + 1
+        was = "" if previous is None else f" (was node {previous}'s)"
         if chosen is None:
             self._chosen.clear()
             log.warning("relay: no Lighthouse takes connections%s", was)
@@ -90,13 +98,26 @@ class Relay:
             self._chosen.set()
             host, port = self.lighthouses[chosen]
             log.warning("relay: the Lighthouse of node %d at %s:%d serves%s", chosen, host, port, was)
-        for pipe in list(self._pipes):  # each Manager reconnects, through the new choice
-            pipe.cancel()
+        if previous is not None:  # each Manager reconnects, through the new choice
+            for pipe in list(self._pipes):
+                pipe.cancel()
+
+    def answer(self) -> bytes:
+        """The reply to ASK: the Lighthouse forwarded to now, and the switches so far."""
+        host, port = self.lighthouses[self.current] if self.current is not None else (None, 0)
+        serving = f"{host}:{port}" if host else None
+        body = json.dumps({"lighthouse": serving, "switches": self.switches}).encode()
+        return b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\n\r\n" + body
 
     async def _accept(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         task = asyncio.current_task()
         self._pipes.add(task)
         try:
+            head = await _head(reader)
+            if head.startswith(ASK):
+                writer.write(self.answer())
+                await writer.drain()
+                return
             await asyncio.wait_for(self._chosen.wait(), CHOICE_WAIT_S)
             if self.current is None:  # gone again while this connection waited
                 return
@@ -104,6 +125,7 @@ class Relay:
             up_reader, up_writer = await asyncio.wait_for(
                 asyncio.open_connection(host, port), CONNECT_TIMEOUT_S)
             try:
+                up_writer.write(head)
                 await asyncio.gather(_copy(reader, up_writer), _copy(up_reader, writer))
             finally:
                 up_writer.close()
@@ -112,6 +134,23 @@ class Relay:
         finally:
             self._pipes.discard(task)
             writer.close()
+
+
+async def _head(reader: asyncio.StreamReader) -> bytes:
+    """A connection's first bytes: as many as tell ASK from anything else (gRPC's 24-byte preface
+    comes at once, before any answer), or what came in HEAD_WAIT_S."""
+    head, loop = b"", asyncio.get_running_loop()
+    deadline = loop.time() + HEAD_WAIT_S
+    while len(head) < len(ASK) and ASK.startswith(head):
+        try:
+            data = await asyncio.wait_for(reader.read(len(ASK) - len(head)),
+                                          max(0.0, deadline - loop.time()))
+        except asyncio.TimeoutError:
+            break
+        if not data:
+            break
+        head += data
+    return head
 
 
 async def _copy(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:

@@ -33,8 +33,37 @@ def live_comm(comm: str) -> str:
     return comm
 
 
+def hierarchical_key(cross_comm: str, auto_periodic: bool) -> str | None:
+    """The [train] setting that asks for a sync between regions every few steps (DiLoCo between
+    regions, `comm.hiersetup.hierarchical`), or None: live syncs every replica group every step."""
+    if cross_comm == "diloco":
+        return 'cross_comm = "diloco"'
+    if cross_comm == "auto" and auto_periodic:
+        return 'auto_periodic = true (cross_comm = "auto")'
+    return None
+
+
+def live_across_regions(cross_comm: str, auto_periodic: bool, regions: str) -> str | None:
+    """Why a live run across `regions` is refused (None: it is not): live syncs one flat ring
+    every step and never opens the regions, so a sync between regions every few steps would
+    silently become float32 over the slow link every step."""
+    key = hierarchical_key(cross_comm, auto_periodic)
+    if key is None:
+        return None
+    return (f'fault_tolerance = "live" with {key} across regions ({regions}): live syncs one '
+            f'ring over every node every step, never between regions every few steps; set '
+            f'fault_tolerance = "restart" (or "auto"), or cross_comm = "flat"')
+
+
 def node_run_dir(run_dir: Path, node_rank: int) -> Path:
-    """Where a node writes its records and checkpoints: node 0 the run folder itself (what
-    `fatpipe top`, `report` and `pull` read), node k `live-node-<k>/` inside it, so nodes that
-    share a disk (the sim's) never write the same file."""
+    """Where a node writes its records and checkpoints: node 0 the run folder itself, node k
+    `live-node-<k>/` inside it, so nodes that share a disk (the sim's) never write the same file."""
     return run_dir if node_rank == 0 else run_dir / f"live-node-{node_rank}"
+
+
+def own_record(node_dir: Path, node_rank: int) -> Path | None:
+    """Where node 0 keeps a copy of its own record (metrics.jsonl, summary.json): the run
+    folder's becomes the run's, merged from every node's `live-node-<k>/` once the run ends
+    (`ops.run.headline`), since node 0 may be the node that was away. None for the others,
+    whose folder is their own already."""
+    return node_dir / "live-node-0" if node_rank == 0 else None

@@ -23,6 +23,9 @@ from dataclasses import dataclass
 
 import torch
 
+from .epochs import link_rate
+from .timeouts import allreduce_timed
+
 log = logging.getLogger(__name__)
 
 GRAD_CLIP = 1.0
@@ -47,14 +50,15 @@ class AcrossReplicas:
     quorum. `manager`: the replica group's, for PowerSGD's own all-reduces (`live.powersgd`).
 
     Waits like torchft's own DDP hook: on an error the manager has recorded it, the tensor may
-    be garbage, and the step will not commit.
+    be garbage, and the step will not commit. Each all-reduce's rate is the link's measure for a
+    heal's timeouts (`live.timeouts`).
     """
 
     def __init__(self, manager):
-        self.manager = manager
+        self.manager, self.link = manager, link_rate(manager)
 
     def __call__(self, tensor: torch.Tensor) -> torch.futures.Future:
-        self.manager.allreduce(tensor).wait()
+        allreduce_timed(self.manager, self.link, tensor)
         done = torch.futures.Future()
         done.set_result(tensor)
         return done

@@ -1,6 +1,6 @@
 """The node side of a remote [data] source: each node fetches it over its own link.
 
-    python -m fatpipe.trainer.staging.fetch SPEC PROJECT_FOLDER
+    python -m fatpipe.trainer.staging.fetch SPEC PROJECT_FOLDER [--own]
 
 SPEC is the JSON `ops.data.fetch` ships (source, path, chunk_size and the source's keys, a
 `ca_bundle` relative to SPEC's folder; never a credential). The node lists the source (S3: every object under the prefix; https: the one file)
@@ -8,9 +8,12 @@ with sizes and ETags, keeps a file whose size and ETag match its last fetch and 
 matches, and streams the others 1 MiB at a time into `<file>.fatpipe-partial`, renamed when
 complete. A partial copy whose ETag (kept in `<file>.fatpipe-partial.etag`) still matches is
 resumed from its end (a Range request, an S3 ranged GET); a dropped connection is retried the
-same way. The node then hashes every file and writes the manifest beside the data
-(docs/ARCHITECTURE.md, "The data contract"). Prints `FETCH_PROGRESS <held> <total> <fetched>`
-as it goes, then `FETCH_JSON <manifest>`, or `FETCH_ERROR <one line>` and exits 1.
+same way. A file fatpipe did not stage where a file lands stops the fetch before anything is
+written, and only what fatpipe staged there goes when the source no longer lists it (`record`;
+`--own`: the project folder is fatpipe's, an ssh node's). The node then hashes every file and
+writes the manifest beside the data (docs/ARCHITECTURE.md, "The data contract"). Prints
+`FETCH_PROGRESS <held> <total> <fetched>` as it goes, then `FETCH_JSON <manifest>`, or
+`FETCH_ERROR <one line>` and exits 1.
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from .names import (
     open_nofollow,
     writable_target,
 )
-from .tidy import prune
+from .record import InTheWay, Staged, make_room
 
 RESULT_PREFIX, PROGRESS_PREFIX, ERROR_PREFIX = "FETCH_JSON ", "FETCH_PROGRESS ", "FETCH_ERROR "
 ATTEMPTS = 5  # reads of one file, each resuming where the last stopped
@@ -143,8 +146,9 @@ def fetch_file(source, remote: Remote, target: Path, progress: Progress, base: P
     tag.unlink(missing_ok=True)
 
 
-def fetch(spec: dict, root: Path) -> dict:
-    """Fetch what this node lacks; returns the manifest of what it holds."""
+def fetch(spec: dict, root: Path, own: bool = False) -> dict:
+    """Fetch what this node lacks; returns the manifest of what it holds. `own`: the project
+    folder is fatpipe's (an ssh node's), else a folder of the user's (`record`)."""
     source = open_source(spec, root)
     kind, remotes = source.listing()
     # Every name checked before anything is written: a hostile key names one line and writes nothing.
@@ -155,7 +159,8 @@ def fetch(spec: dict, root: Path) -> dict:
     shell = check_manifest({"kind": kind, "path": spec["path"], "chunk_size": spec["chunk_size"],
                             "source": spec["source"], "files": [{"name": r.name} for r in remotes]}, spec["source"])
     base = dataset_base(shell, root)
-    removed = prune(shell, root)  # what the source no longer lists: the folder is exactly the source
+    # Nothing of the user's is written over; what fatpipe staged and the source no longer lists goes.
+    removed = make_room(shell, root, Staged.begin(shell, root, own))
     old = previous_entries(shell, root)
     progress = Progress(sum(r.size for r in remotes))
     files = []
@@ -175,15 +180,16 @@ def fetch(spec: dict, root: Path) -> dict:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 2:
-        print("usage: python -m fatpipe.trainer.staging.fetch SPEC PROJECT_FOLDER", file=sys.stderr)
+    own = argv[2:] == ["--own"]
+    if len(argv) - own != 2:
+        print("usage: python -m fatpipe.trainer.staging.fetch SPEC PROJECT_FOLDER [--own]", file=sys.stderr)
         return 2
     try:
         spec = json.loads(Path(argv[0]).read_text())
         if spec.get("ca_bundle"):  # shipped beside the spec
             spec["ca_bundle"] = str((Path(argv[0]).parent / spec["ca_bundle"]).resolve())
-        manifest = fetch(spec, Path(argv[1]))
-    except (FetchError, UnsafeName) as e:
+        manifest = fetch(spec, Path(argv[1]), own)
+    except (FetchError, UnsafeName, InTheWay) as e:
         print(ERROR_PREFIX + " ".join(str(e).split()), flush=True)
         return 1
     except Exception as e:  # noqa: BLE001 - unreachable source, full disk: one line for the operator

@@ -29,6 +29,7 @@ from fatpipe.trainer.staging.names import (
 VERSION = 1
 MANIFEST_NAME = ".fatpipe-manifest.json"  # infra.dataspec keeps the same name
 PARTIAL_SUFFIX = ".fatpipe-partial"  # a file being received; renamed once its hash matches
+RECORD_NAME = ".fatpipe-staged.json"  # what fatpipe wrote there (`record`): the only files a push may delete
 READ_SIZE = 1 << 20
 
 
@@ -94,7 +95,8 @@ def data_files(source: Path) -> list[tuple[str, Path]]:
                                  f"(to {os.readlink(path)}); fatpipe copies no links: put the file itself there")
         for name in files:
             path = Path(folder) / name
-            if name == MANIFEST_NAME or name.endswith((PARTIAL_SUFFIX, CACHE_SUFFIX)) or not path.is_file():
+            own = name in (MANIFEST_NAME, RECORD_NAME) or name.endswith((PARTIAL_SUFFIX, CACHE_SUFFIX))
+            if own or not path.is_file():
                 continue
             found.append((path.relative_to(source).as_posix(), path))
     check_names([name for name, _ in found], f"the data source {source}")
@@ -180,7 +182,8 @@ def first_difference(manifest: dict, root: Path, cache: HashCache | None = None)
             return f"{shown}: {size} bytes, the manifest says {entry['size']}"
         sha, chunks = _hashes(target, manifest["chunk_size"], cache)
         if sha != entry["sha256"]:
-            bad = next((i for i, (a, b) in enumerate(zip(chunks, entry["chunks"], strict=False)) if a != b), 0)
+            # zip without strict=: nodes may run Python 3.8; a shorter list is the size's difference
+            bad = next((i for i, (a, b) in enumerate(zip(chunks, entry["chunks"])) if a != b), 0)  # noqa: B905
             return f"{shown}: chunk {bad} differs from the manifest (sha256)"
     return None
 

@@ -1,11 +1,13 @@
-"""A staged folder is exactly its manifest: what it holds beyond the listed files is named, and a push removes it.
+"""What a staged folder holds beyond its manifest: named by the check, removed by a push when fatpipe staged it.
 
-The dataset folder on a node is fatpipe's alone (docs/ARCHITECTURE.md, "The data contract"):
-besides the listed files it keeps only its own (the manifest, the hash cache, a listed file's
-partial copy). Anything else is an extra: a shard a re-tokenised dataset dropped, a file put
-there by hand, a link (even at a listed name: a link is never data). `data verify` and `launch`
-name extras, a push removes them (a link itself, never what it points to). A single staged file
-shares its folder with others: nothing there is extra.
+Besides the listed files a dataset folder keeps fatpipe's own (the manifest, the hash cache, the
+record of what it staged, a listed file's partial copy). Anything else is an extra: a shard a
+re-tokenised dataset dropped, a file put there by hand, a link (even at a listed name: a link is
+never data). A push removes an extra only when fatpipe staged it there (`record`): every extra
+in a folder fatpipe claimed, which stays exactly its manifest (docs/ARCHITECTURE.md, "The data
+contract"); in a folder of the user's only what the record names, nothing without one. `data
+verify` and `launch` name what a push would remove; a push removes a link itself, never what it
+points to. A single staged file shares its folder with others: nothing there is extra.
 """
 
 from __future__ import annotations
@@ -14,7 +16,7 @@ import os
 from pathlib import Path
 
 from fatpipe.trainer.staging.hashcache import CACHE_SUFFIX
-from fatpipe.trainer.staging.manifest import MANIFEST_NAME, PARTIAL_SUFFIX
+from fatpipe.trainer.staging.manifest import MANIFEST_NAME, PARTIAL_SUFFIX, RECORD_NAME
 from fatpipe.trainer.staging.names import data_path
 
 SHOWN = 5  # extras named in one line; the rest counted
@@ -23,7 +25,7 @@ SHOWN = 5  # extras named in one line; the rest counted
 def kept_names(manifest: dict) -> set[str]:
     """Every name the folder may hold: the listed files, their partial copies, fatpipe's own files."""
     listed = {f["name"] for f in manifest["files"]}
-    own = {MANIFEST_NAME, CACHE_SUFFIX, MANIFEST_NAME + ".tmp", CACHE_SUFFIX + ".tmp"}
+    own = {MANIFEST_NAME, CACHE_SUFFIX, RECORD_NAME} | {n + ".tmp" for n in (MANIFEST_NAME, CACHE_SUFFIX, RECORD_NAME)}
     return listed | own | {n + PARTIAL_SUFFIX for n in listed} | {n + PARTIAL_SUFFIX + ".etag" for n in listed}
 
 
@@ -47,21 +49,30 @@ def extra_files(manifest: dict, root: Path) -> list[str]:
     return sorted(extra)
 
 
-def prune(manifest: dict, root: Path) -> list[str]:
-    """Remove every extra (a link itself, never its target), then the folders that held only
-    extras; the extras' names."""
+def removable(manifest: dict, root: Path, staged) -> list[str]:
+    """The extras a push removes: those `staged` (the folder's `record.Staged`; None: no record,
+    nothing) says fatpipe staged there, every one in a folder it claimed."""
+    return [] if staged is None else [n for n in extra_files(manifest, root) if staged.owns(n)]
+
+
+def prune(manifest: dict, root: Path, staged) -> tuple[list[str], list[str]]:
+    """Remove the extras fatpipe staged (a link itself, never its target), then the folders that
+    held only those and that fatpipe made; (the extras' names, the folders')."""
     base = data_path(manifest, root)
-    removed = extra_files(manifest, root)
+    removed = removable(manifest, root, staged)
     for name in removed:
         (base / name).unlink(missing_ok=True)
     needed = {"/".join(f["name"].split("/")[:i]) for f in manifest["files"] for i in range(1, f["name"].count("/") + 1)}
     emptied = {"/".join(n.split("/")[:i]) for n in removed for i in range(1, n.count("/") + 1)} - needed
+    gone = []
     for folder in sorted(emptied, key=lambda f: -f.count("/")):  # the deepest first
         try:
-            (base / folder).rmdir()
+            if staged.owns_folder(folder):
+                (base / folder).rmdir()
+                gone.append(folder)
         except OSError:  # not empty: it holds something else too (an empty folder of its own)
             pass
-    return removed
+    return removed, gone
 
 
 def name_list(names: list[str]) -> str:
