@@ -106,7 +106,9 @@ def test_detach_then_follow(run_cli, project_dir):
 def test_ctrl_c_stops_every_node(project_dir):
     write_cluster(project_dir, octet=63)
     env = {**os.environ, "COLUMNS": "200"}
-    fatpipe = [sys.executable, "-m", "fatpipe.cli", "launch", "--outputs", "outputs.json",
+    # No terminal here: a SIGINT stops the run only under --on-signal stop (else it detaches;
+    # test_interrupt types a real Ctrl-C into a pty).
+    fatpipe = [sys.executable, "-m", "fatpipe.cli", "launch", "--outputs", "outputs.json", "--on-signal", "stop",
                "--max-restarts", "0", "--timeout", "150", "--", "job.py", "--sleep"]
     proc = subprocess.Popen(fatpipe, cwd=project_dir, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=env)
