@@ -57,7 +57,7 @@ def _store_meta(ctx, param, value):
 # Read with `given(name)` rather than passed to the command: its parameters stay few.
 on_signal_option = click.option(
     "--on-signal", type=click.Choice(["detach", "stop"]), default="detach", show_default=True,
-    expose_value=False, callback=_store_meta,
+    envvar="FATPIPE_ON_SIGNAL", show_envvar=True, expose_value=False, callback=_store_meta,
     help="What SIGTERM, SIGHUP or a SIGINT without a terminal does to a run that is going: detach (it "
          "goes on on its nodes, exit 76, and --down-after leaves the cluster up) or stop it (as Ctrl-C "
          "typed at the terminal does; --down-after then destroys), for unattended runs.")

@@ -144,7 +144,9 @@ def kill_checkpoint_writer(checkpoints: Path, step: int, timeout_s: float = 120)
 
 
 def cli_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1",
+    # FATPIPE_ON_SIGNAL=stop: the Ctrl-C (no terminal) that ends a test's launch stops its run, as
+    # an unattended run asks; tests/system/test_interrupt.py tests the default, detach.
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "FATPIPE_ON_SIGNAL": "stop",
            "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}", **extra}
     env.pop("FATPIPE_CONFIG", None)
     return env

@@ -45,7 +45,7 @@ def run_going(project, cluster: str, nodes: list[NodeRun] | None = None, outputs
     states = node_states(nodes)
     running = [n.name for n, state in zip(nodes, states, strict=True) if state == "running"]
     unknown = [(n, state) for n, state in zip(nodes, states, strict=True)
-               if state != "running" and state not in ENDED and not state.lstrip("-").isdigit()]
+               if state != "running" and not holds_no_run(state)]
     if unknown:
         deployed = outputs if outputs is not None else _deployed(project, cluster)
         unknown = [(n, state) for n, state in unknown if still_deployed(n, deployed)]
@@ -53,6 +53,13 @@ def run_going(project, cluster: str, nodes: list[NodeRun] | None = None, outputs
         return None
     return Going(nodes[0].rdzv.run_id, running,
                  {n.name: state.removeprefix("unreachable: ") for n, state in unknown})
+
+
+def holds_no_run(state: str) -> bool:
+    """The node answered, and its run is over or never began there: an exit status, lost or not
+    started, or a node whose run folder does not exist (a rendezvous never launched there)."""
+    return (state in ENDED or state.lstrip("-").isdigit()
+            or (state.startswith("unreadable:") and "FileNotFoundError" in state))
 
 
 def _deployed(project, cluster: str):

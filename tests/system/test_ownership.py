@@ -109,8 +109,10 @@ def test_runs_stay_findable_and_tell_their_outcome_after_down(terraform, tmp_pat
 
     # A second `up` while one changes the cluster is refused before it makes anything.
     env = {**os.environ, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    # --on-signal stop: the SIGINT below (no terminal) stops its run instead of detaching.
     busy = subprocess.Popen([sys.executable, "-m", "fatpipe.cli", "up", "--netcheck", "off", *TRAIN[:2],
-                             "--steps", "400", "--max-restarts", "0"], cwd=folder, env=env, text=True,
+                             "--steps", "400", "--max-restarts", "0", "--on-signal", "stop"], cwd=folder,
+                            env=env, text=True,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         for line in busy.stdout:

@@ -83,3 +83,13 @@ def test_a_netns_node_whose_namespace_is_gone_holds_no_run(project_dir):
     outputs = SimpleNamespace(nodes=[SimpleNamespace(name="n0", transport="netns", netns="fp-never-made-0")])
     assert not still_deployed(node, outputs)
     assert not still_deployed(node, None)
+
+
+def test_a_node_that_answers_without_the_runs_folder_holds_no_run():
+    from fatpipe.ops.run.runguard import holds_no_run
+
+    # A rendezvous made but never launched: the node answers, its run folder is not there.
+    assert holds_no_run("unreadable: FileNotFoundError: [Errno 2] No such file or directory: 'p/demo-0'")
+    assert holds_no_run("0") and holds_no_run("-15") and holds_no_run("lost")
+    assert not holds_no_run("unreachable: ssh: connect to host 10.0.0.5 port 22: Connection refused")
+    assert not holds_no_run("unreadable: PermissionError: [Errno 13] Permission denied")
