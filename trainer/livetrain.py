@@ -136,10 +136,10 @@ class LiveTrainer:
                         gathered, self.settings.nodes)
         self.record.open()
         if env.is_main:
-            log.info("%s: %.2fM parameters, fault tolerance live: node %s (%d of %d), %d rank(s) "
-                     "here, comm %s, start at step %d", cfg.preset, self.model.num_params() / 1e6,
-                     self.settings.replica_id, self.settings.node_rank, self.settings.nodes,
-                     env.world_size, self.comm, self.live.step)
+            # Alike on every node (the terminal shows it once): the node is in the line's prefix.
+            log.info("%s: %.2fM parameters, fault tolerance live: %d nodes, %d rank(s) each, "
+                     "comm %s, start at step %d", cfg.preset, self.model.num_params() / 1e6,
+                     self.settings.nodes, env.world_size, self.comm, self.live.step)
             log.info("data: %s", describe_data(self.corpus, self.val_corpus, cfg.seq_len))
 
     # What a returning replica group is sent by a peer, and what a checkpoint holds.

@@ -25,6 +25,7 @@ THIRD_PARTY = re.compile(
 PY_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ")
 PLUMBING = re.compile(r"^(?:lighthouse|relay): ")  # which Lighthouse serves: the node logs say
 STEP = re.compile(r"^step (\d+)(?:/\d+)? loss .*? sync (\d+) ms ")
+NODE_SUMMARY = re.compile(r"^\[trainer r\d+\] summary: ")
 CLUSTER = "all"  # the label of a line that speaks for every node
 REMEMBERED = 256  # lines every node prints alike, remembered to show once
 WAIT_S = 5.0  # how long a step's cluster line waits for a node's line once a later step is in
@@ -74,6 +75,8 @@ class NodeLines:
         if step:
             self._step(node, int(step[1]), text, int(step[2]))
             return True
+        if NODE_SUMMARY.match(text):  # each node's closing line: the run's summary follows
+            text = "node summary"
         printed = self.alike.get(text)
         if printed is not None and node not in printed:
             printed.add(node)

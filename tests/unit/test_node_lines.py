@@ -61,7 +61,11 @@ def test_under_live_a_step_is_one_line_with_the_slowest_sync_and_alike_lines_sho
     for step in range(1, 11):
         for i, node in enumerate(reversed(NODES)):  # the nodes' lines in any order
             feed(node, step_line(step, 40 + 10 * i + step))
+    for i, node in enumerate(NODES):  # each node's closing line differs: the first one stands
+        feed(node, f"[trainer r0] summary: loss {3 + i / 10:.4f}, 20269 tokens/s")
     feed.flush()
+    assert shown[-1] == ("lab-0", "[trainer r0] summary: loss 3.0000, 20269 tokens/s")
+    shown.pop()
     assert [t for _, t in shown[:2]] == decision and len(shown) == 12
     cluster = shown[2:]
     assert all(label == CLUSTER for label, _ in cluster)
