@@ -222,7 +222,11 @@ def train_on_cluster(project, outputs, rdzv, run_dir, out, follow=None, verbose=
     if follow.detach:
         out.print(f"run {rdzv.run_id} started; follow it with: fatpipe logs {outputs.name} -f")
         return result
-    out.print(exit_table(result))
+    codes = list(result.exit_codes.values())
+    if codes and all(code == 0 for code in codes):  # the table only where a node says otherwise
+        out.print(f"exit status: all {len(codes)} node(s) 0")
+    else:
+        out.print(exit_table(result))
     if result.failure:
         out.print(f"[red]error[/]: {escape(result.failure)}", soft_wrap=True)  # one line, unwrapped
     if result.interrupted:
