@@ -16,13 +16,13 @@ import time
 from collections import OrderedDict
 from collections.abc import Callable
 
+PY_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ")  # Python's; its source line follows, indented
 THIRD_PARTY = re.compile(
     r"^\[?[IWEF]\d{4} \d\d:\d\d:\d\d"  # torch's C++ logging (c10d, gloo) and torchrun's agent
     r"|^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\S* \[(?:TRACE|DEBUG|INFO|WARN|ERROR)\] \["  # torchft's Rust
     r"|^\[trainer r\d+ \| "  # a library's Python logging in the trainer (trainer.nodelog)
     r"|\bNCCL (?:INFO|WARN)\b"
-    r"|^\S+\.py:\d+: \w*Warning: ")  # Python's warnings; their source line follows, indented
-PY_WARNING = re.compile(r"^\S+\.py:\d+: \w*Warning: ")
+    r"|" + PY_WARNING.pattern)
 PLUMBING = re.compile(r"^(?:lighthouse|relay): ")  # which Lighthouse serves: the node logs say
 STEP = re.compile(r"^step (\d+)(?:/\d+)? loss .*? sync (\d+) ms ")
 NODE_SUMMARY = re.compile(r"^\[trainer r\d+\] summary: ")
