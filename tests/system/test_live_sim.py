@@ -60,7 +60,9 @@ def node_steps(launch, rank: int) -> list[dict]:
 def kill_node(rank: int) -> None:
     """kill -9 of the node's torchrun agent and workers at once (its wrapper stays)."""
     ns = faults.netns_name(NAME, rank)
-    for pid in {*faults.agents(ns), *faults.workers(ns)}:
+    victims = faults.wait_for(f"node {rank}'s torchrun and workers",
+                              lambda: {*faults.agents(ns), *faults.workers(ns)}, 10)
+    for pid in victims:
         try:
             os.kill(pid, signal.SIGKILL)
         except ProcessLookupError:
@@ -74,8 +76,14 @@ def check_went_on(launch, victim: int) -> None:
     summaries = [node_summary(launch, r) for r in range(3)]
     assert len({s["param_digests"][0] for s in summaries}) == 1, summaries
     events = [m["event"] for m in summaries[0]["membership"]]
-    assert "leave" in events and "join" in events, (summaries[0]["membership"],
-                                                    launch.node_log(victim)[-3000:])
+    if "leave" not in events:
+        # Back before the others' next quorum left it out (a loaded machine slows their
+        # failed exchange more than its restart): no step went without it, and it was sent
+        # the live state.
+        assert any(r.get("healed") for r in node_steps(launch, victim)), (
+            summaries[0]["membership"], launch.node_log(victim)[-3000:])
+        return
+    assert "join" in events, (summaries[0]["membership"], launch.node_log(victim)[-3000:])
     leave = next(m for m in summaries[0]["membership"] if m["event"] == "leave")
     assert leave["seconds_lost"] < 10, summaries[0]["membership"]
 

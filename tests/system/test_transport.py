@@ -45,7 +45,7 @@ def test_ssh_command_line(tmp_path, monkeypatch):
         "nodes": [{"name": "c-0", "public_ip": "54.1.2.3", "private_ip": "10.42.0.10", "transport": "ssh",
                    "ssh_port": 2222},
                   {"name": "c-1", "private_ip": "10.42.0.11", "transport": "netns", "netns": "fp-c-1"},
-                  {"name": "c-2", "private_ip": "127.42.0.12", "transport": "local"}],
+                  {"name": "c-2", "private_ip": "10.42.0.12", "transport": "local"}],
     })
     ssh, netns, local = transports_for(outputs, tmp_path / "state")
     assert isinstance(ssh, SshTransport) and isinstance(netns, NetnsTransport)
