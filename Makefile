@@ -85,25 +85,24 @@ lint: install
 
 # Everything: lint, the unit tests (seconds, no real processes) and the system tests (real
 # terraform, namespaces, sshd, torchrun; minutes).
-# Two lanes side by side, so the suite fits CI's time on 2 cores: the VMs, the unit tests, the
-# terraform-bound tests (CPU work, no timing) and a few sim tests that even the lanes out in one;
-# the rest of the sim nodes, sshd and torchrun in the other. Not three: the emulated VMs, terraform
-# and the timed sim tests all want the CPU, and three lanes on 2 cores ran longer than two (83
-# against 72 minutes) and starved a VM's boot and a link check. The VMs and terraform stay in
-# the same lane, one after the other, for the same reason.
+# Two lanes side by side, so the suite fits CI's time on 2 cores. Not three: the emulated VMs,
+# terraform and the timed sim tests all want the CPU, and three lanes on 2 cores ran longer than two
+# (83 against 72 minutes) and starved a VM's boot and a link check. The lanes are dealt by a rule
+# (tests/lanes.py): the unit tests as one item and each system module, with their seconds measured
+# in tests/durations.json, longest first onto the lane with less so far; a module the file lacks
+# counts a default. `python3 tests/lanes.py --update OUTPUT` refreshes the file from a run's junit
+# XML or its output with LANE_ARGS=--durations=0.
 # Every test file uses clusters, namespaces and networks of its own, so the lanes never meet. The
 # first lane's output is printed once the second has ended; either lane failing fails the run.
-LANE_ONE ?= tests/unit tests/system/test_vm.py tests/system/test_aws_emulator.py \
-	tests/system/test_terraform_aws.py tests/system/test_deploy_replace.py tests/system/test_stacks.py \
-	tests/system/test_synth.py tests/system/test_toolkits.py tests/system/test_cloud_init_schema.py \
-	tests/system/test_digitalocean_strings.py tests/system/test_host_keys.py \
-	tests/system/test_doc_commands.py tests/system/test_round_trips.py tests/system/test_follow_ssh.py \
-	tests/system/test_script_end.py tests/system/test_live_trainer.py tests/system/test_regions_sim.py
-LANE_TWO ?= tests/system $(foreach f,$(filter tests/system/%,$(LANE_ONE)),--ignore=$(f))
+LANE_ONE ?= $(shell $(PYTHON) tests/lanes.py 1)
+LANE_TWO ?= $(shell $(PYTHON) tests/lanes.py 2)
+LANE_ARGS ?=
 test: system-packages install install-cdktn cdktf-cli cdktn-cli checkov lint
-	@one=$$(mktemp); trap 'kill $$pid 2>/dev/null; rm -f $$one' EXIT; trap 'exit 130' INT TERM; \
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -p no:cacheprovider $(LANE_ONE) > $$one 2>&1 & pid=$$!; \
-	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest $(LANE_TWO); two=$$?; \
+	@if [ -z '$(strip $(LANE_ONE))' ] || [ -z '$(strip $(LANE_TWO))' ]; then \
+		echo "error: tests/lanes.py named no lanes (tests/durations.json unreadable?)"; exit 2; fi; \
+	one=$$(mktemp); trap 'kill $$pid 2>/dev/null; rm -f $$one' EXIT; trap 'exit 130' INT TERM; \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest -p no:cacheprovider $(LANE_ARGS) $(LANE_ONE) > $$one 2>&1 & pid=$$!; \
+	PATH="$(CURDIR)/$(BIN):$$PATH" $(BIN)/pytest $(LANE_ARGS) $(LANE_TWO); two=$$?; \
 	wait $$pid; first=$$?; echo "===== lane one: $(LANE_ONE)"; cat $$one; \
 	echo "===== lane one exit $$first, lane two exit $$two"; [ $$first = 0 ] && [ $$two = 0 ]
 

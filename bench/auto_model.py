@@ -34,7 +34,7 @@ def cli(folder: Path, *args: str, timeout: float = 900) -> subprocess.CompletedP
 
 
 def reshape_all(nodes: int, mbit: float) -> None:
-    from fatpipe.stacks.simnet import reshape_node
+    from fatpipe.stacks.sim.net import reshape_node
 
     for i in range(nodes):
         reshape_node(NAME, i, mbit / 1000)

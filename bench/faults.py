@@ -45,7 +45,7 @@ from seed_table import GLOBAL_BATCH_TOKENS, TARGETS, calibrate, host  # noqa: E4
 
 CLUSTER, CIDR, NODES = "fl-bench", "10.86.0.0/24", 4
 CGROUP = Path("/sys/fs/cgroup/cpu")
-NODE_IFACE = "eth0"  # the node's end of its veth (fatpipe.stacks.simlinks)
+NODE_IFACE = "eth0"  # the node's end of its veth (fatpipe.stacks.sim.links)
 
 
 def main() -> int:
@@ -84,7 +84,7 @@ def main() -> int:
     runs, schedule = [], []
     quotas = NodeQuotas()
     try:
-        deploy_cluster(project, CLUSTER)
+        deploy_cluster(project, project.cluster(CLUSTER))
         # The fault-free run's steps take about --duration; the faulted runs take the same
         # steps, with the faults on a schedule inside that time.
         probe = run_one(root, "probe", [*train, "--steps", "40", "--fault-tolerance", "live"], [], args)
@@ -106,7 +106,7 @@ def main() -> int:
                                                   "--fault-tolerance", mode], flaps, args))
     finally:
         quotas.stop()
-        destroy_cluster(project, CLUSTER)
+        destroy_cluster(project, project.cluster(CLUSTER))
         shutil.rmtree(root, ignore_errors=True)
     table = compare(runs, args)
     doc = {"bench": "faults", "host": host(), "link_gbps": rate, "compute_s": compute_s,

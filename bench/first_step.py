@@ -51,7 +51,8 @@ CLI = [sys.executable, "-m", "fatpipe.cli"]
 
 def cli_env() -> dict[str, str]:
     """The CLI as a user runs it: the [node] table, not this shell's torch overrides, says what nodes get."""
-    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1", "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {**os.environ, "COLUMNS": "200", "NO_COLOR": "1",
+           "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     for name in ("FATPIPE_TORCH", "FATPIPE_TORCH_INDEX_URL", "FATPIPE_CONFIG"):
         env.pop(name, None)
     return env

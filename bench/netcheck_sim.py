@@ -48,9 +48,10 @@ def main() -> int:
         return 0
 
     from fatpipe.infra.project import load_project
-    from fatpipe.ops.net.netcheck import NetcheckFailed, NetcheckOptions, run_netcheck
+    from fatpipe.ops.net.check import NetcheckFailed, NetcheckOptions, run_netcheck
+    from fatpipe.ops.reach.cluster import Cluster
     from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
-    from fatpipe.stacks.simnet import reshape_node
+    from fatpipe.stacks.sim.net import reshape_node
 
     out_dir = Path(args.out)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -65,14 +66,15 @@ def main() -> int:
     def measure(quick: bool) -> None:
         load = os.getloadavg()[0]
         started = time.monotonic()
-        doc = run_netcheck(project, outputs, options=NetcheckOptions(enforce=False, quick=quick))
+        doc = run_netcheck(Cluster.resolve(project, cluster, outputs),
+                           options=NetcheckOptions(enforce=False, quick=quick))
         (quick_runs if quick else runs).append(
             {"load_before": load, "elapsed_s": time.monotonic() - started, "doc": doc})
         print(f"{'quick' if quick else 'full '} netcheck: {time.monotonic() - started:5.1f} s, "
               f"busbw {doc['busbw_gbps']:.3f} Gbit/s at {doc['busbw_size'] >> 20} MiB", flush=True)
 
     try:
-        outputs = deploy_cluster(project, cluster)
+        outputs = deploy_cluster(project, project.cluster(cluster))
         for i in range(args.repeat):
             for quick in ((False, True) if i % 2 == 0 else (True, False)):
                 measure(quick)
@@ -81,14 +83,14 @@ def main() -> int:
         reshape_node(cluster, args.nodes // 2, args.slow_fraction * outputs.tier_gbps)
         started = time.monotonic()
         try:
-            run_netcheck(project, outputs, options=NetcheckOptions(quick=True))
+            run_netcheck(Cluster.resolve(project, cluster, outputs), options=NetcheckOptions(quick=True))
             slow = {"node": slow_node, "named": False, "reasons": []}
         except NetcheckFailed as e:
             slow = {"node": slow_node, "named": f"node {slow_node}:" in str(e),
                     "reasons": e.doc["gate"]["reasons"], "elapsed_s": time.monotonic() - started,
                     "p2p": {p["client"]: p["best_gbps"] for p in e.doc["p2p"]["pairs"]}}
     finally:
-        destroy_cluster(project, cluster)
+        destroy_cluster(project, project.cluster(cluster))
         shutil.rmtree(root, ignore_errors=True)
 
     report = summarize(runs, slow, outputs.tier_gbps) | {"quick_vs_full": compare(runs, quick_runs)}
@@ -115,7 +117,8 @@ def compare(full: list[dict], quick: list[dict]) -> dict:
     return {"median": med, "busbw_ratio": busbw_ratio, "time_ratio": time_ratio,
             "busbw_goal_met": busbw_met, "time_goal_met": time_met,
             "full_s": [r["elapsed_s"] for r in full], "quick_s": [r["elapsed_s"] for r in quick],
-            "full_busbw": [r["doc"]["busbw_gbps"] for r in full], "quick_busbw": [r["doc"]["busbw_gbps"] for r in quick]}
+            "full_busbw": [r["doc"]["busbw_gbps"] for r in full],
+            "quick_busbw": [r["doc"]["busbw_gbps"] for r in quick]}
 
 
 def summarize(runs: list[dict], slow: dict, tier: float) -> dict:

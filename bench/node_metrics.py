@@ -130,7 +130,8 @@ def main() -> int:
         "host": {"cpus": os.cpu_count(), "platform": platform.platform(), "python": sys.version.split()[0],
                  "torch": torch.__version__},
         "steps": args.steps, "every": args.every, "nodes": 4, "tier": "1g",
-        "step_s_p50_on": on, "step_s_p50_off": off, "ratio": ratio, "pair_ratios": pair_ratios, "in_process_share": share, "runs": runs,
+        "step_s_p50_on": on, "step_s_p50_off": off, "ratio": ratio, "pair_ratios": pair_ratios,
+        "in_process_share": share, "runs": runs,
     }
     path = out_dir / "node_metrics.json"
     path.write_text(json.dumps(report, indent=2) + "\n")

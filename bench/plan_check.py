@@ -89,7 +89,7 @@ def write(doc: dict, out: Path) -> int:
 def sim_traffic(seq_len: int):
     """The sim model's exact size and PowerSGD wire bytes, as `ops.plan.plan` counts a preset's."""
     from fatpipe.ops.plan.plan import _DEFAULTS, ModelTraffic
-    from fatpipe.trainer.comm.autocomm import powersgd_wire_elements
+    from fatpipe.trainer.comm.costmodel import powersgd_wire_elements
     from fatpipe.trainer.model import GPT, preset_config
 
     shapes = [t.shape for t in GPT(preset_config("tiny", seq_len)).parameters()]
@@ -114,7 +114,7 @@ def predict_sim(args, nodes: int, tier: str, rate_gbps: float, compute_s: float,
     from fatpipe.infra.catalog import MachineType
     from fatpipe.infra.jobmodel import REFERENCE_PARAMS, Accelerator, Job
     from fatpipe.ops.plan.plan import Candidate, predict
-    from fatpipe.trainer.comm.autocomm import LinkEstimate
+    from fatpipe.trainer.comm.decision import LinkEstimate
 
     traffic = sim_traffic(args.seq_len)
     per_rank = args.batch_size * args.seq_len
@@ -133,7 +133,7 @@ def check(root: Path, args, train: list[str], nodes: int, tier: str) -> dict:
     """Deploy a `nodes`-node sim at the scaled `tier`, run comm=auto on it, destroy it."""
     from fatpipe.infra.project import load_project
     from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
-    from fatpipe.stacks.simnet import reshape_node
+    from fatpipe.stacks.sim.net import reshape_node
 
     compute_s = calibrate(root, train, nodes)
     rate = scaled_rate(args, nodes, tier, compute_s, sim_traffic(args.seq_len).params)
@@ -146,11 +146,11 @@ def check(root: Path, args, train: list[str], nodes: int, tier: str) -> dict:
         f'rdzv_port = {PORT_BASE + nodes}\nlink_gbps = {rate:.6f}\n')
     project = load_project(folder / "fatpipe.toml")
     try:
-        deploy_cluster(project, name)
+        deploy_cluster(project, project.cluster(name))
         run = run_config(folder, f"{nodes} nodes {tier} auto", tier, {tier: rate},
                          train + ["--comm", "auto"], reshape_node, name, nodes)
     finally:
-        destroy_cluster(project, name)
+        destroy_cluster(project, project.cluster(name))
     kept = ("step", "step_s", "exposed_comm_s", "sync_s", "wire_bytes", "busbw_gbps", "comm")
     raw = {"nodes": nodes, "tier": tier, "sim_rate_gbps": rate, "calibrated_compute_s": compute_s,
            "method": run["comm"], "decision": run["decision"],

@@ -82,7 +82,7 @@ def main() -> int:
     project = load_project(root / "fatpipe.toml")
     rows: list[dict] = []
     try:
-        deploy_cluster(project, CLUSTER)
+        deploy_cluster(project, project.cluster(CLUSTER))
         plan = [("all 10g flat none", intra, ["--comm", "none", "--cross-comm", "flat"])]
         for name, gbps in CROSS.items():
             plan += [(f"{name} flat none", gbps * scale, ["--comm", "none", "--cross-comm", "flat"]),
@@ -92,7 +92,7 @@ def main() -> int:
             if not args.only or label in args.only:
                 rows.append(run_row(root, label, rate, train + extra, compute_s, intra))
     finally:
-        destroy_cluster(project, CLUSTER)
+        destroy_cluster(project, project.cluster(CLUSTER))
         shutil.rmtree(root, ignore_errors=True)
     verdicts = judge(rows) if not args.only else []
     doc = {"bench": "regions", "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
@@ -111,8 +111,8 @@ def run_row(root: Path, label: str, cross_gbps: float, train: list[str], compute
     """One launch with the link between regions at `cross_gbps`; what crossed, by the counters."""
     from fatpipe.ops.plan.plan import model_traffic
     from fatpipe.ops.plan.regionplan import predict_measured
-    from fatpipe.stacks.simnet import cluster_digest
-    from fatpipe.stacks.simregions import crossed_bytes, reshape_cross_region
+    from fatpipe.stacks.sim.net import cluster_digest
+    from fatpipe.stacks.sim.regions import crossed_bytes, reshape_cross_region
 
     digest = cluster_digest(CLUSTER)
     reshape_cross_region(digest, REGIONS, cross_gbps)
@@ -161,7 +161,8 @@ def judge(rows: list[dict]) -> list[str]:
     for row in rows:
         off = row["predicted_step_s"] / row["step_s"] - 1
         lines.append(f"{row['label']}: plan's step {row['predicted_step_s'] * 1e3:.0f} ms vs measured "
-                     f"{row['step_s'] * 1e3:.0f} ms ({off:+.0%}; {'met' if abs(off) <= GOALS['plan_within'] else 'missed'})")
+                     f"{row['step_s'] * 1e3:.0f} ms "
+                     f"({off:+.0%}; {'met' if abs(off) <= GOALS['plan_within'] else 'missed'})")
     for line in lines:
         print(line)
     return lines

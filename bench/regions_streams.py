@@ -81,11 +81,11 @@ def main() -> int:
         f'private_cidr = "{CIDR}"\nregions = 2\ncross_region_gbps = {CROSS}\ncross_region_flow_gbps = {FLOW}\n')
     project = load_project(root / "fatpipe.toml")
     try:
-        deploy_cluster(project, CLUSTER)
+        deploy_cluster(project, project.cluster(CLUSTER))
         one = exchange_seconds(1, args.mb, args.iters)
         many = exchange_seconds(args.streams, args.mb, args.iters)
     finally:
-        destroy_cluster(project, CLUSTER)
+        destroy_cluster(project, project.cluster(CLUSTER))
         shutil.rmtree(root, ignore_errors=True)
     ratio = one["seconds"] / many["seconds"]
     print(f"exchange of {args.mb}M values between 2 regions (link {CROSS} Gbit/s, {FLOW} per flow): "

@@ -32,7 +32,8 @@ sys.path.insert(0, str(BENCH.parent / "tests"))  # the counting ssh the round-tr
 import countingssh  # noqa: E402
 
 OCTETS = {2: 232, 4: 233}
-JOB = "import pathlib, time\npathlib.Path('out').mkdir(exist_ok=True)\npathlib.Path('out/r.txt').write_text('x')\ntime.sleep(120)\n"
+JOB = ("import pathlib, time\npathlib.Path('out').mkdir(exist_ok=True)\npathlib.Path('out/r.txt').write_text('x')\n"
+       "time.sleep(120)\n")
 
 
 def toml(name: str, nodes: int, octet: int) -> str:

@@ -77,9 +77,9 @@ def main() -> int:
         return 0
     from fatpipe.infra.project import load_project
     from fatpipe.stacks.engine import deploy_cluster, destroy_cluster
-    from fatpipe.stacks.simnet import reshape_node
+    from fatpipe.stacks.sim.net import reshape_node
     from fatpipe.trainer.bandwidth import bus_factor
-    from fatpipe.trainer.comm.autocomm import powersgd_wire_elements
+    from fatpipe.trainer.comm.costmodel import powersgd_wire_elements
     from fatpipe.trainer.model import GPT, preset_config
 
     shapes = {preset: [t.shape for t in GPT(preset_config(preset, args.seq_len)).parameters()]
@@ -126,7 +126,7 @@ def main() -> int:
     project = load_project(root / "fatpipe.toml")
     results: list[dict] = []
     try:
-        deploy_cluster(project, CLUSTER)
+        deploy_cluster(project, project.cluster(CLUSTER))
         plan = [("10g none", "10g", ["--comm", "none"]), ("1g none", "1g", ["--comm", "none"]),
                 ("1g auto", "1g", ["--comm", "auto", "--auto-periodic"]),
                 ("1g powersgd", "1g", ["--comm", "powersgd"])]
@@ -136,7 +136,7 @@ def main() -> int:
         results.append(run_config(root, f"1g {method} H={h}", "1g", rates,
                                   train + ["--comm", method, "--sync-every", str(h)], reshape_node))
     finally:
-        destroy_cluster(project, CLUSTER)
+        destroy_cluster(project, project.cluster(CLUSTER))
         shutil.rmtree(root, ignore_errors=True)
     doc = {"bench": "seed_table",
            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

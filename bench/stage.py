@@ -132,7 +132,7 @@ def star(root: Path, outputs_file: Path, source: Path) -> float:
     """The anchor's way: one rsync over ssh per node from the operator, all at once."""
     from fatpipe.infra.project import load_project
     from fatpipe.infra.runs import load_outputs
-    from fatpipe.ops.data.datacheck import node_workdir
+    from fatpipe.ops.data.check import node_workdir
     from fatpipe.ops.reach.transport import fan_out, transports_for
 
     project = load_project(root / "fatpipe.toml")
@@ -156,8 +156,9 @@ def warm_operator_hashes(root: Path) -> None:
     """The manifest and the operator's hash cache, as a first push leaves them: pushes time the staging."""
     from fatpipe.infra.project import load_project
     from fatpipe.ops.data.stage import make_manifest
+    from fatpipe.ops.reach.cluster import Cluster
 
-    make_manifest(load_project(root / "fatpipe.toml"), CLUSTER)
+    make_manifest(Cluster.resolve(load_project(root / "fatpipe.toml"), CLUSTER))
 
 
 def clear_nodes(node_dirs: list[Path]) -> None:
@@ -215,8 +216,8 @@ def main() -> int:
     if os.geteuid() != 0 or not shutil.which("terraform") or not shutil.which("rsync"):
         print("needs root (network namespaces, tc), terraform and rsync on PATH")
         return 0
-    from fatpipe.stacks.simlinks import run, tbf_args
-    from fatpipe.stacks.simnet import link_names
+    from fatpipe.stacks.sim.links import run, tbf_args
+    from fatpipe.stacks.sim.net import link_names
 
     root = Path(tempfile.mkdtemp(prefix="fatpipe-stage-bench-"))
     os.environ.setdefault("FATPIPE_SSH_CONTROL_DIR", tempfile.mkdtemp(prefix="fp-cm-sb-"))
@@ -245,8 +246,9 @@ def main() -> int:
                 write_report(Path(args.out), args, rows, [])
                 print(f"{size:>5} MiB {n} nodes: push {r['push_s']:6.1f} s (uplink {r['uplink_s']} s), again "
                       f"{r['repush_s']:4.1f} s ({r['repush_ssh_per_node']:g} ssh/node), status {r['status_s']:4.1f} s "
-                      f"({r['status_ssh_per_node']:g} ssh/node), star {r['star_s']:6.1f} s, ratio {r['star_s'] / r['push_s']:.2f}, "
-                      f"node memory {r['peak_node_anon_mb']:.0f} MB private, {r['peak_node_rss_mb']:.0f} MB resident (one process {r['peak_process_hwm_mb']:.0f} "
+                      f"({r['status_ssh_per_node']:g} ssh/node), star {r['star_s']:6.1f} s, "
+                      f"ratio {r['star_s'] / r['push_s']:.2f}, node memory {r['peak_node_anon_mb']:.0f} MB private, "
+                      f"{r['peak_node_rss_mb']:.0f} MB resident (one process {r['peak_process_hwm_mb']:.0f} "
                       f"MB, {r['peak_process']}), load {os.getloadavg()[0]:.1f}", flush=True)
     finally:
         signal.signal(signal.SIGINT, signal.SIG_IGN)  # a second Ctrl-C must not leave the cluster up

@@ -66,7 +66,8 @@ app.synth()
 FATPIPE = """
 from fatpipe.infra.project import load_project
 from fatpipe.stacks.app import synth
-synth(load_project({config!r}), [{name!r}], outdir={outdir!r})
+project = load_project({config!r})
+synth(project, [project.cluster({name!r})], outdir={outdir!r})
 """
 
 PROJECT = """

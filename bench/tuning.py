@@ -171,19 +171,21 @@ def goals(rows: list[dict], rate_mbit: float) -> list[str]:
         if row["rtt_ms"] >= 50:
             met = iperf["sized"] >= 0.9 * link and iperf["default"] < 0.9 * link
             said.append(f"RTT {row['rtt_ms']:g} ms: sized carries {iperf['sized'] / link:.2f} of the {link:g} Gbit/s "
-                        f"link, default {iperf['default'] / link:.2f} (sized/default {iperf['sized'] / iperf['default']:.2f}): "
+                        f"link, default {iperf['default'] / link:.2f} "
+                        f"(sized/default {iperf['sized'] / iperf['default']:.2f}): "
                         f"{'met' if met else 'NOT met'}")
         if row["rtt_ms"] == 0:  # sized == tier at 0 ms: their difference is the run's noise
             noise = abs(iperf["sized"] / iperf["tier"] - 1)
             cost = 1 - iperf["tier"] / iperf["default"]
             said.append(f"RTT 0 ms: tier/default {iperf['tier'] / iperf['default']:.3f} (same profile twice differs by "
-                        f"{noise:.3f}): {'costs nothing within noise' if cost <= max(noise, 0.03) else 'NOT within noise'}")
+                        f"{noise:.3f}): "
+                        f"{'costs nothing within noise' if cost <= max(noise, 0.03) else 'NOT within noise'}")
     return said
 
 
 def leftovers(folder: Path) -> list[str]:
     from fatpipe.infra.project import project_id_at
-    from fatpipe.stacks.vmnode import vm_names
+    from fatpipe.stacks.vm.node import vm_names
 
     names = vm_names(project_id_at(folder, create=False), CLUSTER, 0)
     found = [f"link {link}" for link in os.listdir("/sys/class/net")
@@ -205,7 +207,7 @@ def fatpipe(folder: Path, control: str, *args: str, timeout: float = 2400) -> No
 def run_bench(folder: Path, control: str, args) -> list[dict]:
     from fatpipe.infra.project import load_project
     from fatpipe.infra.tiers import sysctl_mismatches, tier_profile
-    from fatpipe.stacks.vmseed import KERNEL_SYSCTLS
+    from fatpipe.stacks.vm.seed import KERNEL_SYSCTLS
 
     cluster = load_project(folder / "fatpipe.toml").clusters[CLUSTER]
     fatpipe(folder, control, "deploy", CLUSTER)

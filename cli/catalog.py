@@ -1,10 +1,18 @@
-"""`fatpipe catalog PROVIDER`: the machine catalog in use; refresh it from the provider's API (EC2, DigitalOcean sizes)."""
+"""`fatpipe catalog PROVIDER`: the machine catalog in use; refresh it from the provider's API (EC2,
+DigitalOcean sizes)."""
 
 from __future__ import annotations
 
 import os
 
 import click
+from rich import box
+from rich.table import Table
+
+from fatpipe.infra.catalog import load_catalog
+from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.spec import TIER_GBPS
+from fatpipe.stacks.providers import provider_for
 
 from .options import console, pass_project
 
@@ -25,10 +33,6 @@ def catalog(project, provider: str, region: str | None, types: str, families: st
     DIGITALOCEAN_TOKEN is set (into digitalocean.json, or digitalocean-R.json with --region).
     A refreshed catalog takes precedence; the lines it prints say what changed.
     """
-    from fatpipe.infra.catalog import load_catalog
-    from fatpipe.infra.spec import TIER_GBPS
-    from fatpipe.stacks.providers import provider_for
-
     out = console()
     wanted = _names(types), _names(families)
     if _should_refresh(provider, region, offline, any(wanted)):
@@ -47,24 +51,17 @@ def _names(text: str) -> tuple[str, ...]:
 
 
 def _should_refresh(provider: str, region: str | None, offline: bool, filtered: bool) -> bool:
-    """AWS refreshes for a named region; DigitalOcean whenever its token is in the environment."""
+    """Whether to refresh from the provider's API first: the provider says when (AWS for a named
+    region, DigitalOcean whenever its token is in the environment)."""
     if offline:
         return False
-    if provider == "aws":
-        if filtered and not region:
-            raise click.UsageError("--types/--families refresh a region's catalog: add --region")
-        return bool(region)
-    from fatpipe.stacks.providers.digitalocean_api import TOKEN_ENVS
-
-    if filtered and not any(os.environ.get(name) for name in TOKEN_ENVS):
-        raise click.UsageError("--types/--families refresh from the sizes API: set DIGITALOCEAN_TOKEN")
-    return any(os.environ.get(name) for name in TOKEN_ENVS)
+    try:
+        return provider_for(provider).refresh_wanted(region, filtered)
+    except ConfigError as e:
+        raise click.UsageError(str(e)) from None
 
 
 def _table(found, tiers: dict[str, int], top: int):
-    from rich import box
-    from rich.table import Table
-
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column, justify in [("tier", "left"), ("type", "left"), ("Gbit/s", "right"),
                             ("burst", "right"), ("vCPU", "right"), ("GiB", "right"),

@@ -6,6 +6,12 @@ import json
 
 import click
 from rich.markup import escape
+from rich.table import Table
+
+from fatpipe.infra.firewall import member_sources, run_ports, trust_summary, trusted_sources
+from fatpipe.infra.nodespec import cluster_node
+from fatpipe.infra.project import train_warnings
+from fatpipe.stacks.toolkit import report
 
 from .options import cluster_argument, console, pass_project
 
@@ -17,9 +23,6 @@ from .options import cluster_argument, console, pass_project
 def config(project, cluster: str | None, as_json: bool):
     """Show the resolved cluster and train settings (all clusters when none is named), and what
     looks valid but surely is not meant."""
-    from fatpipe.infra.project import train_warnings
-    from fatpipe.stacks.toolkit import report
-
     toolkit = report()  # from package metadata: nothing is imported
     clusters = [project.cluster(cluster)] if cluster else list(project.clusters.values())
     resolved = {c.name: _resolved(project, c) for c in clusters}
@@ -46,9 +49,6 @@ def config(project, cluster: str | None, as_json: bool):
 
 def _resolved(project, cluster) -> dict:
     """The cluster's settings, with `node` the environment its nodes get: [node] and its own keys."""
-    from fatpipe.infra.firewall import member_sources, run_ports, trust_summary, trusted_sources
-    from fatpipe.infra.nodespec import cluster_node
-
     resolved = cluster.model_dump(mode="json")
     summary = trust_summary(cluster)
     if summary:  # what the host firewall lets in (docs/ARCHITECTURE.md, "The node firewall")
@@ -58,8 +58,6 @@ def _resolved(project, cluster) -> dict:
 
 
 def _table(title: str, values: dict):
-    from rich.table import Table
-
     table = Table(title=title, title_justify="left", show_header=False)
     table.add_column("key", style="bold")
     table.add_column("value")

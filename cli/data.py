@@ -13,14 +13,23 @@ import time
 
 import click
 from rich.markup import escape
+from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
+
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.runs import load_outputs
+from fatpipe.ops.data.check import check_data, declared_data, read_local_manifest
+from fatpipe.ops.data.stage import push_data
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.run.guard import refuse_if_running
+from fatpipe.trainer.staging.tidy import describe_removed
 
 from .options import (
     cluster_argument,
     console,
     force_option,
-    given,
     outputs_option,
     pass_project,
+    pass_request,
     remote_python_option,
 )
 from .render import note
@@ -29,7 +38,8 @@ from .signals import changing
 # name -> ("module:attribute", one-line help): add a data subcommand here.
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prepare": ("fatpipe.cli.dataprep:prepare", "Text into token shards the trainer reads (llm.c format)."),
-    "push": ("fatpipe.cli.data:push", "Stage [data] on every node: once over the uplink, then node to node (a remote source: each node fetches it)."),
+    "push": ("fatpipe.cli.data:push", "Stage [data] on every node: once over the uplink, then node to node "
+                                      "(a remote source: each node fetches it)."),
     "verify": ("fatpipe.cli.data:verify", "Check every node's data against the manifest."),
 }
 
@@ -61,23 +71,20 @@ def data():
 @remote_python_option
 @force_option
 @pass_project
-def push(project, cluster, outputs_file, remote_python):
+@pass_request
+def push(project, request, cluster, outputs_file, remote_python):
     """Copy [data] to node 0 once (rsync, resumable), then node to node in a chain; skip what is there.
 
     An s3:// or https:// source is fetched by every node itself, in parallel, resumable."""
-    from fatpipe.infra.runs import load_outputs
-    from fatpipe.ops.run.runguard import refuse_if_running
-
-    name = project.cluster(cluster).name
-    outputs = load_outputs(project, name, outputs_file)
-    out = console()
+    cluster = Cluster.resolve(project, cluster)
+    name = cluster.name
+    cluster = cluster.deployed(load_outputs(project, name, outputs_file))
+    outputs, out = cluster.outputs, console()
     with changing(project, name, "data push"):
         # A run reads this data: nothing changes under it, nor under one a node out of reach may run.
-        if going := refuse_if_running(project, name, force=given("force"), outputs=outputs):
+        if going := refuse_if_running(cluster, force=request.force):
             out.print(going, markup=False, highlight=False, soft_wrap=True)
-        result = stage_with_progress(project, outputs, remote_python, out)
-    from fatpipe.trainer.staging.tidy import describe_removed
-
+        result = stage_with_progress(cluster, remote_python, out)
     for node, names in result.removed.items():
         out.print(f"{node}: {describe_removed(result.manifest, names)}", markup=False, highlight=False)
     if result.fetched is not None:
@@ -92,13 +99,9 @@ def push(project, cluster, outputs_file, remote_python):
               f"{result.manifest['total_bytes']} bytes, {uplink}, {fanout} ({result.elapsed_s:.1f} s)")
 
 
-def stage_with_progress(project, outputs, remote_python, out):
+def stage_with_progress(cluster, remote_python, out):
     """Run the push with a progress bar for the fan-out: bytes, rate per link against the tier, ETA."""
-    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn
-
-    from fatpipe.infra.dataspec import cluster_data
-    from fatpipe.ops.data.stage import push_data
-
+    outputs = cluster.outputs
     columns = [TextColumn("{task.description}"), BarColumn(), DownloadColumn(),
                TextColumn("{task.fields[rate]}"), TimeRemainingColumn()]
     with Progress(*columns, console=out, transient=True) as bar:
@@ -123,9 +126,9 @@ def stage_with_progress(project, outputs, remote_python, out):
             rate = f"{fetched * 8 / elapsed / 1e6:.1f} Mbit/s" if elapsed > 0 else ""
             bar.update(line, completed=held, total=total or None, rate=rate)
 
-        if getattr(cluster_data(project.spec, outputs.name), "remote", False):  # none: push_data says so
+        if getattr(cluster.data, "remote", False):  # none: push_data says so
             bar.remove_task(task)
-        return push_data(project, outputs, remote_python=remote_python, log=note(out), progress=progress,
+        return push_data(cluster.logging(note(out)), remote_python=remote_python, progress=progress,
                          node_progress=node_progress)
 
 
@@ -136,18 +139,15 @@ def stage_with_progress(project, outputs, remote_python, out):
 @pass_project
 def verify(project, cluster, outputs_file, remote_python):
     """Every node reads and hashes all it holds against the manifest; exit 1 naming each node and file that differ."""
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.infra.runs import load_outputs
-    from fatpipe.ops.data.datacheck import check_data, declared_data, read_local_manifest
-
-    name = project.cluster(cluster).name
-    declared_data(project, name)
-    outputs = load_outputs(project, name, outputs_file)
+    cluster = Cluster.resolve(project, cluster)
+    name = cluster.name
+    declared_data(cluster)
+    cluster = cluster.deployed(load_outputs(project, name, outputs_file))
     manifest = read_local_manifest(project, name)
     if manifest is None:
         raise FatpipeError(f"nothing staged on cluster {name} yet: run `fatpipe data push {name}`")
     out = console()
-    verdicts = check_data(project, outputs, manifest, remote_python, rehash=True)  # no trust in the caches
+    verdicts = check_data(cluster, manifest, remote_python, rehash=True)  # no trust in the caches
     for v in verdicts:
         if v.problem:
             out.print(f"[red]{v.node}[/]: {escape(v.problem)}", markup=True, highlight=False)

@@ -6,6 +6,9 @@ from pathlib import Path
 
 import click
 
+from fatpipe.ops.data.prepare import SHARD_TOKENS, load_tokenizer
+from fatpipe.ops.data.prepare import prepare as prepare_shards
+
 from .options import console
 
 
@@ -23,9 +26,6 @@ from .options import console
 def prepare(src: Path, tokenizer_spec: str, out: Path, val_share: float,
             shard_tokens: int | None):
     """Tokenize a text file or a folder of text files into shards `[train] data` can name."""
-    from fatpipe.ops.data.dataprep import SHARD_TOKENS, load_tokenizer
-    from fatpipe.ops.data.dataprep import prepare as prepare_shards
-
     tokenizer = load_tokenizer(tokenizer_spec)
     done = prepare_shards(src, tokenizer, out, val_share, shard_tokens or SHARD_TOKENS)
     console().print(f"{done.folder}: {done.tokens:,} tokens in {len(done.files)} shard(s), "

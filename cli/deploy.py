@@ -4,19 +4,25 @@ from __future__ import annotations
 
 import click
 
+from fatpipe.infra.runs import outputs_file
+from fatpipe.ops.env.preflight import wheel_preflight
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.run.guard import refuse_if_running
+from fatpipe.stacks.providers import provider_for
+
+from .deploying import deploy_outputs
 from .options import (
     cluster_argument,
     console,
     engine_option,
     force_option,
-    given,
     pass_project,
+    pass_request,
     replace_option,
     verbose_option,
     yes_option,
 )
 from .signals import changing
-from .steps import deploy_outputs
 
 
 @click.command()
@@ -27,25 +33,24 @@ from .steps import deploy_outputs
 @verbose_option
 @force_option
 @pass_project
-def deploy(project, cluster: str | None, engine: str, yes: bool, replace: bool, verbose: bool):
+@pass_request
+def deploy(project, request, cluster: str | None, engine: str, yes: bool, replace: bool, verbose: bool):
     """Create the cluster's nodes and write its outputs (the input of every later command)."""
-    from fatpipe.infra.runs import outputs_file
-    from fatpipe.ops.env.preflight import wheel_preflight
-    from fatpipe.ops.run.runguard import refuse_if_running
-
     out = console()
-    name = project.cluster(cluster).name
+    cluster = Cluster.resolve(project, cluster)
+    name = cluster.name
     with changing(project, name, "deploy"):
         # An apply may change or replace the nodes a run is on: only a live run rides that out; a
         # node out of reach may be running one (--force goes on).
-        going = refuse_if_running(project, name, live_ok=True, force=given("force"))
+        going = refuse_if_running(cluster, live_ok=True, force=request.force)
         if going:
             out.print(going, soft_wrap=True, highlight=False, markup=False)
-        wheel = wheel_preflight(project, project.cluster(name))  # before anything is paid for
-        if wheel:
-            out.print(wheel)
+        spec = cluster.spec
+        provider = provider_for(spec.provider)
+        if provider.paid:  # before anything is paid for
+            out.print(wheel_preflight(project, spec, provider.image_python(spec)))
         try:
-            outputs = deploy_outputs(project, name, engine, yes, verbose, replace)
+            outputs = deploy_outputs(cluster, engine, yes, verbose, replace)
         except KeyboardInterrupt:
             out.print(f"[yellow]interrupted[/]: the engine stopped and saved its state; `fatpipe deploy {name}` "
                       f"finishes the deployment, `fatpipe down {name}` removes what it made", soft_wrap=True)

@@ -6,9 +6,12 @@ import sys
 
 import click
 
+from fatpipe.stacks.app import OUTDIR
+from fatpipe.stacks.engine import destroy_cluster
+
+from .deploying import terraform_log
 from .options import cluster_argument, console, engine_option, pass_project, verbose_option
 from .signals import TeardownAbandoned, changing, guarded_teardown
-from .steps import terraform_log
 
 
 @click.command()
@@ -22,14 +25,13 @@ def down(project, cluster: str | None, engine: str, verbose: bool):
     Only this project's resources: a sim namespace of the same name that another project folder
     deployed is left alone and named. Ctrl-C asks before abandoning the teardown.
     """
-    from fatpipe.stacks.engine import destroy_cluster
-
     name = _known(project, cluster)
+    spec = project.cluster(name) if name in project.clusters else None  # None: no longer declared
     out = console()
     with changing(project, name, "down"):
         try:
             with guarded_teardown(out, f"the teardown of {name}"):
-                result = destroy_cluster(project, name, engine=engine, log=terraform_log(verbose))
+                result = destroy_cluster(project, spec, name, engine=engine, log=terraform_log(verbose))
         except TeardownAbandoned:
             out.print(f"[red]teardown of {name} abandoned[/]: resources may be left; run `fatpipe down {name}` again")
             sys.exit(130)
@@ -39,8 +41,6 @@ def down(project, cluster: str | None, engine: str, verbose: bool):
 def _known(project, cluster: str | None) -> str:
     """The cluster to destroy: a declared one, or one this folder still holds state of (a cluster
     since removed from the file); a typo is refused, exit 2, with the declared names."""
-    from fatpipe.stacks.app import OUTDIR
-
     if cluster is None or cluster in project.clusters:
         return project.cluster(cluster).name
     leftovers = [project.state_dir(cluster) / "terraform.tfstate", project.state_dir(cluster) / "outputs.json",

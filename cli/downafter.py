@@ -16,18 +16,15 @@ from pathlib import Path
 
 from fatpipe.infra.defaults import UP_REPORT_FILE
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.files import write_json_atomic
 from fatpipe.ops.run.detach import DETACHED
+from fatpipe.ops.run.follow import still_going
+from fatpipe.stacks.engine import destroy_cluster
 
-from .options import silence_output
+from .deploying import terraform_log
+from .ending import HEARD, interrupted_status, interrupted_word, silence_output
 from .render import escape
-from .signals import (
-    HEARD,
-    TeardownAbandoned,
-    guarded_teardown,
-    interrupted_status,
-    interrupted_word,
-)
-from .steps import terraform_log
+from .signals import TeardownAbandoned, guarded_teardown
 
 USER_ASKED = (129, 130, 143)  # SIGHUP, SIGINT, SIGTERM: a stop, when the user asked for one (HEARD.stop)
 
@@ -86,8 +83,6 @@ class DownAfter:
             return list(self.result.unknown)
         if self.launched is None:
             return []
-        from fatpipe.ops.run.follow import still_going
-
         return still_going(self.launched)
 
     def down(self, code: int) -> int:
@@ -96,10 +91,8 @@ class DownAfter:
         name = self.spec.name
         try:
             with guarded_teardown(self.out, f"the teardown of {name}"):
-                from fatpipe.stacks.engine import destroy_cluster
-
                 result = self.phases.run("down", f"destroy {name} (--down-after)", lambda: destroy_cluster(
-                    self.project, name, engine=self.flags.engine, log=terraform_log(self.flags.verbose)),
+                    self.project, self.spec, engine=self.flags.engine, log=terraform_log(self.flags.verbose)),
                     spinner=False)
         except BrokenPipeError:
             silence_output()
@@ -109,7 +102,8 @@ class DownAfter:
                      f"`fatpipe down {name}` removes them")
             return code or 130
         except Exception as e:  # noqa: BLE001 - whatever broke, the user must hear the cluster may be up
-            self.say(f"[red]destroy of {name} failed[/]: {escape(str(e))}\nresources may be left: run `fatpipe down {name}`")
+            self.say(f"[red]destroy of {name} failed[/]: {escape(str(e))}\n"
+                     f"resources may be left: run `fatpipe down {name}`")
             return code or 1
         self.phases.get("down").note = result.summary()
         self.report["teardown"] = asdict(result)
@@ -118,8 +112,6 @@ class DownAfter:
 
     def finish(self, code: int) -> None:
         """The phase table and the verdict, then the cluster left up; the report as up.json in the run folder."""
-        from fatpipe.infra.files import write_json_atomic
-
         run_dir = self.report.get("run_dir")
         if run_dir is not None and Path(run_dir).exists():
             doc = {**self.report, "run_dir": str(run_dir), "exit_code": code,

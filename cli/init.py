@@ -8,8 +8,11 @@ from pathlib import Path
 
 import click
 
+from fatpipe.infra.clusters import shares_kernel
 from fatpipe.infra.errors import ConfigError, FatpipeError
 from fatpipe.infra.files import write_atomic
+from fatpipe.infra.project import parse_project, tomllib
+from fatpipe.infra.spec import NAME_PATTERN, RESERVED_NAMES
 from fatpipe.infra.templates import TEMPLATES
 
 
@@ -34,9 +37,6 @@ def init(ctx: click.Context, provider: str, force: bool, add_name: str | None):
 
 def add_cluster(path: Path, name: str, provider: str) -> None:
     """Append the template's cluster table for `provider`, named `name`, to `path` (made when missing)."""
-    from fatpipe.infra.project import parse_project
-    from fatpipe.infra.spec import NAME_PATTERN, RESERVED_NAMES
-
     if not NAME_PATTERN.match(name) or name in RESERVED_NAMES:
         raise ConfigError(f"--add {name!r}: a cluster name is lowercase letters, digits and '-', starting "
                           f"with a letter, at most 24 characters, and not {' or '.join(RESERVED_NAMES)}")
@@ -63,7 +63,7 @@ def cluster_table(provider: str, name: str, others: dict) -> str:
     table = _table_of(TEMPLATES[provider])
     old = re.search(r"^\[clusters\.([a-z0-9-]+)\]", table, re.M).group(1)
     table = re.sub(rf"\bclusters\.{re.escape(old)}\b", f"clusters.{name}", table)
-    if provider == "sim":
+    if shares_kernel(provider):  # a sim cluster
         cidr = free_sim_cidr(others)
         table = re.sub(r"^# private_cidr = \"[^\"]*\"(.*)$",
                        f'private_cidr = "{cidr}"\\1; each sim cluster needs its own', table, flags=re.M)
@@ -74,7 +74,7 @@ def free_sim_cidr(clusters: dict) -> str:
     """10.N.0.0/24 overlapping no sim cluster's network (nor the loopback range derived from it)."""
     taken = []
     for table in clusters.values():
-        if isinstance(table, dict) and table.get("provider") == "sim":
+        if isinstance(table, dict) and shares_kernel(table.get("provider")):
             taken.append(ipaddress.IPv4Network(str(table.get("private_cidr", "10.42.0.0/24")), strict=False))
     for second in range(42, 256):
         net = ipaddress.IPv4Network(f"10.{second}.0.0/24")
@@ -92,8 +92,6 @@ def _table_of(template: str) -> str:
 
 
 def _toml(text: str, path: Path) -> dict:
-    from fatpipe.infra.project import tomllib
-
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as e:

@@ -5,10 +5,21 @@ from __future__ import annotations
 import sys
 
 import click
+from rich.markup import escape
+
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.ops.rdzv.noderun import UNFOLLOWED, run_nodes
+from fatpipe.ops.rdzv.rendezvous import read_rendezvous
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.run.end import ended_result, node_exits, read_logs, stopped_by_fatpipe
+from fatpipe.ops.run.failure import describe_failure
+from fatpipe.ops.run.follow import NodesUnreachable, follow_nodes, unfollowed_line
+from fatpipe.ops.run.headline import keep_headline
+from fatpipe.ops.run.liveleave import leave_lines
 
 from .options import cluster_argument, console, pass_project, unreachable_option
 from .render import exit_table, log_sink
-from .steps import node_gone, pull_results
+from .results import node_gone, pull_results
 
 
 @click.command()
@@ -30,14 +41,9 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
     A dropped connection is resumed where it was; a node out of reach past --unreachable-timeout
     ends the follow with exit 75 (the run goes on).
     """
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.ops.rdzv.noderun import UNFOLLOWED, run_nodes
-    from fatpipe.ops.rdzv.rendezvous import read_rendezvous
-    from fatpipe.ops.run.follow import NodesUnreachable, follow_nodes, unfollowed_line
-    from fatpipe.ops.run.liveleave import leave_lines
-
-    name = project.cluster(cluster).name
-    run_id, run_dir, every_node = run_nodes(project, name, run_id)
+    resolved = Cluster.resolve(project, cluster)
+    name = resolved.name
+    run_id, run_dir, every_node = run_nodes(resolved, run_id)
     nodes = every_node
     if node_names:
         unknown = set(node_names) - {n.name for n in nodes}
@@ -56,8 +62,6 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
                   "its logs as kept here[/]")
         follow = False
     if not follow:
-        from fatpipe.ops.run.runend import read_logs
-
         # Each ssh node's state and log in one round trip, all nodes at once.
         read = read_logs([n for n in every_node if not n.transport.shares_fs and n.name not in gone])
         for node in nodes:
@@ -88,8 +92,6 @@ def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreach
 def _log_text(node, run_dir, gone: set[str], read: dict) -> str:
     """The node's log: the copy here once it is final (or the node shares this machine's
     files, or is gone), else read from the node (`read`: its state and log, read already)."""
-    from fatpipe.infra.errors import FatpipeError
-
     local = run_dir / f"node-{node.plan.rank}.log"
     state, text = read.get(node.name, (None, None))
     if node.transport.shares_fs or node.name in gone or (local.exists() and (state or node.status()) != "running"):
@@ -108,12 +110,6 @@ def _how_it_ended(out, project, cluster: str, run_dir, nodes, gone: set[str],
     prints when it ends (the exit table after -f, the failure line) and return its exit status.
     0 while it still runs, and for a run fatpipe stopped (`status` shows it as stopped).
     `followed`: the exit codes `-f` saw, for when some other node cannot tell yet."""
-    from rich.markup import escape
-
-    from fatpipe.ops.run.failure import describe_failure
-    from fatpipe.ops.run.headline import keep_headline
-    from fatpipe.ops.run.runend import ended_result, node_exits, stopped_by_fatpipe
-
     run_id = run_dir.name
     codes = node_exits(run_dir, nodes, gone, read) or followed
     if codes is None:

@@ -9,6 +9,8 @@ import click
 
 from fatpipe.infra.errors import FatpipeError
 
+from .ending import interrupted_status, interrupted_word, silence_output
+
 # name -> ("module:attribute", one-line help). Help lives here so `fatpipe --help` imports
 # no command module (and so no torch, cdktf or provider package).
 COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --help` lists them
@@ -16,7 +18,8 @@ COMMANDS: dict[str, tuple[str, str]] = {  # in lifecycle order, as `fatpipe --he
     "init": ("fatpipe.cli.init:init", "Write a commented fatpipe.toml."),
     "config": ("fatpipe.cli.config:config", "Show the resolved cluster and train settings."),
     "synth": ("fatpipe.cli.synth:synth", "Write each cluster's Terraform JSON; show machines and $/hour."),
-    "catalog": ("fatpipe.cli.catalog:catalog", "Cheapest machine types per tier; refresh them from the provider's API."),
+    "catalog": ("fatpipe.cli.catalog:catalog",
+                "Cheapest machine types per tier; refresh them from the provider's API."),
     "plan": ("fatpipe.cli.plan:plan", "Rank machine types, tiers and node counts for a job by time or cost."),
     "deploy": ("fatpipe.cli.deploy:deploy", "Create the cluster's nodes and write its outputs."),
     "wait": ("fatpipe.cli.wait:wait", "Wait until every node is reachable, booted and tuned."),
@@ -65,13 +68,9 @@ class LazyGroup(click.Group):
             error.exit_code = e.exit_code
             raise error from None
         except KeyboardInterrupt:  # Ctrl-C, or a termination where a command takes it so: no traceback
-            from .signals import interrupted_status, interrupted_word
-
             click.echo(interrupted_word(), err=True)
             ctx.exit(interrupted_status())
         except BrokenPipeError:  # `fatpipe ... | head`: the reader has what it wanted
-            from .options import silence_output
-
             silence_output()
             ctx.exit(141)
 

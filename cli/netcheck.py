@@ -5,23 +5,26 @@ from __future__ import annotations
 import click
 
 from fatpipe.infra.defaults import P2P_TOOLS
+from fatpipe.infra.runs import load_outputs
+from fatpipe.ops.net.check import NetcheckOptions
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.run.guard import refuse_if_running
+from fatpipe.trainer.net.bench import parse_size
 
+from .netstep import netcheck_step
 from .options import (
     cluster_argument,
     console,
     force_option,
-    given,
     outputs_option,
     pass_project,
+    pass_request,
     remote_python_option,
 )
 from .signals import changing
-from .steps import netcheck_step
 
 
 def _size(ctx, param, value):
-    from fatpipe.trainer.net.netbench import parse_size
-
     if value is None:
         return None
     try:
@@ -62,12 +65,11 @@ def _size(ctx, param, value):
 @click.option("-v", "--verbose", is_flag=True, help="Stream every node's output.")
 @force_option
 @pass_project
-def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, verbose, **measure):
+@pass_request
+def netcheck(project, request, cluster, no_gate, run_dir, outputs_file, verbose, **measure):
     """Measure all-reduce busbw, node-to-node TCP and latency on every node; exit 1 below the bar."""
-    from fatpipe.infra.runs import load_outputs
-    from fatpipe.ops.net.netcheck import NetcheckOptions
-
-    options = NetcheckOptions(enforce=not no_gate, force=bool(given("force")), **measure)
+    remote_python = measure.pop("remote_python")
+    options = NetcheckOptions(enforce=not no_gate, force=request.force, **measure)
     err = console(stderr=True)
 
     def sink(node: str, line: str) -> None:
@@ -75,14 +77,13 @@ def netcheck(project, cluster, no_gate, run_dir, outputs_file, remote_python, ve
         if verbose or line.startswith(("#", " ")):
             err.print(f"{node}: {line}", style="dim", markup=False, soft_wrap=True)
 
-    name = project.cluster(cluster).name
-    outputs = load_outputs(project, name, outputs_file)
+    cluster = Cluster.resolve(project, cluster)
+    name = cluster.name
+    cluster = cluster.deployed(load_outputs(project, name, outputs_file))
     out = console()
     with changing(project, name, "netcheck"):
         if run_dir:  # without one, the measurement refuses a live run itself
-            from fatpipe.ops.run.runguard import refuse_if_running
-
             # It would share the links and the CPUs, and write into that run.
-            if going := refuse_if_running(project, name, force=options.force, outputs=outputs):
+            if going := refuse_if_running(cluster, force=options.force):
                 out.print(going, markup=False, highlight=False, soft_wrap=True)
-        netcheck_step(project, outputs, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)
+        netcheck_step(cluster, options, out, run_dir=run_dir, sink=sink, remote_python=remote_python)

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-import contextlib
 import functools
-import os
+from dataclasses import dataclass, field
 from typing import Literal, get_args, get_origin
 
 import click
+from pydantic import ValidationError
+from rich.console import Console
 from rich.markup import escape
 
 from fatpipe.infra.defaults import (
@@ -18,6 +19,8 @@ from fatpipe.infra.defaults import (
     UNREACHABLE_TIMEOUT_S,
 )
 from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.project import error_report, load_project, train_warnings
+from fatpipe.infra.trainspec import TrainSpec
 
 REMOTE_PYTHON_HELP = ("On ssh nodes, run this interpreter (an image that ships torch) instead of making "
                       "a venv. Env: FATPIPE_REMOTE_PYTHON.")
@@ -54,7 +57,7 @@ def _store_meta(ctx, param, value):
     return value
 
 
-# Read with `given(name)` rather than passed to the command: its parameters stay few.
+# Handed to the command in its `Request` (`pass_request`) rather than as parameters: they stay few.
 on_signal_option = click.option(
     "--on-signal", type=click.Choice(["detach", "stop"]), default="detach", show_default=True,
     envvar="FATPIPE_ON_SIGNAL", show_envvar=True, expose_value=False, callback=_store_meta,
@@ -66,9 +69,32 @@ force_option = click.option(
     help="Go on though a node of the cluster's latest run cannot be reached (its run may still be going there).")
 
 
-def given(name: str):
-    """The value of an option stored for the command (`on_signal`, `force`), None when it has none."""
-    return click.get_current_context().meta.get(name)
+@dataclass(frozen=True)
+class Request:
+    """What a command was asked besides its own parameters: the script and its arguments after
+    `--`, the [train] overrides, the run options (ops.rdzv.rendezvous.RunOptions' fields),
+    --on-signal and --force. `pass_request` reads it from click once; the steps take it as given."""
+
+    script: tuple[str, ...] = ()
+    overrides: dict = field(default_factory=dict)
+    run_options: dict = field(default_factory=dict)
+    on_signal: str | None = None
+    force: bool = False
+
+
+def pass_request(func):
+    """Hand the command its `Request` as `request`: the one place that reads what the options
+    stored on click's context (nothing below the command reads that context)."""
+
+    @click.pass_context
+    @functools.wraps(func)
+    def wrapper(ctx: click.Context, *args, **kwargs):
+        meta = ctx.meta
+        request = Request(tuple(meta.get("script", ())), dict(meta.get("train", {})),
+                          dict(meta.get("run_options", {})), meta.get("on_signal"), bool(meta.get("force")))
+        return ctx.invoke(func, *args, request=request, **kwargs)
+
+    return wrapper
 
 
 def pass_project(func=None, *, clusters_optional: bool = False):
@@ -82,8 +108,6 @@ def pass_project(func=None, *, clusters_optional: bool = False):
     @click.pass_context
     @functools.wraps(func)
     def wrapper(ctx: click.Context, *args, **kwargs):
-        from fatpipe.infra.project import load_project
-
         path = (ctx.find_root().obj or {}).get("config_path")
         return ctx.invoke(func, *args, project=load_project(path, clusters_optional), **kwargs)
 
@@ -91,19 +115,7 @@ def pass_project(func=None, *, clusters_optional: bool = False):
 
 
 def console(stderr: bool = False):
-    from rich.console import Console
-
     return Console(stderr=stderr, highlight=False)
-
-
-def silence_output() -> None:
-    """After the reader of our output went away (a closed pipe): send the rest to /dev/null, so
-    that what still has to run (a teardown) runs, and exit raises no second BrokenPipeError."""
-    devnull = os.open(os.devnull, os.O_WRONLY)
-    for fd in (1, 2):
-        with contextlib.suppress(OSError):
-            os.dup2(devnull, fd)
-    os.close(devnull)
 
 
 class ScriptCommand(click.Command):
@@ -123,10 +135,6 @@ class ScriptCommand(click.Command):
         return super().parse_args(ctx, args)
 
 
-def script_args() -> list[str]:
-    return list(click.get_current_context().meta.get("script", []))
-
-
 # An override's parameter is named train_<key>: a command's own option of the same name (launch's
 # --timeout is timeout_s) would otherwise share click's slot and overwrite the [train] value.
 _OVERRIDE_PREFIX = "train_"
@@ -139,11 +147,9 @@ def _store_override(ctx, param, value):
 
 
 def train_overrides(func):
-    """Add one --flag per [train] key (TrainSpec's fields); `overrides()` returns the ones given."""
-    from fatpipe.infra.trainspec import TrainSpec
-
-    for name, field in reversed(TrainSpec.model_fields.items()):
-        func = _override_option(name, field.annotation)(func)
+    """Add one --flag per [train] key (TrainSpec's fields); the Request holds the ones given."""
+    for name, declared in reversed(TrainSpec.model_fields.items()):
+        func = _override_option(name, declared.annotation)(func)
     return func
 
 
@@ -157,11 +163,6 @@ def _override_option(name: str, annotation):
         return click.option(flag, dest, type=click.Choice(get_args(annotation)), **options)
     kind = annotation if annotation in (int, float) else str
     return click.option(flag, dest, type=kind, **options)
-
-
-def overrides() -> dict:
-    """The [train] overrides given on the command line."""
-    return dict(click.get_current_context().meta.get("train", {}))
 
 
 max_restarts_option = click.option(
@@ -196,21 +197,9 @@ def _store_run_option(ctx, param, value):
     return value
 
 
-def given_run_options():
-    """The RunOptions this command was given (`run_options`' flags)."""
-    from fatpipe.ops.rdzv.rendezvous import RunOptions
-
-    return RunOptions(**click.get_current_context().meta.get("run_options", {}))
-
-
 def resolve_train(project, overrides: dict):
     """[train] with this run's overrides, validated like the file (every problem at once); warns
     on stderr about settings that are valid but surely not meant."""
-    from pydantic import ValidationError
-
-    from fatpipe.infra.project import error_report, train_warnings
-    from fatpipe.infra.trainspec import TrainSpec
-
     try:
         spec = TrainSpec.model_validate({**project.train.model_dump(), **overrides})
     except ValidationError as e:
@@ -225,20 +214,3 @@ def resolve_train(project, overrides: dict):
     for warning in train_warnings(spec):
         console(stderr=True).print(f"[yellow]warning[/]: {escape(warning)}", highlight=False)
     return spec
-
-
-def approve_node_changes(project, name: str, changes, replace: bool) -> bool:
-    """`replace_option`'s question: one line per node the plan would replace, destroy or stop and
-    start (stacks.nodeplan), then yes with --replace, else the user's answer on a terminal alone."""
-    import sys
-
-    from fatpipe.ops.data.nodeholdings import change_lines
-
-    out = console()
-    for line in change_lines(project, name, changes):
-        out.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
-    if replace:
-        return True
-    if not sys.stdin.isatty():
-        return False
-    return click.confirm(f"Apply this to {name}? What these nodes hold is lost", default=False, err=True)

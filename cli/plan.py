@@ -6,8 +6,16 @@ import json
 import re
 
 import click
+from rich import box
+from rich.table import Table
 
+from fatpipe.infra.accelerators import accelerator
 from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.jobmodel import DEFAULT_TOKENS_PER_STEP, Job
+from fatpipe.infra.planwrite import MACHINE_KEY, add_cluster, cluster_block
+from fatpipe.ops.plan import plan as planner
+from fatpipe.ops.plan.measured import measured_candidates
+from fatpipe.ops.plan.plan import parse_count
 
 from .options import console, pass_project
 
@@ -50,7 +58,8 @@ def parse_nodes(text: str) -> range:
 @click.option("--nodes", default="2-8", show_default=True, help="Node count or range, e.g. 8 or 2-8.")
 @click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True)
 @click.option("--top", type=int, default=3, show_default=True, help="Rows shown, best first.")
-@click.option("--auto-periodic", is_flag=True, default=None, help="Let comm=auto take DiLoCo/local SGD, as [train] auto_periodic.")
+@click.option("--auto-periodic", is_flag=True, default=None,
+              help="Let comm=auto take DiLoCo/local SGD, as [train] auto_periodic.")
 @click.option("--json", "as_json", is_flag=True, help="Print the ranking as JSON.")
 @click.option("--write", "write_name", metavar="NAME",
               help="Add the best catalog row to fatpipe.toml as cluster NAME (whole or not at all).")
@@ -63,10 +72,6 @@ def plan(project, **opts):
     type's baseline bandwidth (capped per flow), and the method from comm=auto's own model. A
     type whose GPU has no sourced figure is listed, not ranked. Nothing is deployed.
     """
-    from fatpipe.infra.accelerators import accelerator
-    from fatpipe.ops.plan import plan as planner
-    from fatpipe.ops.plan.planmeasured import measured_candidates
-
     count = parse_nodes(opts["nodes"])
     if opts["top"] < 1:
         raise ConfigError(f"--top must be 1 or more, not {opts['top']}")
@@ -151,10 +156,8 @@ def _reasons(left) -> str:
 
 def _write(project, name: str, ranked) -> dict:
     """Add the best row that is a catalog machine to the cluster file; what was written."""
-    from fatpipe.infra.planwrite import add_cluster, cluster_block
-
     best = next((p for p in ranked if p.candidate.measured is None
-                 and p.candidate.provider in ("aws", "digitalocean")), None)
+                 and p.candidate.provider in MACHINE_KEY), None)  # a provider whose tables name a machine
     if best is None:
         raise ConfigError("--write: no catalog machine among the rows (give a --catalog)")
     c = best.candidate
@@ -168,9 +171,6 @@ def _write(project, name: str, ranked) -> dict:
 
 def _job(params: int, opts: dict):
     """The job from --tokens, or --steps x --batch (tokens per step, default llm.c's 524,288)."""
-    from fatpipe.infra.jobmodel import DEFAULT_TOKENS_PER_STEP, Job
-    from fatpipe.ops.plan.plan import parse_count
-
     tokens, steps, batch = opts["tokens"], opts["steps"], opts["batch"]
     if tokens is not None and steps is not None:
         raise ConfigError("give --tokens or --steps, not both")
@@ -182,9 +182,6 @@ def _job(params: int, opts: dict):
 
 
 def _table(ranked, by: str):
-    from rich import box
-    from rich.table import Table
-
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False, title=f"ranked by {by}")
     for column in ("#", "provider", "machine", "GPUs", "tier", "nodes", "link Gbit/s", "method",
                    "exposed", "step s (plain)", "hours", "$", "marks"):

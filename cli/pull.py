@@ -7,6 +7,14 @@ from pathlib import Path
 
 import click
 
+from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.runs import load_outputs
+from fatpipe.infra.runspec import pull_path
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.run.leader import latest_leader
+from fatpipe.ops.run.pullpaths import ask_sizes, sources_of
+from fatpipe.ops.run.pullpaths import copy_from_node as fetch
+
 from .options import console, outputs_option, pass_project
 
 
@@ -28,19 +36,13 @@ def pull(project, names, node_names, all_nodes, to, force, outputs_file):
     The copy lands in a partial folder and is renamed into place only when complete, so a failed
     pull (one line, exit 1) leaves the local side as it was; the nodes keep their files.
     """
-    from fatpipe.infra.errors import ConfigError
-    from fatpipe.infra.runs import load_outputs
-    from fatpipe.infra.runspec import pull_path
-    from fatpipe.ops.run.leader import latest_leader
-    from fatpipe.ops.run.pullpaths import ask_sizes, sources_of
-    from fatpipe.ops.run.pullpaths import copy_from_node as fetch
-
     cluster, paths = split_cluster(project, names)
     rels = [pull_path(p) for p in paths]
     if all_nodes and node_names:
         raise ConfigError("give --node or --all, not both")
-    outputs = load_outputs(project, project.cluster(cluster).name, outputs_file)
-    sources = pick_nodes(sources_of(project, outputs), node_names, all_nodes, outputs.name,
+    resolved = Cluster.resolve(project, cluster)
+    outputs = load_outputs(project, resolved.name, outputs_file)
+    sources = pick_nodes(sources_of(resolved.deployed(outputs)), node_names, all_nodes, outputs.name,
                          latest_leader(project, outputs.name))
     base = Path(to).absolute() if to else project.root
     per_node = all_nodes or len(sources) > 1
@@ -57,8 +59,6 @@ def pull(project, names, node_names, all_nodes, to, force, outputs_file):
 
 def split_cluster(project, names: tuple[str, ...]) -> tuple[str | None, list[str]]:
     """(cluster, paths): the first argument is the cluster when it names one and paths follow."""
-    from fatpipe.infra.errors import ConfigError
-
     if len(names) > 1 and names[0] in project.clusters:
         return names[0], list(names[1:])
     if len(names) == 1 and names[0] in project.clusters:
@@ -69,8 +69,6 @@ def split_cluster(project, names: tuple[str, ...]) -> tuple[str | None, list[str
 def pick_nodes(sources, node_names, all_nodes: bool, cluster: str, leader: str | None = None):
     """The `leader` (the node that ran rank 0; node 0 when it is None or not a node now), the named
     nodes (in the order given) or every node; an unknown name is refused."""
-    from fatpipe.infra.errors import ConfigError
-
     if all_nodes:
         return sources
     if not node_names:

@@ -8,12 +8,16 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from rich import box
 from rich.markup import escape
+from rich.table import Table
+from rich.text import Text
 
-from fatpipe.ops.net.netgate import fmt_size, link_cell, link_matrix
+from fatpipe.ops.net.gate import fmt_size, link_cell, link_matrix
 from fatpipe.ops.net.regions import region_lines
 from fatpipe.ops.run.liveleave import when_left
 from fatpipe.ops.run.nodelines import CLUSTER, NodeLines
+from fatpipe.ops.run.summary import failure_text, size_row
 
 PHASES = ("synth", "wheels", "deploy", "wait", "netcheck", "data", "rendezvous", "launch", "summary")
 
@@ -70,9 +74,6 @@ class Phases:
         self.out.print(f"[skip] {name}: {why}", style="dim", markup=False, highlight=False)
 
     def table(self):
-        from rich.table import Table
-        from rich.text import Text
-
         table = Table(title="time per phase", title_justify="left")
         table.add_column("phase")
         table.add_column("state")
@@ -91,8 +92,6 @@ COLORS = ("cyan", "magenta", "green", "yellow", "blue", "red")
 def log_sink(out, names: list[str], live: bool = False, verbose: bool = False) -> NodeLines:
     """Print the nodes' log lines that the terminal shows (ops.run.nodelines: `verbose`, every
     line) prefixed with the node's name, one color per node; call its flush() at the end."""
-    from rich.text import Text
-
     width = max(len(n) for n in [*names, CLUSTER])
     styles = {name: COLORS[i % len(COLORS)] for i, name in enumerate(names)} | {CLUSTER: "bold"}
 
@@ -108,8 +107,6 @@ def note(out):
 
 def fetch_lines(log, every_s: float = 5.0):
     """A node_progress callback for a remote [data] fetch that logs one line per node every `every_s`."""
-    import time
-
     began: dict[str, float] = {}
     said: dict[str, float] = {}
 
@@ -125,8 +122,6 @@ def fetch_lines(log, every_s: float = 5.0):
 
 
 def exit_table(result):
-    from rich.table import Table
-
     table = Table(title="exit status", title_justify="left")
     table.add_column("node")
     table.add_column("exit", justify="right")
@@ -139,8 +134,6 @@ def exit_table(result):
 
 
 def readiness_table(states, title: str):
-    from rich.table import Table
-
     table = Table(title=title, title_justify="left")
     for column in ("node", "transport", "reachable", "booted", "sysctls", "iface", "mtu", "state"):
         table.add_column(column)
@@ -157,10 +150,6 @@ def readiness_table(states, title: str):
 
 
 def summary_table(doc: dict):
-    from rich.table import Table
-
-    from fatpipe.ops.run.summary import failure_text, size_row
-
     def num(value, fmt: str, unit: str = "") -> str:
         return "-" if value is None else format(value, fmt) + unit
 
@@ -199,9 +188,6 @@ def summary_table(doc: dict):
 
 def netcheck_tables(doc: dict, console) -> None:
     """The sweep in nccl-tests' columns, the p2p pairs, the latency and the verdict."""
-    from rich import box
-    from rich.table import Table
-
     threshold = doc["gate"]["threshold_gbps"]
     last = doc["allreduce"][-1]
     sweep = Table(title=f"all-reduce (float32 sum, {doc['backend']}), {doc['world_size']} ranks on "
@@ -255,9 +241,6 @@ def netcheck_tables(doc: dict, console) -> None:
 def pairs_matrix(pairs: dict, tier_gbps: float, console) -> None:
     """`netcheck --pairs`: every pair's Gbit/s over its round-trip p50 and jitter, n x n; links
     below the bar in red, the worst in bold, then the worst link and the slow ones by name."""
-    from rich import box
-    from rich.table import Table
-
     worst = pairs["worst"] or {}
     table = Table(title=f"every pair: Gbit/s (best of {', '.join(map(str, pairs['streams']))} streams, "
                         f"{pairs['tool']}), round trip p50 ± jitter in us", box=box.SIMPLE_HEAD)

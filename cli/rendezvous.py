@@ -4,15 +4,20 @@ from __future__ import annotations
 
 import click
 
+from fatpipe.infra.runs import load_outputs, mark_latest
+from fatpipe.ops.rdzv.nodefiles import planned_group_ranks
+from fatpipe.ops.reach.cluster import Cluster
+
+from .newrun import open_run
 from .options import (
     ScriptCommand,
     cluster_argument,
     console,
     pass_project,
+    pass_request,
     run_options,
     train_overrides,
 )
-from .steps import open_run
 
 
 @click.command(cls=ScriptCommand)
@@ -20,7 +25,8 @@ from .steps import open_run
 @train_overrides
 @run_options
 @pass_project
-def rendezvous(project, cluster: str | None, outputs_file):
+@pass_request
+def rendezvous(project, request, cluster: str | None, outputs_file):
     """Write rendezvous.json, node-<rank>.env and node-<rank>.sh for a new run.
 
     Everything after `--` is your torchrun script and its arguments; without it, the
@@ -28,10 +34,9 @@ def rendezvous(project, cluster: str | None, outputs_file):
     becomes the latest (what `launch --run`, status and logs mean): it exists to be launched,
     by `fatpipe launch --run ID` or by hand on each node.
     """
-    from fatpipe.infra.runs import load_outputs, mark_latest
-
-    outputs = load_outputs(project, project.cluster(cluster).name, outputs_file)
-    rdzv, run_dir = open_run(project, outputs)
+    cluster = Cluster.resolve(project, cluster)
+    outputs = load_outputs(project, cluster.name, outputs_file)
+    rdzv, run_dir = open_run(cluster.deployed(outputs), request)
     mark_latest(project, outputs.name, rdzv.run_id)
     print_rendezvous(rdzv, run_dir)
 
@@ -40,8 +45,6 @@ def print_rendezvous(rdzv, run_dir) -> None:
     out = console()
     out.print(f"run [bold]{rdzv.run_id}[/]: {rdzv.nnodes} node(s) x {rdzv.nproc_per_node} process(es), "
               f"c10d at {rdzv.rdzv_endpoint}, max restarts {rdzv.max_restarts}")
-    from fatpipe.ops.rdzv.nodefiles import planned_group_ranks
-
     ranks = planned_group_ranks([n.private_ip for n in rdzv.nodes])  # torch's order, not the nodes'
     for node in rdzv.nodes:
         where = node.netns or node.public_ip or node.transport

@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import click
 
+from fatpipe.infra.runs import find_run
+from fatpipe.ops.plan.report import write_report
+
 from .options import cluster_argument, console, pass_project
 
 
@@ -14,9 +17,6 @@ from .options import cluster_argument, console, pass_project
 def report(project, cluster: str | None, run_id):
     """Draw the run: loss, step time split into compute and exposed communication, sync latency,
     link use against the tier, the netcheck sweep, the comm decision, restarts and failures."""
-    from fatpipe.infra.runs import find_run
-    from fatpipe.ops.plan.report import write_report
-
     name = project.cluster(cluster).name
     run_id, run_dir = find_run(project, name, run_id)
     path = write_report(run_dir)

@@ -4,12 +4,24 @@
 from __future__ import annotations
 
 import json
+import sys
 
 import click
+from rich import box
+from rich.table import Table
+
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.runinfo import human_size, prune_runs
+from fatpipe.infra.runinfo import list_runs as runs_of
+from fatpipe.ops.rdzv.noderun import run_nodes
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.run.guard import run_going
+from fatpipe.ops.run.progress import with_live_latest
+from fatpipe.ops.run.sync import checkpoint_sizes
 
 from .options import cluster_argument, console, pass_project
+from .results import node_gone, pull_results
 from .signals import changing
-from .steps import node_gone, pull_results
 
 
 class DefaultToList(click.Group):
@@ -33,12 +45,10 @@ def runs():
 @pass_project
 def list_runs(project, cluster: str | None, as_json: bool):
     """Every run, oldest first: outcome, steps, final loss, size on disk; * marks the latest."""
-    from fatpipe.infra.runinfo import human_size, list_runs
-    from fatpipe.ops.run.progress import with_live_latest
-
-    name = project.cluster(cluster).name
-    found = list_runs(project, name)
-    with_live_latest(project, name, found)  # a detached run on ssh nodes, as node 0 has it
+    resolved = Cluster.resolve(project, cluster)
+    name = resolved.name
+    found = runs_of(project, name)
+    with_live_latest(resolved, found)  # a detached run on ssh nodes, as node 0 has it
     if as_json:
         click.echo(json.dumps([{"id": r.id, "latest": r.latest, "outcome": r.outcome, "steps": r.last_step,
                                 "final_loss": r.final_loss, "size_bytes": r.size_bytes, "path": str(r.path)}
@@ -48,9 +58,6 @@ def list_runs(project, cluster: str | None, as_json: bool):
     if not found:
         out.print(f"{name} has no runs yet (fatpipe up {name})")
         return
-    from rich import box
-    from rich.table import Table
-
     table = Table(title=f"runs of {name} (.fatpipe/{name}/runs/)", title_justify="left", box=box.SIMPLE_HEAD)
     for column, justify in [("run", "left"), ("outcome", "left"), ("steps", "right"),
                             ("final loss", "right"), ("size", "right")]:
@@ -74,12 +81,10 @@ def list_runs(project, cluster: str | None, as_json: bool):
 @pass_project
 def prune(project, cluster: str | None, keep: int, checkpoints_only: bool):
     """Remove all but the newest N runs; never the latest, nor one still running."""
-    from fatpipe.infra.runinfo import human_size, prune_runs
-    from fatpipe.ops.run.runguard import run_going
-
-    name = project.cluster(cluster).name
+    resolved = Cluster.resolve(project, cluster)
+    name = resolved.name
     with changing(project, name, "runs prune"):  # not under an `up` whose run is not the latest yet
-        busy = run_going(project, name)  # running, or maybe (a node out of reach)
+        busy = run_going(resolved)  # running, or maybe (a node out of reach)
         freed = prune_runs(project, name, keep, checkpoints_only, spare={busy.run_id} if busy else set())
     what = "checkpoints of " if checkpoints_only else ""
     out = console()
@@ -99,18 +104,12 @@ def pull(project, names, checkpoints: bool):
     The nodes keep everything: a pull never deletes there, and goes through a partial folder
     here, so a failed one (named, exit 1) leaves the run folder as it was.
     """
-    import sys
-
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.infra.runinfo import human_size
-    from fatpipe.ops.rdzv.noderun import run_nodes
-    from fatpipe.ops.run.runsync import checkpoint_sizes
-
     if len(names) > 2:
         raise FatpipeError("runs pull takes [CLUSTER] RUN, e.g. `fatpipe runs pull demo latest`", exit_code=2)
     cluster, run_id = names if len(names) == 2 else (None, names[0])
-    name = project.cluster(cluster).name
-    run_id, run_dir, nodes = run_nodes(project, name, None if run_id == "latest" else run_id)
+    resolved = Cluster.resolve(project, cluster)
+    name = resolved.name
+    run_id, run_dir, nodes = run_nodes(resolved, None if run_id == "latest" else run_id)
     out = console()
     remote = [n for n in nodes if not n.transport.shares_fs and not node_gone(n)]
     if not remote:

@@ -19,11 +19,13 @@ import select
 import signal
 import sys
 import threading
-from dataclasses import dataclass
 
 import click
 
+from fatpipe.infra.runs import cluster_lock
 from fatpipe.ops.run.detach import Detach
+
+from .ending import HEARD
 
 TERMINATIONS = (signal.SIGTERM, signal.SIGHUP, signal.SIGINT)
 
@@ -37,26 +39,11 @@ class TeardownAbandoned(KeyboardInterrupt):
     """The user chose, at the question a Ctrl-C during a teardown asks, to leave resources behind."""
 
 
-@dataclass
-class Heard:
-    """The signal this command took last: its number, how it is named in a line, and whether it
-    asked to stop (a Ctrl-C typed at the terminal, or `--on-signal stop`) rather than to let go."""
-
-    signum: int | None = None
-    why: str = ""
-    stop: bool = False
-
-
-HEARD = Heard()
-
-
 @contextlib.contextmanager
 def changing(project, name: str, command: str, on_signal: str = "detach"):
     """While `command` changes cluster `name`: hold its lock (a second such command is refused),
     and take a termination as `on_signal` says (module docstring). Yields the lock's early
     release (infra.runs.cluster_lock)."""
-    from fatpipe.infra.runs import cluster_lock
-
     HEARD.signum, HEARD.why, HEARD.stop = None, "", False
     with cluster_lock(project, name, command) as release, \
             _signal_handler(TERMINATIONS, _taking(on_signal)):
@@ -107,16 +94,6 @@ def silence_if_hung_up() -> None:
                 devnull = os.open(os.devnull, os.O_WRONLY)
                 os.dup2(devnull, fd)
                 os.close(devnull)
-
-
-def interrupted_status() -> int:
-    """The exit status of a command an interrupt ended: 128 + the signal it took (130: Ctrl-C)."""
-    return 128 + (HEARD.signum or signal.SIGINT)
-
-
-def interrupted_word() -> str:
-    """How the verdict names that end: interrupted (SIGINT), or terminated and by what."""
-    return "interrupted" if HEARD.signum in (None, signal.SIGINT) else f"terminated ({HEARD.why})"
 
 
 @contextlib.contextmanager

@@ -3,9 +3,20 @@
 from __future__ import annotations
 
 import functools
+import ipaddress
 from pathlib import Path
 
 import click
+
+from fatpipe.infra.clusters import SimCluster
+from fatpipe.infra.project import project_id_at
+from fatpipe.ops.reach.profile import SshHost, apply_profile
+from fatpipe.stacks.node_profile import profile_plan
+from fatpipe.stacks.providers import provider_for
+from fatpipe.stacks.sim.net import SimNode
+from fatpipe.stacks.sim.net import node_down as down
+from fatpipe.stacks.sim.net import node_up as up
+from fatpipe.stacks.sim.sshd import cluster_key, host_address, start_sshd
 
 
 def node_options(func):
@@ -23,7 +34,8 @@ def node_options(func):
         click.option("--host-if", default=""),
         click.option("--transport", type=click.Choice(["netns", "ssh", "local"]), default="netns"),
         click.option("--firewall", type=bool, default=True, help="transport ssh: the host firewall."),
-        click.option("--nodes", type=int, default=1, help="transport ssh: the cluster's nodes, whom the firewall trusts."),
+        click.option("--nodes", type=int, default=1,
+                     help="transport ssh: the cluster's nodes, whom the firewall trusts."),
         click.option("--rdzv-port", type=int, default=29400, help="transport ssh: where the run's ports start."),
         click.option("--region", type=int, default=-1, help="Across regions: the node's region."),
         click.option("--cross-gbit", type=float, default=0.0, help="Across regions: the link's rate."),
@@ -36,9 +48,6 @@ def node_options(func):
 
     @functools.wraps(func)
     def wrapper(transport, firewall, nodes, rdzv_port, **kwargs):
-        from fatpipe.infra.project import project_id_at
-        from fatpipe.stacks.simnet import SimNode
-
         # terraform runs the provisioners in the project folder (the stack's working_dir)
         kwargs["project_id"] = kwargs["project_id"] or project_id_at(Path.cwd())
         # Over ssh the node is a bare machine: the node profile tunes it through the ssh path.
@@ -57,16 +66,13 @@ def sim():
 def node_up(node, transport, firewall):
     """Create one sim node and write its ready file; with transport ssh, start its sshd and tune
     it over SSH as a rented machine is tuned."""
-    from fatpipe.stacks.simnet import node_down
-    from fatpipe.stacks.simnet import node_up as up
-
     log = lambda m: click.echo(m, err=True)  # noqa: E731
     ready = up(node, log=log)
     if transport == "ssh":
         try:
             tune_over_ssh(node, *firewall)
         except BaseException:
-            node_down(node, log)
+            down(node, log)
             raise
     shaped = f"tbf {ready['rate_gbit']:g} Gbit/s" if ready.get("rate_gbit") else "unshaped"
     click.echo(f"{node.name}: up at {node.ip} on {ready['iface']} ({node.isolation}, {shaped}, {transport})")
@@ -75,14 +81,6 @@ def node_up(node, transport, firewall):
 def tune_over_ssh(node, firewall: bool = True, nodes: int = 1, rdzv_port: int = 29400) -> None:
     """sshd in the node's namespace, then the node profile through the ssh provider's path (its
     firewall trusting the cluster's `nodes`, numbered from .10 as the sim numbers them)."""
-    import ipaddress
-
-    from fatpipe.infra.clusters import SimCluster
-    from fatpipe.ops.reach.profile import SshHost, apply_profile
-    from fatpipe.stacks.node_profile import profile_plan
-    from fatpipe.stacks.providers import provider_for
-    from fatpipe.stacks.simsshd import cluster_key, host_address, start_sshd
-
     state_dir = node.node_dir.parent.parent  # .fatpipe/<cluster>
     key = cluster_key(state_dir, node.home_bridge)
     host_address(node.home_bridge, node.address)
@@ -100,7 +98,5 @@ def tune_over_ssh(node, firewall: bool = True, nodes: int = 1, rdzv_port: int = 
 @node_options
 def node_down(node, transport, firewall):  # firewall: node-up's option, unused here
     """Remove one sim node; succeeds when it is already gone."""
-    from fatpipe.stacks.simnet import node_down as down
-
     down(node, log=lambda m: click.echo(m, err=True))
     click.echo(f"{node.name}: down")

@@ -13,8 +13,13 @@ from pathlib import Path
 
 import click
 
+from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.hostvalues import check_address, check_login, check_node_name, check_path
 from fatpipe.infra.node import PROJECT_MARKER
+from fatpipe.infra.project import project_id_at
+from fatpipe.ops.reach.hostkeys import policy_for
+from fatpipe.ops.reach.profile import SshHost, apply_profile, revert_profile
+from fatpipe.ops.reach.projectdir import remove_project_dir
 
 ENV_PREFIX = "FATPIPE_HOST_"  # the ssh stack passes every host value as FATPIPE_HOST_<KEY>
 
@@ -62,11 +67,9 @@ def host_options(func):
 
     @functools.wraps(func)
     def wrapper(name, address, port, user, key_file, known_hosts, **rest):
-        from fatpipe.ops.reach.hostkeys import policy_for
-        from fatpipe.ops.reach.profile import SshHost
-
         # Machines fatpipe did not make: a key in the user's own known_hosts is the one enforced.
-        return func(SshHost(name, address, port, user, key_file or None, host_keys=policy_for("ssh")), known_hosts, **rest)
+        host = SshHost(name, address, port, user, key_file or None, host_keys=policy_for("ssh"))
+        return func(host, known_hosts, **rest)
 
     return wrapper
 
@@ -80,9 +83,6 @@ def ssh_node():
 @host_options
 def apply(host, known_hosts, private_ip):
     """Apply the node profile in $FATPIPE_NODE_PROFILE to the host."""
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.ops.reach.profile import apply_profile
-
     text = os.environ.get("FATPIPE_NODE_PROFILE")
     if not text:
         raise FatpipeError("FATPIPE_NODE_PROFILE is not set (this command is run by the ssh stack)")
@@ -98,13 +98,10 @@ def apply(host, known_hosts, private_ip):
 @env_option("--remote-dir", default="", help="The project folder; removed when it carries fatpipe's marker.")
 @env_option("--unit", required=True)
 @env_option("--cluster", check_node_name, default="", help="The cluster (default: the known_hosts file's folder).")
-@env_option("--project-id", check_project_id, default="", help="The project whose folder it is (default: this folder's).")
+@env_option("--project-id", check_project_id, default="",
+            help="The project whose folder it is (default: this folder's).")
 def revert(host, known_hosts, private_ip, remote_dir, unit, cluster, project_id):
     """Undo the node profile on the host and remove fatpipe's files there."""
-    from fatpipe.infra.project import project_id_at
-    from fatpipe.ops.reach.profile import revert_profile
-    from fatpipe.ops.reach.projectdir import remove_project_dir
-
     done = revert_profile(host, unit, known_hosts)
     click.echo(f"{host.where()}: " + ("handed back as it was" if done.get("reverted") else "nothing to revert"))
     if done.get("firewall_restored") is False:  # someone changed the rules while fatpipe's were there

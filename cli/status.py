@@ -6,9 +6,21 @@ import json
 
 import click
 from rich.markup import escape
+from rich.table import Table
+
+from fatpipe.infra.defaults import SUMMARY_FILE
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.runinfo import read_json_object, run_info
+from fatpipe.infra.runs import load_outputs, outputs_file
+from fatpipe.ops.rdzv.noderun import node_states, run_nodes
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.reach.transport import fan_out
+from fatpipe.ops.reach.wait import check_node, declared_sysctls
+from fatpipe.ops.run.checks import ask_status_checks
+from fatpipe.ops.run.progress import with_live_progress
 
 from .options import cluster_argument, console, pass_project
-from .steps import node_gone
+from .results import node_gone
 
 
 @click.command()
@@ -21,40 +33,33 @@ def status(project, cluster: str | None, as_json: bool):
     The latest run is the last one launched (else the newest with logs); once the cluster is
     down, its nodes' recorded exit statuses and last step tell how it ended.
     """
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.infra.runs import load_outputs, outputs_file
-
-    spec = project.cluster(cluster)
+    cluster = Cluster.resolve(project, cluster)  # its node answers serve every step below
+    spec = cluster.spec
     doc: dict = {"cluster": spec.name, "provider": spec.provider, "tier": spec.tier, "deployed": False}
-    from fatpipe.ops.reach.nodecall import forget_all
-    from fatpipe.ops.run.runchecks import ask_status_checks
-
     try:
         if outputs_file(project, spec.name).exists():
-            outputs = load_outputs(project, spec.name)
+            cluster = cluster.deployed(load_outputs(project, spec.name))
             doc["deployed"] = True
-            ask_status_checks(project, outputs)  # one call per node
-            doc["nodes"] = _node_states(project, outputs)
+            ask_status_checks(cluster)  # one call per node
+            doc["nodes"] = _node_states(cluster)
         try:
-            doc["run"] = _run_state(project, spec.name)
+            doc["run"] = _run_state(cluster)
         except FatpipeError as e:
             doc["run"] = None
             if e.exit_code != 1:  # not "no runs yet": a run fatpipe cannot read, which the user must hear
                 doc["run_error"] = str(e)
     finally:
-        forget_all()
+        cluster.answers.forget_all()
     if as_json:
         click.echo(json.dumps(doc, indent=2))
         return
     _print(doc)
 
 
-def _node_states(project, outputs) -> list[dict]:
-    from fatpipe.ops.reach.transport import fan_out, transports_for
-    from fatpipe.ops.reach.wait import check_node, declared_sysctls
-
+def _node_states(cluster) -> list[dict]:
+    outputs = cluster.outputs
     declared = declared_sysctls(outputs)
-    transports = transports_for(outputs, project.state_dir(outputs.name))
+    transports = cluster.transports()
     states = fan_out(lambda i: check_node(transports[i], outputs.nodes[i], declared, timeout=15),
                      list(range(len(outputs.nodes))))
     return [
@@ -64,15 +69,10 @@ def _node_states(project, outputs) -> list[dict]:
     ]
 
 
-def _run_state(project, cluster: str) -> dict:
+def _run_state(cluster) -> dict:
     """The run's state per node: its recorded exit status where the folder holds one, else what
     the node says (unless it is gone: a sim node after `down`)."""
-    from fatpipe.infra.defaults import SUMMARY_FILE
-    from fatpipe.infra.runinfo import read_json_object, run_info
-    from fatpipe.ops.rdzv.noderun import node_states, run_nodes
-    from fatpipe.ops.run.progress import with_live_progress
-
-    run_id, run_dir, nodes = run_nodes(project, cluster)
+    run_id, run_dir, nodes = run_nodes(cluster)
     info = run_info(run_dir, size=False)
     pending = [n for n in nodes if f"node-{n.plan.rank}" not in info.exits and not node_gone(n)]
     asked = dict(zip([n.name for n in pending], node_states(pending), strict=True))
@@ -91,8 +91,6 @@ def _run_state(project, cluster: str) -> dict:
 
 
 def _print(doc: dict) -> None:
-    from rich.table import Table
-
     out = console()
     head = f"[bold]{doc['cluster']}[/] ({doc['provider']}, tier {doc['tier']})"
     if not doc["deployed"]:

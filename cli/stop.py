@@ -4,8 +4,16 @@ from __future__ import annotations
 
 import click
 
+from fatpipe.infra.runinfo import run_info
+from fatpipe.infra.runs import outputs_file
+from fatpipe.ops.rdzv.noderun import run_nodes
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.run.headline import keep_headline
+from fatpipe.ops.run.launch import stop_nodes
+from fatpipe.ops.run.leader import leader
+
 from .options import cluster_argument, console, pass_project
-from .steps import node_gone, pull_results, show_declared_pulls
+from .results import node_gone, pull_results, show_declared_pulls
 
 
 @click.command()
@@ -20,16 +28,10 @@ def stop(project, cluster: str | None, run_id):
     On a cluster that is down nothing can run: it says so, with how the run ended as its folder
     recorded it.
     """
-    from fatpipe.infra.runinfo import run_info
-    from fatpipe.infra.runs import outputs_file
-    from fatpipe.ops.rdzv.noderun import run_nodes
-    from fatpipe.ops.run.headline import keep_headline
-    from fatpipe.ops.run.launch import stop_nodes
-    from fatpipe.ops.run.leader import leader
-
-    name = project.cluster(cluster).name
+    resolved = Cluster.resolve(project, cluster)
+    name = resolved.name
     out = console()
-    run_id, run_dir, nodes = run_nodes(project, name, run_id)
+    run_id, run_dir, nodes = run_nodes(resolved, run_id)
     live = [n for n in nodes if not node_gone(n)]
     if live:
         states = stop_nodes(live)  # with each node's state after, in the same round trip

@@ -7,6 +7,12 @@ import os
 from pathlib import Path
 
 import click
+from rich import box
+from rich.table import Table
+
+from fatpipe.stacks.app import synth as synth_stacks
+from fatpipe.stacks.providers import provider_for
+from fatpipe.stacks.toolkit import report
 
 from .options import cluster_argument, console, pass_project
 
@@ -17,19 +23,11 @@ from .options import cluster_argument, console, pass_project
 @pass_project
 def synth(project, cluster: str | None, as_json: bool):
     """Synthesize the cluster stacks (all when none is named) into cdktf.out/ and summarize them."""
-    from fatpipe.stacks.providers import provider_for
-
-    names = [project.cluster(cluster).name] if cluster else list(project.clusters)
+    specs = [project.cluster(cluster)] if cluster else list(project.clusters.values())
     # Priced first: a machine type below its tier fails here, before the provider imports.
-    estimates = {}
-    for name in names:
-        spec = project.cluster(name)
-        estimates[name] = provider_for(spec.provider).estimate(spec, project.root)
-    from fatpipe.stacks.app import synth as synth_stacks
-    from fatpipe.stacks.toolkit import report
-
-    folders = synth_stacks(project, names)
-    rows = [_row(project.cluster(name), estimates[name], folders[name] / "cdk.tf.json") for name in names]
+    estimates = {spec.name: provider_for(spec.provider).estimate(spec, project.root) for spec in specs}
+    folders = synth_stacks(project, specs)
+    rows = [_row(spec, estimates[spec.name], folders[spec.name] / "cdk.tf.json") for spec in specs]
     toolkit = report()
     if as_json:
         click.echo(json.dumps({"clusters": rows, "toolkit": toolkit}, indent=2))
@@ -46,8 +44,7 @@ def synth(project, cluster: str | None, as_json: bool):
         out.print(f"[dim]$/hour: all nodes, estimated from the offline {prices}[/]")
     for extras in sorted({e.extras for e in estimates.values() if e.extras}):
         out.print(f"[dim]  including per node: {', '.join(extras)}[/]")
-    for name in names:
-        spec = project.cluster(name)
+    for spec in specs:
         for warning in provider_for(spec.provider).warnings(spec):
             out.print(f"[yellow]warning[/]: {warning}", soft_wrap=True)
 
@@ -74,9 +71,6 @@ def _shown(path: Path) -> str:
 
 
 def _table(rows: list[dict]):
-    from rich import box
-    from rich.table import Table
-
     table = Table(box=box.SIMPLE_HEAD, pad_edge=False)
     for column, justify in [("cluster", "left"), ("provider", "left"), ("nodes", "right"),
                             ("machine", "left"), ("Gbit/s", "right"), ("tier", "left"),

@@ -6,6 +6,14 @@ import json
 import time
 
 import click
+from rich.console import Group
+from rich.live import Live
+from rich.table import Table
+from rich.text import Text
+
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.run.top import snapshot
 
 from .options import cluster_argument, console, pass_project
 
@@ -24,28 +32,24 @@ def top(project, cluster: str | None, run_id, once: bool, as_json: bool, interva
     """Per node: link use against the tier, tx/rx, step and sync time p50/p95 over the last
     window, and a mark on the straggler with the reason; the run's newest events below.
 
-    It reads the files the trainer's rank 0 writes every node_metrics_every steps
-    (nodes.jsonl, events.jsonl), on the node of rank 0 over the cluster's transport for ssh and cloud
-    clusters: it never slows training. Ctrl-C leaves; the run goes on.
+    It reads the files the trainer's rank 0 writes every node_metrics_every steps (nodes.jsonl,
+    events.jsonl), on the node of rank 0 over the cluster's transport for ssh and cloud clusters: it
+    never slows training. Ctrl-C leaves; the run goes on.
     """
-    from fatpipe.ops.run.top import snapshot
-
-    name = project.cluster(cluster).name
+    resolved = Cluster.resolve(project, cluster)
     if as_json:
-        click.echo(json.dumps(snapshot(project, name, run_id), indent=2))
+        click.echo(json.dumps(snapshot(resolved, run_id), indent=2))
         return
     out = console()
     if once:
-        out.print(render(snapshot(project, name, run_id)))
+        out.print(render(snapshot(resolved, run_id)))
         return
-    from rich.live import Live
-
-    view, problem = _fetch(project, name, run_id)
+    view, problem = _fetch(resolved, run_id)
     try:
         with Live(_screen(view, problem), console=out, auto_refresh=False) as live:
             while not (view and view["finished"]):
                 time.sleep(interval)
-                new, problem = _fetch(project, name, view["run"] if view else run_id)
+                new, problem = _fetch(resolved, view["run"] if view else run_id)
                 view = new or view
                 live.update(_screen(view, problem), refresh=True)
     except KeyboardInterrupt:
@@ -53,14 +57,11 @@ def top(project, cluster: str | None, run_id, once: bool, as_json: bool, interva
     out.print(f"run {view['run']} has finished")
 
 
-def _fetch(project, name: str, run_id: str | None) -> tuple[dict | None, str | None]:
+def _fetch(cluster: Cluster, run_id: str | None) -> tuple[dict | None, str | None]:
     """(the newest view, None), or (None, why not yet): before the first window, or while a
     node does not answer, the screen says so and keeps trying. A bad --run is an error."""
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.ops.run.top import snapshot
-
     try:
-        return snapshot(project, name, run_id), None
+        return snapshot(cluster, run_id), None
     except FatpipeError as e:
         if e.exit_code != 1:
             raise
@@ -68,9 +69,6 @@ def _fetch(project, name: str, run_id: str | None) -> tuple[dict | None, str | N
 
 
 def _screen(view: dict | None, problem: str | None):
-    from rich.console import Group
-    from rich.text import Text
-
     note = Text(f"{problem} (trying again)", style="yellow") if problem else Text("")
     return Group(render(view), note) if view else note
 
@@ -89,8 +87,6 @@ def _ms(value) -> str:
 
 def render(view: dict):
     """The view as a rich table: one row per node, the straggler marked, events as the caption."""
-    from rich.table import Table
-
     w, tier = view["window"], view.get("tier_gbps")
     state = "finished" if view["finished"] else "running"
     title = (f"run {view['run']} on {view['cluster']} ({state}), steps {w.get('first_step')}-"

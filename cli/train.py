@@ -10,11 +10,15 @@ from pathlib import Path
 
 import click
 
+from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.runs import mark_latest, new_run
+
 from .options import (
+    Request,
     console,
     max_restarts_option,
-    overrides,
     pass_project,
+    pass_request,
     resolve_train,
     train_overrides,
 )
@@ -42,16 +46,14 @@ def torchrun_command(trainer_args: list[str], run_dir: Path, nproc: int,
 @max_restarts_option
 @train_overrides
 @pass_project(clusters_optional=True)
-def train(project, nproc_per_node, run_dir, max_restarts):
+@pass_request
+def train(project, request: Request, nproc_per_node, run_dir, max_restarts):
     """Train the built-in GPT here with [train] and the overrides given; exit with torchrun's status.
 
     Metrics, summary.json and checkpoints land in the run folder; a netcheck.json placed there
     is what comm = "auto" reads instead of probing the link.
     """
-    from fatpipe.infra.errors import ConfigError
-    from fatpipe.infra.runs import mark_latest, new_run
-
-    spec = resolve_train(project, overrides())
+    spec = resolve_train(project, request.overrides)
     if spec.data is not None and not Path(spec.data).exists():
         raise ConfigError(f"--data {spec.data}: no such file or folder")
     if run_dir:

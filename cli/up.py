@@ -20,40 +20,48 @@ from pathlib import Path
 import click
 
 from fatpipe.infra.defaults import NETCHECK_FILE, NETCHECK_PLOT, WAIT_TIMEOUT_S
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.runs import new_run, outputs_file
+from fatpipe.ops.env.preflight import NOTHING_TO_PAY, wheel_preflight
+from fatpipe.ops.net.check import NetcheckOptions
+from fatpipe.ops.plan.report import write_report
+from fatpipe.ops.rdzv.faultmode import declared_regions, refuse_live_across_regions
+from fatpipe.ops.rdzv.noderun import node_runs
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.reach.deployment import check_netchecks, ready_deployment, reusable_netcheck
 from fatpipe.ops.run.detach import DETACHED, let_go
+from fatpipe.ops.run.end import ended_note
+from fatpipe.ops.run.guard import refuse_if_running
+from fatpipe.ops.run.launch import Follow
+from fatpipe.ops.run.summary import no_steps_hint, run_summary
+from fatpipe.stacks.engine import synth_stack
+from fatpipe.stacks.providers import provider_for
 
+from .deploying import deploy_outputs
 from .downafter import DownAfter
+from .netstep import netcheck_step
+from .newrun import open_run
 from .options import (
     ScriptCommand,
     cluster_argument,
     console,
     engine_option,
     force_option,
-    given,
-    given_run_options,
     on_signal_option,
-    overrides,
     pass_project,
+    pass_request,
     replace_option,
     resolve_train,
     run_options,
-    script_args,
     train_overrides,
     unreachable_option,
     verbose_option,
     yes_option,
 )
+from .ready import require_ready, wait_ready
 from .render import Phases, note, readiness_table, summary_table
 from .signals import changing
-from .steps import (
-    deploy_outputs,
-    netcheck_step,
-    open_run,
-    require_ready,
-    stage_data,
-    train_on_cluster,
-    wait_ready,
-)
+from .steps import stage_data, train_on_cluster
 
 
 @dataclass
@@ -91,7 +99,8 @@ class UpFlags:
 @click.option("--no-gate", is_flag=True, help="Train even when netcheck finds the links below the tier.")
 @click.option("--netcheck-timeout", type=click.FloatRange(1), default=None,
               help="Stop the link check after this many seconds (as `netcheck --timeout`).")
-@click.option("--wait-timeout", type=click.FloatRange(1), default=WAIT_TIMEOUT_S, show_default=True, help="Seconds to wait for the nodes to become ready.")
+@click.option("--wait-timeout", type=click.FloatRange(1), default=WAIT_TIMEOUT_S, show_default=True,
+              help="Seconds to wait for the nodes to become ready.")
 @click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=None,
               help="Stop the training run after this many seconds.")
 @unreachable_option
@@ -99,78 +108,69 @@ class UpFlags:
 @run_options
 @verbose_option
 @pass_project
-def up(project, cluster, **flags):
+@pass_request
+def up(project, request, cluster, **flags):
     """Stand the cluster up, prove its links, train across it and summarize, in one command.
 
     Everything after `--` is your torchrun script and its arguments; without it the built-in
     trainer runs with [train] and the overrides given here.
     """
-    spec = project.cluster(cluster)
-    train = resolve_train(project, overrides())
-    job = Up(project, spec, UpFlags(**flags), console())
-    with changing(project, spec.name, "up", given("on_signal")):
-        code = job.run_to_the_end(train, script_args())
+    cluster = Cluster.resolve(project, cluster)  # the one lookup: every phase gets this object
+    train = resolve_train(project, request.overrides)
+    job = Up(cluster, request, UpFlags(**flags), console())
+    with changing(project, cluster.name, "up", request.on_signal):
+        code = job.run_to_the_end(train, list(request.script))
     sys.exit(code)
 
 
 class Up(DownAfter):
     """One `fatpipe up`: its phases in order, and a report of what each did."""
 
-    def __init__(self, project, spec, flags: UpFlags, out):
-        self.project, self.spec, self.flags, self.out = project, spec, flags, out
+    def __init__(self, cluster: Cluster, request, flags: UpFlags, out):
+        self.cluster, self.request, self.flags, self.out = cluster, request, flags, out
+        self.project, self.spec = cluster.project, cluster.spec
         self.phases = Phases(out)
-        self.report: dict = {"cluster": spec.name}
+        self.report: dict = {"cluster": cluster.name}
 
     def run(self, train, script: list[str]) -> int:
-        from fatpipe.infra.runs import new_run
-        from fatpipe.ops.rdzv.faultmode import declared_regions, refuse_live_across_regions
-        from fatpipe.ops.reach.nodecall import keeping
-        from fatpipe.ops.run.runguard import refuse_if_running
-
         # Before anything is paid for: the rendezvous refuses it again with measured regions.
         refuse_live_across_regions(train, train.fault_tolerance, "script" if script else "trainer",
                                    declared_regions(self.spec))
         outputs, outputs_path = self.deployment()
-        name = self.spec.name
-        if going := refuse_if_running(self.project, name, force=given("force"), outputs=outputs):
+        self.cluster = cluster = self.cluster.deployed(outputs)
+        name = cluster.name
+        if going := refuse_if_running(cluster, force=self.request.force):
             note(self.out)(going)
         run_id, run_dir = new_run(self.project, name)
         self.report["run_id"], self.report["run_dir"] = run_id, run_dir
         self.out.print(f"run [bold]{run_id}[/] in {run_dir.relative_to(self.project.root)}")
-        with keeping():  # the nodes' versions read by netcheck's launch serve the training's
-            self.netcheck(outputs, outputs_path, run_dir)
-            stage_data(self.project, outputs, self.phases, self.out)
-            return self.train(outputs, (run_id, run_dir), train, script)
+        with cluster.answers.keeping():  # the nodes' versions read by netcheck's launch serve the training's
+            self.netcheck(outputs_path, run_dir)
+            stage_data(cluster, self.request, self.phases, self.out)
+            return self.train((run_id, run_dir), train, script)
 
     def deployment(self):
         """The cluster's outputs and their file: reused when deployed as declared and ready, else made."""
-        from fatpipe.infra.runs import outputs_file
-        from fatpipe.ops.reach.deployment import ready_deployment
-
         spec, flags, phases = self.spec, self.flags, self.phases
         path = Path(flags.outputs_file) if flags.outputs_file else outputs_file(self.project, spec.name)
-        outputs, why = ready_deployment(self.project, spec, path)
+        outputs, why = ready_deployment(self.cluster, path)
         if outputs is not None:
             for phase in ("synth", "wheels", "deploy", "wait"):
                 phases.skip(phase, "deployed, outputs match the cluster file, every node ready")
             return outputs, path
         if path.exists():
             self.out.print(f"[dim]{why}: deploying[/]")
-
-        from fatpipe.ops.env.preflight import NOTHING_TO_PAY, wheel_preflight
-        from fatpipe.stacks.engine import synth_stack
-
         stack_dir = phases.run("synth", f"the {spec.provider} stack of {spec.name}",
-                               lambda: synth_stack(self.project, spec.name))
+                               lambda: synth_stack(self.project, spec))
         phases.get("synth").note = str(stack_dir.relative_to(self.project.root))
         phases.get("wheels").note = phases.run("wheels", "a torch wheel for the nodes' Python, before anything "
-                                               "is paid for", lambda: wheel_preflight(self.project, spec)) or NOTHING_TO_PAY
+                                               "is paid for", lambda: self.wheels(spec)) or NOTHING_TO_PAY
         outputs = phases.run("deploy", f"{spec.nodes} node(s) with {flags.engine}", lambda: deploy_outputs(
-            self.project, spec.name, flags.engine, flags.yes, flags.verbose, flags.replace))
+            self.cluster, flags.engine, flags.yes, flags.verbose, flags.replace))
         phases.get("deploy").note = f"{len(outputs.nodes)} node(s)"
 
         def wait():
-            states = wait_ready(self.project, outputs, flags.wait_timeout, self.out)
+            states = wait_ready(self.cluster.deployed(outputs), flags.wait_timeout, self.out)
             self.out.print(readiness_table(states, f"{spec.name}: nodes"))
             require_ready(states, flags.wait_timeout)
             return states
@@ -179,11 +179,13 @@ class Up(DownAfter):
         phases.get("wait").note = f"{len(states)}/{len(states)} ready"
         return outputs, outputs_file(self.project, spec.name)
 
-    def netcheck(self, outputs, outputs_path: Path, run_dir: Path) -> None:
-        from fatpipe.ops.net.netcheck import NetcheckOptions
-        from fatpipe.ops.reach.deployment import check_netchecks, reusable_netcheck
+    def wheels(self, spec) -> str | None:
+        """The wheel preflight's line where the nodes are paid for; None where nothing is."""
+        provider = provider_for(spec.provider)
+        return wheel_preflight(self.project, spec, provider.image_python(spec)) if provider.paid else None
 
-        mode, phases = self.flags.netcheck_mode, self.phases
+    def netcheck(self, outputs_path: Path, run_dir: Path) -> None:
+        mode, phases, outputs = self.flags.netcheck_mode, self.phases, self.cluster.outputs
         if mode == "off":
             phases.skip("netcheck", "--netcheck off")
             return
@@ -197,30 +199,24 @@ class Up(DownAfter):
             return
         options = NetcheckOptions(enforce=not self.flags.no_gate, quick=mode == "quick",
                                   timeout_s=self.flags.netcheck_timeout)
-        remote_python = given_run_options().remote_python
+        remote_python = self.request.run_options.get("remote_python")
         doc = phases.run("netcheck", f"{mode} link check against {outputs.tier_gbps:g} Gbit/s",
-                         lambda: netcheck_step(self.project, outputs, options, self.out, run_dir=run_dir,
+                         lambda: netcheck_step(self.cluster, options, self.out, run_dir=run_dir,
                                               remote_python=remote_python),
                          spinner=False)
         passed = doc.get("gate", {}).get("passed")
         phases.get("netcheck").note = f"busbw {doc.get('busbw_gbps', 0):.2f} Gbit/s, " + (
             "passed" if passed else "below the tier (--no-gate)")
 
-    def train(self, outputs, run: tuple[str, Path], train, script: list[str]) -> int:
-        from fatpipe.ops.run.launch import Follow
-        from fatpipe.ops.run.runend import ended_note
-        from fatpipe.ops.run.summary import no_steps_hint, run_summary
-
-        phases, run_dir = self.phases, run[1]
+    def train(self, run: tuple[str, Path], train, script: list[str]) -> int:
+        phases, run_dir, cluster, outputs = self.phases, run[1], self.cluster, self.cluster.outputs
         rdzv, _ = phases.run("rendezvous", f"c10d at {outputs.rdzv_endpoint}", lambda: open_run(
-            self.project, outputs, train, script, run=run))
+            cluster, self.request, train, script, run=run))
         phases.get("rendezvous").note = f"{rdzv.nnodes} x {rdzv.nproc_per_node} process(es)"
         what = " ".join(script) if script else f"built-in trainer, preset {train.preset}, {train.steps} steps"
-        from fatpipe.ops.rdzv.noderun import node_runs
-
-        self.launched = node_runs(rdzv, self.project.state_dir(outputs.name))
+        self.launched = node_runs(rdzv, cluster)
         result = self.result = phases.run("launch", what, lambda: train_on_cluster(
-            self.project, outputs, rdzv, run_dir, self.out,
+            cluster, self.launched, run_dir, self.out,
             Follow(self.flags.timeout_s, self.flags.unreachable_s, signal_detaches=True), self.flags.verbose),
             spinner=False)
         self.report["exit_codes"] = result.exit_codes
@@ -248,9 +244,6 @@ class Up(DownAfter):
 
     def draw_report(self, run_dir: Path, quiet: bool = False) -> None:
         """The run's page (`fatpipe report`); a run too short to draw says so unless `quiet` (failed)."""
-        from fatpipe.infra.errors import FatpipeError
-        from fatpipe.ops.plan.report import write_report
-
         try:
             page = write_report(run_dir)
         except FatpipeError as e:

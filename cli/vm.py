@@ -3,10 +3,19 @@
 
 from __future__ import annotations
 
+import ipaddress
+import json
 import os
 from pathlib import Path
 
 import click
+
+from fatpipe.infra.errors import FatpipeError
+from fatpipe.stacks.vm.image import build_image, default_cache
+from fatpipe.stacks.vm.inputs import BOOT_KEYS, NODE_KEYS, RATE_KEYS, VM_ENV_PREFIX
+from fatpipe.stacks.vm.node import VmNode
+from fatpipe.stacks.vm.node import node_down as down
+from fatpipe.stacks.vm.node import node_up as up
 
 
 @click.group()
@@ -19,17 +28,11 @@ def vm():
               help="Folder of cached images (default: FATPIPE_VM_CACHE, else ~/.cache/fatpipe/vm-image).")
 def image(cache):
     """Build the base image offline from this machine's apt mirror (cached by its recipe's hash)."""
-    from fatpipe.stacks.vmimage import build_image, default_cache
-
     built = build_image(cache or default_cache(), log=lambda m: click.echo(m, err=True))
     click.echo(str(built.disk))
 
 
 def node_from_env():
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.stacks.providers.vm_stack import BOOT_KEYS, NODE_KEYS, RATE_KEYS, VM_ENV_PREFIX
-    from fatpipe.stacks.vmnode import VmNode
-
     values = {key: os.environ.get(f"{VM_ENV_PREFIX}{key.upper()}") for key in NODE_KEYS}
     missing = [key for key, value in values.items() if value is None]
     if missing:
@@ -38,27 +41,25 @@ def node_from_env():
     # node-down removes this folder: only ever a node's own folder under the project's state.
     if node_dir.is_absolute() or len(node_dir.parts) != 4 or node_dir.parts[::2] != (".fatpipe", "nodes") \
             or ".." in node_dir.parts:
-        raise FatpipeError(f"fatpipe vm: {VM_ENV_PREFIX}NODE_DIR {str(node_dir)!r} is not .fatpipe/<cluster>/nodes/<node>")
+        raise FatpipeError(f"fatpipe vm: {VM_ENV_PREFIX}NODE_DIR {str(node_dir)!r} is not "
+                           ".fatpipe/<cluster>/nodes/<node>")
     boot = {key: os.environ[f"{VM_ENV_PREFIX}{key.upper()}"] for key in (*BOOT_KEYS[:-1], *RATE_KEYS)
             if f"{VM_ENV_PREFIX}{key.upper()}" in os.environ}  # node-up's alone (not the user data)
     try:
         return VmNode(**{**values, **boot, "rtt_ms": float(boot.get("rtt_ms", 0)),
                          "peer_rtt_ms": peer_rtts(boot.get("peer_rtt_ms", "{}")),
                          "peer_gbps": peer_rates(boot.get("peer_gbps", "{}")),
-                         "rate_gbit": float(values["rate_gbit"]), "mtu": int(values["mtu"]), "vcpus": int(values["vcpus"]), "memory_mib": int(values["memory_mib"]),
+                         "rate_gbit": float(values["rate_gbit"]), "mtu": int(values["mtu"]),
+                         "vcpus": int(values["vcpus"]), "memory_mib": int(values["memory_mib"]),
                          "node_dir": node_dir})
     except ValueError as e:
         raise FatpipeError(f"fatpipe vm: a bad FATPIPE_VM_* value ({e})") from None
 
 
-def peer_map(text: str, variable: str, label: str, unit: str, bounds: tuple[float, float]) -> tuple[tuple[str, float], ...]:
+def peer_map(text: str, variable: str, label: str, unit: str,
+             bounds: tuple[float, float]) -> tuple[tuple[str, float], ...]:
     """A FATPIPE_VM_* JSON {peer IP: number} from the stack, checked: it comes from the
     environment, and its values become tc's arguments in the guest."""
-    import ipaddress
-    import json
-
-    from fatpipe.infra.errors import FatpipeError
-
     low, high = bounds
     try:
         peers = json.loads(text)
@@ -86,8 +87,6 @@ def peer_rates(text: str) -> tuple[tuple[str, float], ...]:
 @vm.command("node-up", hidden=True)
 def node_up():
     """Start one VM (run by the vm stack's provisioner)."""
-    from fatpipe.stacks.vmnode import node_up as up
-
     node = node_from_env()
     up(node, os.environ.get("FATPIPE_VM_USER_DATA", ""), log=lambda m: click.echo(m, err=True))
     click.echo(f"{node.name}: booting at {node.ip} ({node.tap}, tbf {node.rate_gbit:g} Gbit/s)")
@@ -96,8 +95,6 @@ def node_up():
 @vm.command("node-down", hidden=True)
 def node_down():
     """Remove one VM and everything it had; succeeds when it is already gone."""
-    from fatpipe.stacks.vmnode import node_down as down
-
     node = node_from_env()
     down(node, log=lambda m: click.echo(m, err=True))
     click.echo(f"{node.name}: down")

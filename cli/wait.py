@@ -5,10 +5,12 @@ from __future__ import annotations
 import click
 
 from fatpipe.infra.defaults import WAIT_TIMEOUT_S
+from fatpipe.infra.runs import load_outputs
+from fatpipe.ops.reach.cluster import Cluster
 
 from .options import cluster_argument, console, outputs_option, pass_project
+from .ready import require_ready, wait_ready
 from .render import readiness_table
-from .steps import require_ready, wait_ready
 
 
 @click.command()
@@ -19,11 +21,10 @@ from .steps import require_ready, wait_ready
 @pass_project
 def wait(project, cluster: str | None, timeout_s: float, outputs_file):
     """Wait until every node answers, has finished booting, and reads back the tier's sysctls."""
-    from fatpipe.infra.runs import load_outputs
-
-    name = project.cluster(cluster).name
+    cluster = Cluster.resolve(project, cluster)
+    name = cluster.name
     outputs = load_outputs(project, name, outputs_file)
     out = console()
-    states = wait_ready(project, outputs, timeout_s, out)
+    states = wait_ready(cluster.deployed(outputs), timeout_s, out)
     out.print(readiness_table(states, f"{name}: {sum(s.ready for s in states)}/{len(states)} ready"))
     require_ready(states, timeout_s)

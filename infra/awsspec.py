@@ -9,6 +9,7 @@ from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
+from .netlimits import AWS_NETWORK, NetworkLimits
 from .spec import FIRST_HOST_OFFSET, CloudCluster, aws_regions, group_of
 
 
@@ -22,6 +23,9 @@ class AwsCluster(CloudCluster):
     provider: Literal["aws"]
     machine_field: ClassVar[str] = "instance_type"  # the key that names a machine type
     prefix_range: ClassVar[tuple[int, int]] = (16, 28)  # what EC2 accepts for a VPC and subnet
+    network: ClassVar[NetworkLimits] = AWS_NETWORK
+    state_bucket_in_region: ClassVar[bool] = True
+    host_keys: ClassVar[str] = "pinned"  # from the console output cloud-init prints them to
     instance_type: str | None = None
     availability_zone: str | None = None
     # Nodes in several regions (docs/clouds-and-plan.md, "AWS: nodes in several regions"): consecutive
@@ -68,12 +72,14 @@ class AwsCluster(CloudCluster):
         smallest = self.prefix_range[1]
         if part.prefixlen > smallest:
             raise ValueError(f"private_cidr {self.private_cidr} split over {len(regions)} regions gives each a "
-                             f"/{part.prefixlen}, and an AWS VPC is /{smallest} at least; use a larger network such as /22")
+                             f"/{part.prefixlen}, and an AWS VPC is /{smallest} at least; use a larger network "
+                             "such as /22")
         usable = part.num_addresses - FIRST_HOST_OFFSET - 1
         most = max(len(self.region_nodes(r)) for r in range(len(regions)))
         if most > usable:
             raise ValueError(f"private_cidr {self.private_cidr} split over {len(regions)} regions holds at most "
-                             f"{usable} nodes a region (a /{part.prefixlen} each, addresses from .{FIRST_HOST_OFFSET}), "
+                             f"{usable} nodes a region (a /{part.prefixlen} each, addresses from "
+                             f".{FIRST_HOST_OFFSET}), "
                              f"and a region gets {most}; use a larger network such as /22")
         return self
 
@@ -106,6 +112,11 @@ class AwsCluster(CloudCluster):
     def output_region(self, index: int) -> str | None:
         """The `region` node `index`'s output carries: None in one region (the outputs contract)."""
         return self.node_region(index) if self.spans_regions else None
+
+    def deployment_keys(self, outputs) -> list[tuple[str, object, object]]:
+        # Nodes in other regions are other nodes.
+        return [("regions", [node.region for node in outputs.nodes],
+                 [self.output_region(i) for i in range(self.nodes)])]
 
     def region_nodes(self, position: int) -> range:
         """The nodes of the region at `position` in `node_regions`: consecutive, as region_index puts them."""

@@ -202,7 +202,8 @@ def machine_for(cluster, root: Path | None = None) -> MachineType:
         return candidates[0]
     machine = catalog.types.get(wanted)
     if machine is None:
-        refresh = f"; refresh it with `fatpipe catalog {provider} --region {cluster.region}`" if catalog.refreshable else ""
+        refresh = (f"; refresh it with `fatpipe catalog {provider} --region {cluster.region}`"
+                   if catalog.refreshable else "")
         raise ConfigError(f"{where}: {wanted} is not in the {catalog.label()}{refresh}. {suggestion}")
     if machine.baseline_gbps is None or machine.baseline_gbps < gbps:
         raise ConfigError(

@@ -15,75 +15,16 @@ from .hostvalues import check_address, check_login, check_node_name, check_path,
 from .node import remote_dir_problem
 from .nodespec import NodeSpec
 from .runspec import RunSpec
+from .simspec import SimCluster
 from .spec import (
     DIGITALOCEAN_REGIONS,
     NAME_PATTERN,
     RESERVED_NAMES,
     CloudCluster,
     ClusterBase,
-    LocalCluster,
-    group_of,
 )
 from .trainspec import Strict, TrainSpec
 from .vmspec import VmCluster
-
-
-class SimCluster(LocalCluster):
-    """Nodes on this machine: network namespaces shaped with tc, or loopback addresses."""
-
-    provider: Literal["sim"]
-    isolation: Literal["auto", "netns", "loopback"] = "auto"
-    # ssh: every namespace runs sshd on its private IP, and fatpipe reaches and tunes the node
-    # over SSH exactly as it does a rented machine (netns isolation only).
-    transport: Literal["netns", "ssh"] = "netns"
-    ssh_user: str = ""
-    firewall: bool = True  # transport ssh: the host firewall rented machines get (infra/firewall.py)
-    # Regions rehearsed: the nodes split into `regions` consecutive groups (node i is in region
-    # i * regions // nodes), each on its own bridge at the tier's rate, joined by one link of
-    # `cross_region_gbps` that every cross-region flow shares; `cross_region_flow_gbps` caps each
-    # flow on it (stacks/simregions.py).
-    regions: int = Field(1, ge=1, le=16)
-    cross_region_gbps: float | None = Field(None, ge=0.001, le=100)
-    cross_region_flow_gbps: float | None = Field(None, ge=0.001, le=100)
-
-    @field_validator("max_rtt_ms")
-    @classmethod
-    def _no_round_trip(cls, value: float | None) -> float | None:
-        # Namespaces of one kernel: no link has a round trip, and rmem_max/wmem_max are the host's.
-        if value is not None:
-            raise ValueError("sim nodes have no round trip to size buffers for (max_rtt_ms is for aws, "
-                             "digitalocean, ssh and vm clusters)")
-        return value
-
-    @model_validator(mode="after")
-    def _ssh_needs_namespaces(self):
-        if self.transport == "ssh" and self.isolation == "loopback":
-            raise ValueError("transport = \"ssh\" needs isolation = \"netns\" (or \"auto\" as root)")
-        return self
-
-    @model_validator(mode="after")
-    def _regions_fit(self):
-        if self.regions > self.nodes:
-            raise ValueError(f"regions = {self.regions}: more regions than nodes ({self.nodes})")
-        if self.regions == 1 and (self.cross_region_gbps or self.cross_region_flow_gbps):
-            raise ValueError("cross_region_gbps: needs regions >= 2 (one region has no cross-region link)")
-        if self.regions > 1 and self.cross_region_gbps is None:
-            raise ValueError(f"regions = {self.regions}: give cross_region_gbps, the rate between regions")
-        if self.regions > 1 and self.isolation == "loopback":
-            raise ValueError(f"regions = {self.regions}: regions are shaped netns links; loopback nodes are not shaped")
-        flow = self.cross_region_flow_gbps
-        if flow and flow > self.cross_region_gbps:
-            raise ValueError(f"cross_region_flow_gbps {flow:g} is above cross_region_gbps {self.cross_region_gbps:g}")
-        return self
-
-    def region_of(self, index: int) -> int:
-        return group_of(index, self.regions, self.nodes)
-
-    @model_validator(mode="after")
-    def _link_rate_needs_namespaces(self):
-        if self.link_gbps is not None and self.isolation == "loopback":
-            raise ValueError("link_gbps shapes netns links; loopback nodes are not shaped")
-        return self
 
 
 class DigitalOceanCluster(CloudCluster):
@@ -100,7 +41,8 @@ class DigitalOceanCluster(CloudCluster):
     @classmethod
     def _md5_fingerprint(cls, value: str | None) -> str | None:
         if value is not None and not re.fullmatch(r"([0-9a-f]{2}:){15}[0-9a-f]{2}", value):
-            raise ValueError(f"{value!r} is not an MD5 key fingerprint such as 3b:16:...:9f (see `doctl compute ssh-key list`)")
+            raise ValueError(f"{value!r} is not an MD5 key fingerprint such as 3b:16:...:9f "
+                             "(see `doctl compute ssh-key list`)")
         return value
 
     @field_validator("region")
@@ -149,6 +91,7 @@ class SshCluster(ClusterBase):
     """Machines that already exist (rented anywhere), reached over SSH; fatpipe tunes and untunes them."""
 
     provider: Literal["ssh"]
+    host_keys: ClassVar[str] = "user"  # the user's own known_hosts and ssh config
     hosts: list[SshHost] = Field(min_length=1)
     ssh_user: str = "root"
     ssh_key_file: str | None = None  # a private key; default: what ssh itself would use
@@ -251,6 +194,17 @@ CLUSTER_MODELS: dict[str, type[ClusterBase]] = {
     "vm": VmCluster,
 }
 PROVIDERS = tuple(CLUSTER_MODELS)
+
+
+def model_of(provider) -> type[ClusterBase] | None:
+    """The cluster model of `provider`: a cluster file's or an outputs' value, checked or not."""
+    return CLUSTER_MODELS.get(provider) if isinstance(provider, str) else None
+
+
+def shares_kernel(provider) -> bool:
+    """Whether the nodes of a `provider` cluster share this machine's kernel."""
+    model = model_of(provider)
+    return model is not None and model.shares_kernel
 Cluster = Annotated[SimCluster | AwsCluster | DigitalOceanCluster | SshCluster | VmCluster,
                     Field(discriminator="provider")]
 
@@ -284,7 +238,7 @@ class ProjectSpec(Strict):
     def _sim_addresses_distinct(self):
         # Two sim clusters on one machine must not share addresses: not their networks, nor the
         # loopback ranges derived from them (127.<low 24 bits of the network>).
-        sims = [c for c in self.clusters.values() if c.provider == "sim"]
+        sims = [c for c in self.clusters.values() if c.shares_kernel]
         for i, a in enumerate(sims):
             net_a = ipaddress.IPv4Network(a.private_cidr)
             for b in sims[i + 1:]:

@@ -2,8 +2,9 @@
 
 A local file or folder (staged from this machine), or a remote source every node fetches itself:
 `s3://bucket/prefix` (every object under it) or `https://host/file` (`http://` only with
-`insecure_http = true`). Project-wide (`[data]`) or per cluster (`[clusters.<name>.data]`, which wins). docs/ARCHITECTURE.md,
-"The data contract", says where the data and its manifest land on a node.
+`insecure_http = true`). Project-wide (`[data]`) or per cluster (`[clusters.<name>.data]`, which
+wins). docs/ARCHITECTURE.md, "The data contract", says where the data and its manifest land on a
+node.
 """
 
 from __future__ import annotations

@@ -69,7 +69,7 @@ def run_ports(cluster) -> list[int]:
 
 
 def firewall_plan(cluster) -> dict | None:
-    """What the node firewall (ops/reach/node_firewall.py) is given; None where the cluster opts out."""
+    """What the node firewall (node/hostfirewall.py) is given; None where the cluster opts out."""
     if not getattr(cluster, "firewall", False):
         return None
     return {"trusted": trusted_sources(cluster), "members": member_sources(cluster), "run_ports": run_ports(cluster)}

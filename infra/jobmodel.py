@@ -28,7 +28,9 @@ from .accelerators import REFERENCE_PARAMS as REFERENCE_PARAMS
 from .accelerators import Accelerator
 from .accelerators import accelerator as accelerator
 from .catalog import MachineType
+from .clusters import CLUSTER_MODELS
 from .errors import ConfigError
+from .netlimits import NO_PUBLISHED_CAPS, NetworkLimits
 from .tiers import NCCL_SOCKETS
 
 # llm.c's GPT-2 124M batch: 0.5M tokens per optimizer step, shared by every node.
@@ -79,53 +81,31 @@ def ring_allreduce_bytes(grad_bytes: int, nodes: int) -> float:
 
 # -- the link -------------------------------------------------------------------------------------
 
-# AWS caps one TCP flow at 5 Gbit/s between instances outside a cluster placement group and
-# 10 Gbit/s inside one ("Amazon EC2 instance network bandwidth", EC2 User Guide). fatpipe puts
-# AWS nodes in a cluster placement group when the type may join one (`cluster_placement`).
-# DigitalOcean documents no per-flow limit.
-AWS_FLOW_GBPS = {True: 10.0, False: 5.0}
+def network_of(provider: str) -> NetworkLimits:
+    """The published network limits of `provider` (its cluster model's, infra/netlimits.py)."""
+    model = CLUSTER_MODELS.get(provider)
+    return model.network if model is not None else NO_PUBLISHED_CAPS
 
 
 def flow_cap_gbps(provider: str, machine: MachineType, span: str = "region") -> float | None:
     """The most one TCP flow carries between two nodes of this type; None: no published cap.
     No placement group spans regions or the internet."""
-    if provider == "aws":
-        return AWS_FLOW_GBPS[machine.cluster_placement and span == "region"]
-    return None
-
-
-# Where the ring's traffic goes: inside one region (the private network), between regions, or
-# over the internet (public addresses). Outside its region AWS caps an instance's multi-flow
-# traffic at 5 Gbit/s below 32 vCPUs, else at half its bandwidth or 5, whichever is larger
-# ("Amazon EC2 instance network bandwidth", EC2 User Guide: traffic to other Regions, an
-# internet gateway, Direct Connect or local gateways). DigitalOcean publishes no egress cap
-# beyond the per-Droplet limit its catalog already holds.
-SPANS = ("region", "regions", "internet")
-AWS_EGRESS_GBPS, AWS_EGRESS_MIN_VCPUS, AWS_EGRESS_SHARE = 5.0, 32, 0.5
+    return network_of(provider).flow_cap(machine, span)
 
 
 def egress_cap_gbps(provider: str, machine: MachineType, span: str = "region") -> float | None:
     """What all of a node's flows together carry out of its region; None: no published cap."""
-    if span not in SPANS:
-        raise ConfigError(f"span must be one of {', '.join(SPANS)}, not {span!r}")
-    if span == "region" or provider != "aws":
-        return None
-    if machine.vcpus >= AWS_EGRESS_MIN_VCPUS and machine.baseline_gbps is not None:
-        return max(AWS_EGRESS_SHARE * machine.baseline_gbps, AWS_EGRESS_GBPS)
-    return AWS_EGRESS_GBPS
-
-
-# NCCL recognises AWS's ENA and opens 2 threads x 8 sockets per peer by itself; fatpipe leaves
-# NCCL's socket settings alone there (stacks/providers/aws.py), and sets the tier's elsewhere.
-AWS_NCCL_FLOWS = 2 * 8
+    return network_of(provider).egress_cap(machine, span)
 
 
 def flows_per_peer(accel: Accelerator, tier: str, provider: str = "") -> int:
-    """Flows one node opens to its ring neighbour: gloo (CPU) one; NCCL its sockets."""
+    """Flows one node opens to its ring neighbour: gloo (CPU) one; NCCL its sockets (the
+    provider's own count where NCCL picks it itself, else the tier's profile)."""
     if accel.gpus == 0:
         return 1
-    if provider == "aws":
-        return AWS_NCCL_FLOWS
+    own = network_of(provider).nccl_flows
+    if own is not None:
+        return own
     threads, sockets = NCCL_SOCKETS[tier]
     return threads * sockets
 

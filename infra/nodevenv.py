@@ -2,7 +2,7 @@
 
 docs/ARCHITECTURE.md, "The node environment": torch, numpy and the project's requirements; the
 stamp covers the whole declaration, so the venv is rebuilt exactly when it changes. How it is
-built: ops/env/nodewheels.py (every ssh node, clouds' too: one download, installed offline
+built: ops/env/venvs.py (every ssh node, clouds' too: one download, installed offline
 everywhere). Nothing here reaches a cloud node's user data: a new stamp never makes a new node.
 """
 
@@ -12,6 +12,7 @@ import hashlib
 import json
 import os
 from dataclasses import asdict, dataclass
+from importlib.metadata import version
 from pathlib import Path
 
 from .errors import FatpipeError
@@ -62,8 +63,6 @@ def torch_spec() -> str:
             return requirement(os.environ[TORCH_SPEC_ENV])
         except ValueError as e:
             raise FatpipeError(f"${TORCH_SPEC_ENV}: {e}", exit_code=2) from None
-    from importlib.metadata import version
-
     return "torch==" + version("torch").split("+")[0]
 
 

@@ -10,6 +10,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from .clusters import PROVIDERS
 from .errors import FatpipeError
 from .hostvalues import (
     CONTROL,
@@ -137,8 +138,6 @@ class ClusterOutputs(BaseModel):
     @field_validator("provider")
     @classmethod
     def _known_provider(cls, value: str) -> str:
-        from .clusters import PROVIDERS
-
         if value not in PROVIDERS:
             raise ValueError(f"{value!r} is not a provider; allowed: {', '.join(PROVIDERS)}")
         return value

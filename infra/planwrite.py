@@ -6,13 +6,15 @@ import json
 import re
 from pathlib import Path
 
+from .clusters import CLUSTER_MODELS
 from .errors import ConfigError
 from .files import write_atomic
 from .project import parse_project
 
 # Where a cluster of the file gives none to copy: the regions the offline prices are for.
 DEFAULT_REGION = {"aws": "us-east-1", "digitalocean": "nyc3"}
-MACHINE_KEY = {"aws": "instance_type", "digitalocean": "size"}
+# The providers whose cluster tables name a machine type, and the key that does.
+MACHINE_KEY = {name: model.machine_field for name, model in CLUSTER_MODELS.items() if model.machine_field}
 NAME = re.compile(r"[a-z][a-z0-9-]{0,30}")
 
 

@@ -13,8 +13,12 @@ from pathlib import Path
 
 from pydantic import ValidationError
 
-from .clusters import PROVIDERS, ProjectSpec
+from .clusters import CLUSTER_MODELS, PROVIDERS, ProjectSpec
+from .dataspec import DataSpec
 from .errors import ConfigError
+from .nodespec import NodeSpec
+from .runspec import RunSpec
+from .spec import Backend
 from .templates import SIM as DEFAULT_TOML
 from .trainspec import TrainSpec
 
@@ -212,11 +216,6 @@ def _describe(err: dict, data: dict) -> str:
 
 
 def _allowed_keys(loc: list[str], data: dict) -> list[str]:
-    from .clusters import CLUSTER_MODELS
-    from .dataspec import DataSpec
-    from .nodespec import NodeSpec
-    from .spec import Backend
-
     if loc[:1] == ["train"]:
         model = TrainSpec
     elif loc[:1] == ["node"]:
@@ -224,8 +223,6 @@ def _allowed_keys(loc: list[str], data: dict) -> list[str]:
     elif loc[:1] == ["data"]:
         model = DataSpec
     elif loc[:1] == ["run"]:
-        from .runspec import RunSpec
-
         model = RunSpec
     elif loc[:1] == ["clusters"] and len(loc) >= 3:
         provider = data.get("clusters", {}).get(loc[1], {}).get("provider")

@@ -13,6 +13,7 @@ from pathlib import Path
 from .defaults import RENDEZVOUS_FILE
 from .errors import FatpipeError
 from .files import write_atomic
+from .outputs import read_outputs
 
 LATEST = "latest"  # a text file beside the run folders holding the newest launched run's id
 LOCK_FILE = "lock"  # .fatpipe/<cluster>/lock: held by every command that changes the cluster
@@ -30,8 +31,6 @@ def load_outputs(project, cluster_name: str, path: str | os.PathLike | None = No
     A file that is there but unreadable (truncated, edited, not fatpipe's) is one line naming it
     and the fix, exit 2: never a traceback.
     """
-    from .outputs import read_outputs
-
     file = Path(path) if path else outputs_file(project, cluster_name)
     if not file.exists():
         return read_outputs(file, cluster_name)  # its own "deploy the cluster first"

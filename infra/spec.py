@@ -12,6 +12,8 @@ from pydantic import Field, ValidationInfo, field_validator, model_validator
 
 from .dataspec import DataSpec
 from .hostvalues import check_login
+from .lazy import load
+from .netlimits import NO_PUBLISHED_CAPS, NetworkLimits
 from .nodespec import NodeSpec
 from .trainspec import Strict
 
@@ -43,9 +45,7 @@ def group_of(index: int, groups: int, nodes: int) -> int:
 @lru_cache(maxsize=1)
 def aws_regions() -> frozenset[str]:
     """Regions botocore's bundled endpoint data knows for EC2 (offline; includes opt-in ones)."""
-    import botocore.session
-
-    session = botocore.session.get_session()
+    session = load("botocore.session").get_session()
     regions: set[str] = set()
     for partition in session.get_available_partitions():
         regions.update(session.get_available_regions("ec2", partition_name=partition))
@@ -78,6 +78,16 @@ class ClusterBase(Strict):
     machine_field: ClassVar[str | None] = None  # the key naming a machine type, where one can be named
     # The network sizes the provider accepts for its private network (prefix lengths).
     prefix_range: ClassVar[tuple[int, int]] = (8, 30)
+    # What differs by provider and the cluster file's layers own (docs/ARCHITECTURE.md, "Adding a
+    # provider"): the provider's published network limits (`fatpipe plan`), whether its nodes share
+    # this machine's kernel (their addresses must differ from every other such cluster's, and
+    # NCCL's shared memory would bypass their shaped links), and whether an S3 state bucket
+    # defaults to the cluster's own region; and how its nodes' SSH host keys are checked
+    # (ops/reach/hostkeys.py: pinned from the console, the user's own, or accept-new).
+    network: ClassVar[NetworkLimits] = NO_PUBLISHED_CAPS
+    host_keys: ClassVar[str] = "accept-new"
+    shares_kernel: ClassVar[bool] = False
+    state_bucket_in_region: ClassVar[bool] = False
     nodes: int = Field(4, ge=1, le=512)
     tier: Tier = "1g"
     gpus_per_node: int = Field(0, ge=0, le=16)
@@ -158,10 +168,15 @@ class ClusterBase(Strict):
     @model_validator(mode="after")
     def _s3_region_given(self):
         # An AWS cluster's state bucket defaults to the cluster's region; nothing else has one.
-        if self.backend.type == "s3" and self.backend.region is None and self.provider != "aws":
+        if self.backend.type == "s3" and self.backend.region is None and not self.state_bucket_in_region:
             raise ValueError(f"backend.region: required for the S3 state bucket of a {self.provider} "
                              "cluster (for example \"us-east-1\")")
         return self
+
+    def deployment_keys(self, outputs) -> list[tuple[str, object, object]]:
+        """(key, in the outputs, in the cluster file) for what else deployed `outputs` must match to
+        be this cluster, beyond what every provider's must (ops/reach/deployment.py)."""
+        return []
 
     def output(self, nodes: list[dict], **extra) -> dict:
         """The stack's `cluster` output (docs/ARCHITECTURE.md, "The outputs contract") for these nodes."""

@@ -13,7 +13,7 @@ from .spec import LocalCluster, group_of
 # The login of the image's cloud-init default user (Debian's cloud.cfg): the seed's key goes there.
 VM_LOGIN = "debian"
 # A cross-region rate gives each far peer its own netem under the guest's prio qdisc, whose 16
-# bands leave 15 beside the default (stacks/vmseed.py, MAX_PEER_DELAYS).
+# bands leave 15 beside the default (stacks/vm/seed.py, MAX_PEER_DELAYS).
 MAX_RATED_PEERS = 15
 
 
@@ -35,7 +35,7 @@ class VmCluster(LocalCluster):
     regions: int = Field(1, ge=1, le=64)
     cross_region_rtt_ms: float | None = Field(None, ge=0, le=1000)
     # The rate between two VMs of different regions, per pair and direction: netem's `rate` on
-    # the peer's own class in the receiving guest (stacks/vmseed.py).
+    # the peer's own class in the receiving guest (stacks/vm/seed.py).
     cross_region_gbps: float | None = Field(None, ge=0.001, le=100)
     ssh_user: str = VM_LOGIN  # the taps are shaped to link_rate_gbps
 

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 
+from . import toolkit  # the CDK's names, each imported on first use (`toolkit.__getattr__`)
 from .providers import provider_for
 
 # jsii warns on every start that this Node is past its end of life; the synthesized JSON is
@@ -30,9 +31,7 @@ def cluster_stack_class():
     fatpipe's ids are unique within a stack, and plain names (`aws_instance.nodes`) read well in
     plans and keep state addresses stable whichever construct builds them.
     """
-    from .toolkit import TerraformStack
-
-    class ClusterStack(TerraformStack):
+    class ClusterStack(toolkit.TerraformStack):
         def _allocate_logical_id(self, element) -> str:
             return element.node.id
 
@@ -41,12 +40,10 @@ def cluster_stack_class():
 
 def build_stack(app, cluster, project):
     """A stack for `cluster`: its backend, its provider's cluster construct, one `cluster` output."""
-    from .toolkit import LocalBackend, S3Backend, TerraformOutput
-
     stack = cluster_stack_class()(app, cluster.name)
     backend = cluster.backend
     if backend.type == "s3":
-        S3Backend(
+        toolkit.S3Backend(
             stack,
             bucket=backend.bucket,
             key=backend.key or f"fatpipe/{project.project_id}/{cluster.name}.tfstate",
@@ -58,34 +55,34 @@ def build_stack(app, cluster, project):
             # raw, which gives the same JSON with cdktn (whose S3Backend has it).
             stack.add_override("terraform.backend.s3.use_lockfile", True)
     else:
-        LocalBackend(stack, path=state_path_from_stack_dir(cluster.name))
+        toolkit.LocalBackend(stack, path=state_path_from_stack_dir(cluster.name))
     stack.add_override("terraform.required_version", f">= {backend.minimum_terraform}")
     provider = provider_for(cluster.provider)
     resources = provider.construct(stack, cluster, project)
     # The nodes' NCCL settings travel with the outputs: every run's rendezvous sets them.
     output = {**resources.output, "nccl": provider.nccl_env(cluster)}
-    TerraformOutput(stack, "cluster", value=output,
+    toolkit.TerraformOutput(stack, "cluster", value=output,
                     description="fatpipe cluster contract (docs/ARCHITECTURE.md)")
     return stack
 
 
-def build_app(project, names: list[str] | None = None, outdir: Path | None = None):
-    """An App holding the named clusters' stacks (all of them when `names` is None)."""
-    from .toolkit import App
-
+def build_app(project, clusters: list | None = None, outdir: Path | None = None):
+    """An App holding the stacks of `clusters`, the command's resolved specs (every declared one
+    when None)."""
     outdir = outdir or project.root / OUTDIR
-    app = App(outdir=str(outdir), skip_validation=False)
-    for name in names or list(project.clusters):
-        build_stack(app, project.cluster(name), project)
+    app = toolkit.App(outdir=str(outdir), skip_validation=False)
+    for cluster in clusters or list(project.clusters.values()):
+        build_stack(app, cluster, project)
     return app
 
 
-def synth(project, names: list[str] | None = None, outdir: Path | None = None) -> dict[str, Path]:
-    """Synthesize and return each cluster's stack folder (which holds cdk.tf.json)."""
+def synth(project, clusters: list | None = None, outdir: Path | None = None) -> dict[str, Path]:
+    """Synthesize and return each cluster's stack folder (which holds cdk.tf.json), by name."""
     outdir = Path(outdir or project.root / OUTDIR)
-    app = build_app(project, names, outdir)
+    clusters = clusters or list(project.clusters.values())
+    app = build_app(project, clusters, outdir)
     app.synth()
-    folders = {name: outdir / "stacks" / name for name in names or list(project.clusters)}
+    folders = {cluster.name: outdir / "stacks" / cluster.name for cluster in clusters}
     for name, folder in folders.items():
         if not (folder / "cdk.tf.json").is_file():
             raise FatpipeError(f"synth wrote no {folder / 'cdk.tf.json'} for cluster {name}")

@@ -14,11 +14,12 @@ from pathlib import Path
 from fatpipe.infra.defaults import DEFAULT_ENGINE, ENGINES
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
-from fatpipe.infra.outputs import ClusterOutputs, parse_outputs
+from fatpipe.infra.outputs import ClusterOutputs, parse_outputs, read_outputs
 from fatpipe.infra.runs import outputs_file as outputs_path
 
+from .app import OUTDIR, synth
 from .nodeplan import NodeChange, node_changes, review
-from .providers import provider_for
+from .providers import provider_for, provider_of
 from .shield import capture, hold_signals, shield_cdk_runtime, stream
 
 CDKTF_LOCAL = Path(".tools/node_modules/.bin/cdktf")
@@ -50,23 +51,22 @@ class Teardown:
         return "; ".join(parts)
 
 
-def synth_stack(project, name: str) -> Path:
-    """Synthesize one cluster's stack, the CDK runtime shielded from Ctrl-C and never cut mid-call."""
-    from .app import synth
-
+def synth_stack(project, cluster) -> Path:
+    """Synthesize the stack of `cluster` (the command's resolved spec), the CDK runtime shielded from
+    Ctrl-C and never cut mid-call."""
     shield_cdk_runtime()
     with hold_signals():
-        return synth(project, [name])[name]
+        return synth(project, [cluster])[cluster.name]
 
 
-def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGINE, yes: bool = False,
+def deploy_cluster(project, cluster, engine: str = DEFAULT_ENGINE, yes: bool = False,
                    confirm: Callable[[str], bool] | None = None,
                    log: Log | None = None, approve: Approve | None = None) -> ClusterOutputs:
-    """Synthesize and apply `name`'s stack, then write .fatpipe/<name>/outputs.json (bare shape).
+    """Synthesize and apply the stack of `cluster` (the command's resolved spec), then write
+    .fatpipe/<name>/outputs.json (bare shape).
 
     `approve(changes)` is asked when the plan would replace, destroy or stop existing nodes;
     without it, or on its no, nothing is applied (stacks/nodeplan.py)."""
-    cluster = project.cluster(name)
     name = cluster.name
     log = log or _quiet
     provider = provider_for(cluster.provider)
@@ -77,7 +77,7 @@ def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGIN
                     f"cluster {name}? They cost money until `fatpipe down {name}`.")
         if confirm is None or not confirm(question):
             raise FatpipeError(f"deploy of {name} cancelled; nothing was created (--yes skips the question)")
-    runner = Runner(engine, project, name, log)
+    runner = Runner(engine, project, name, log, cluster)
     runner.replace, runner.approve = _vanished(project, cluster, log), approve
     doc = runner.apply()
     outputs = parse_outputs(doc, name, label=f"{engine} outputs of {name}")
@@ -85,12 +85,12 @@ def deploy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGIN
     return outputs
 
 
-def destroy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGINE,
+def destroy_cluster(project, cluster, name: str | None = None, engine: str = DEFAULT_ENGINE,
                     log: Log | None = None) -> Teardown:
-    """Destroy `name`'s stack and remove its outputs; says what went, and what was left alone."""
+    """Destroy the stack of `cluster` (the command's resolved spec; None for one no longer declared,
+    known by `name` and its last synth) and remove its outputs; says what went, and what was left alone."""
     log = log or _quiet
-    if name is None:
-        name = project.cluster(None).name
+    name = cluster.name if cluster is not None else name
     result = Teardown(name)
 
     def record(line: str) -> None:
@@ -99,15 +99,10 @@ def destroy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGI
             result.destroyed.append(found.group(1))
         log(line)
 
-    Runner(engine, project, name, record).destroy()
-    cluster = project.clusters.get(name)
-    # An undeclared cluster can only be a sim one left from an edited file (clouds need their spec).
-    provider = provider_for(cluster.provider if cluster else "sim")
+    Runner(engine, project, name, record, cluster).destroy()
+    provider = provider_of(cluster)
     result.swept = provider.sweep(project, name, log)
-    if provider.name == "sim":
-        from .providers.sim import foreign_nodes
-
-        result.kept = foreign_nodes(name)
+    result.kept = provider.left_alone(name)
     outputs_path(project, name).unlink(missing_ok=True)
     # The next deploy brings new nodes with new host keys, which accept-new would refuse.
     (project.state_dir(name) / "known_hosts").unlink(missing_ok=True)
@@ -115,23 +110,15 @@ def destroy_cluster(project, name: str | None = None, engine: str = DEFAULT_ENGI
 
 
 def _vanished(project, cluster, log: Log) -> list[str]:
-    """Addresses of sim nodes that terraform's state holds but this machine lost (a restart clears
-    namespaces): a plain apply would see nothing to do, so they are replaced."""
-    if cluster.provider not in ("sim", "vm") or not outputs_path(project, cluster.name).exists():
+    """Addresses of nodes that terraform's state holds but that are gone (a restart clears a sim's
+    namespaces, ends a vm's QEMU): a plain apply would see nothing to do, so they are replaced."""
+    if not outputs_path(project, cluster.name).exists():
         return []
-    from fatpipe.infra.outputs import read_outputs
-
-    from .providers.sim import vanished_nodes
-    from .vmnode import vanished_vms
-
     try:
         outputs = read_outputs(outputs_path(project, cluster.name), cluster.name)
     except FatpipeError:
         return []  # unreadable outputs: the apply rewrites them
-    if cluster.provider == "vm":  # a reboot ends every QEMU
-        gone = vanished_vms(project.state_dir(cluster.name) / "nodes", outputs)
-    else:
-        gone = vanished_nodes(outputs)
+    gone = provider_for(cluster.provider).vanished_nodes(project, outputs)
     if gone:
         log(f"fatpipe: {', '.join(gone)}: gone from this machine though deployed; making them again")
     return [f"terraform_data.node-{name.rsplit('-', 1)[1]}" for name in gone]
@@ -140,10 +127,11 @@ def _vanished(project, cluster, log: Log) -> list[str]:
 class Runner:
     """One cluster's stack folder and the engine binary that works on it."""
 
-    def __init__(self, engine: str, project, name: str, log: Log):
+    def __init__(self, engine: str, project, name: str, log: Log, cluster=None):
         if engine not in ENGINES:
             raise FatpipeError(f"unknown engine {engine!r}; allowed: {', '.join(ENGINES)}")
         self.engine, self.project, self.name, self.log = engine, project, name, log
+        self.cluster = cluster  # the resolved spec; None: no longer declared, destroyed from its last synth
         self.replace: list[str] = []  # resource addresses the next apply replaces (gone nodes)
         self.approve: Approve | None = None  # asked before a node is replaced, destroyed or stopped
         self.binary = _find_binary(engine, project.root)
@@ -157,7 +145,7 @@ class Runner:
         stopped (stacks/nodeplan.py), then apply exactly that saved plan: nothing else slips in.
         cdktf's deploy cannot apply a saved plan, so with cdktf the plan and the apply run with
         terraform in the stack folder cdktf deploys from (the same JSON, state and backend)."""
-        stack_dir = self._synth(required=True)
+        stack_dir = self._synth()
         self._place_overrides(stack_dir)
         plan_file = stack_dir / PLAN_FILE
         try:
@@ -169,8 +157,7 @@ class Runner:
                                           self.project.root, _env()))
             except FatpipeError as e:
                 raise FatpipeError(self._partial_message("plan", stack_dir, e)) from None
-            cluster = self.project.cluster(self.name)
-            review(node_changes(plan, cluster.node_name, tuple(self.replace)), self.name, self.approve)
+            review(node_changes(plan, self.cluster.node_name, tuple(self.replace)), self.name, self.approve)
             try:
                 self._tf(stack_dir, "apply", "-input=false", PLAN_FILE)
             except FatpipeError as e:
@@ -181,7 +168,7 @@ class Runner:
                                   self.project.root, _env()))
 
     def destroy(self) -> None:
-        stack_dir = self._synth(required=False)
+        stack_dir = self._synth()
         if stack_dir is None:
             self.log(f"{self.name}: no stack was ever synthesized; nothing to destroy")
             return
@@ -217,14 +204,10 @@ class Runner:
         if wanted:
             self.log(f"{self.name}: override files {', '.join(wanted)}")
 
-    def _synth(self, required: bool) -> Path | None:
+    def _synth(self) -> Path | None:
         """A fresh synth while the cluster is declared; else the folder of its last synth."""
-        from .app import OUTDIR
-
-        if self.name in self.project.clusters:
-            return synth_stack(self.project, self.name)
-        if required:
-            self.project.cluster(self.name)  # raises the "no cluster" message
+        if self.cluster is not None:
+            return synth_stack(self.project, self.cluster)
         stack_dir = self.project.root / OUTDIR / "stacks" / self.name
         return stack_dir if (stack_dir / "cdk.tf.json").is_file() else None
 

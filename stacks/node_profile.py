@@ -186,7 +186,7 @@ def profile_files(cluster, mtu: int | None, nccl: dict[str, str],
 
 
 def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool = True) -> dict:
-    """The node profile for the SSH applier (`ops.reach.node_agent`): the same files, sysctls and
+    """The node profile for the SSH applier (`fatpipe.node.applier`): the same files, sysctls and
     packages cloud-init gets, and what to run. `private_ip` is filled in per host."""
     installs = PACKAGES if packages else ()
     files = profile_files(cluster, mtu, nccl, installs)
@@ -195,14 +195,14 @@ def profile_plan(cluster, mtu: int | None, nccl: dict[str, str], packages: bool 
         "sysctls": cluster_profile(cluster).sysctls,
         "packages": list(installs),
         "unit": UNIT, "net_script": NET_SCRIPT, "ready_script": READY_SCRIPT,
-        # The host firewall (ops/reach/node_firewall.py); None where the cluster opts out.
+        # The host firewall (node/hostfirewall.py); None where the cluster opts out.
         "firewall": firewall_plan(cluster),
     }
 
 
 def cloud_config(cluster, mtu: int, nccl: dict[str, str]) -> dict:
     """The cloud-config document (a dict) for every node of `cluster`: its private NIC at `mtu`,
-    NCCL's settings `nccl`. The node venv is not built here: launch builds it (ops.env.nodewheels),
+    NCCL's settings `nccl`. The node venv is not built here: launch builds it (ops.env.venvs),
     so nothing that changes with the project reaches the user data."""
     files = profile_files(cluster, mtu, nccl)
     return {
@@ -232,5 +232,6 @@ def render_cloud_init(cluster, mtu: int, limit: int, nccl: dict[str, str] | None
     nccl = cluster_profile(cluster).nccl if nccl is None else nccl
     text = "#cloud-config\n" + json.dumps(cloud_config(cluster, mtu, nccl), indent=1) + "\n"
     if len(text.encode()) > limit:
-        raise FatpipeError(f"user data for {cluster.name} is {len(text.encode())} bytes; {cluster.provider} allows {limit}")
+        raise FatpipeError(f"user data for {cluster.name} is {len(text.encode())} bytes; "
+                           f"{cluster.provider} allows {limit}")
     return text

@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.lazy import load
 
 Log = Callable[[str], None]
 GROUP_WAIT_S = 120  # how long leftovers of an engine's process group get to finish
@@ -45,8 +46,8 @@ def shield_cdk_runtime() -> None:
     is left as it is (synth still works, unshielded from the terminal).
     """
     try:
-        from jsii._kernel.providers import process
-    except ImportError:
+        process = load("jsii._kernel.providers").process
+    except (ImportError, AttributeError):
         return
     if hasattr(process, "subprocess") and not isinstance(process.subprocess, _SessionSubprocess):
         process.subprocess = _SessionSubprocess()

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 from importlib.metadata import PackageNotFoundError, version
 
 from fatpipe.infra.errors import ConfigError, FatpipeError
+from fatpipe.infra.lazy import load
 
 ENV = "FATPIPE_TOOLKIT"
 DEFAULT = "cdktf"
@@ -76,7 +77,7 @@ def chosen() -> Toolkit:
 
 
 def _load(kit: Toolkit, module: str, dist: str):
-    try:
+    try:  # the toolkit's own modules, by the names TOOLKITS gives (importlib: a test names its own)
         return importlib.import_module(module)
     except ModuleNotFoundError as e:
         if e.name != module:  # the package is there but broken: show that, not "not installed"
@@ -122,7 +123,5 @@ def __getattr__(name: str):
     if name in CORE_NAMES:
         return getattr(core(), name)
     if name == "Construct":
-        from constructs import Construct  # shared by both toolkits
-
-        return Construct
+        return load("constructs").Construct  # shared by both toolkits
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -74,8 +74,8 @@ def stale_sim_nodes_removed():
         return
     from pathlib import Path
 
-    from fatpipe.stacks.simlinks import bridge_ports, kill_netns_processes, netns_list, run
-    from fatpipe.stacks.simowner import netns_owner
+    from fatpipe.stacks.sim.links import bridge_ports, kill_netns_processes, netns_list, run
+    from fatpipe.stacks.sim.owner import netns_owner
 
     for netns in netns_list():
         folder = netns_owner(netns).partition(" ")[2]

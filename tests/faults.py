@@ -13,6 +13,7 @@ import contextlib
 import json
 import os
 import signal
+import statistics
 import subprocess
 import sys
 import threading
@@ -20,11 +21,13 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fatpipe.trainer.live.manager import COLLECTIVE_TIMEOUT_S, QUORUM_TIMEOUT_S
 from fatpipe.trainer.metrics import read_metrics
 
-NODE_IFACE = "eth0"  # the node's end of its veth (fatpipe.stacks.simlinks.NODE_IFACE)
+NODE_IFACE = "eth0"  # the node's end of its veth (fatpipe.stacks.sim.links.NODE_IFACE)
 AGENT_MODULE = "torch.distributed.run"
 CMD_TIMEOUT_S = 10
+HANG_FACTOR = 4  # a launch's own --timeout: this many times its test's stall bound (Launch)
 
 
 def netns_name(cluster: str, index: int) -> str:
@@ -38,6 +41,13 @@ def _ip(*args: str) -> subprocess.CompletedProcess:
 def netns_pids(ns: str) -> list[int]:
     """The processes running in namespace `ns`."""
     return [int(p) for p in _ip("netns", "pids", ns).stdout.split()]
+
+
+def size(path: Path) -> int:
+    try:
+        return path.stat().st_size
+    except OSError:
+        return 0
 
 
 def cmdline(pid: int) -> list[str]:
@@ -124,9 +134,19 @@ def link_down_later(ns: str, seconds: float) -> threading.Thread:
 
 def reshape(cluster: str, index: int, rate_gbit: float) -> None:
     """Set node `index`'s link rate (both directions), as a slow or congested node."""
-    from fatpipe.stacks.simnet import reshape_node
+    from fatpipe.stacks.sim.net import reshape_node
 
     reshape_node(cluster, index, rate_gbit)
+
+
+def leave_bound_s(records: list[dict]) -> float:
+    """What a lost node may cost the others of a live run, from their own steps' records: the
+    exchange that failed waits at most the collective timeout, the next quorum at most one
+    request (one lost with a dead Lighthouse is asked again), and the failed attempt's work and
+    the retried step's take about two of the run's median steps (a loaded machine stretches
+    those as it stretches every step). Waiting for the lost node's restart costs more."""
+    median_s = statistics.median(r["step_s"] for r in records)
+    return COLLECTIVE_TIMEOUT_S + QUORUM_TIMEOUT_S + 2 * median_s
 
 
 def kill_checkpoint_writer(checkpoints: Path, step: int, timeout_s: float = 120) -> int:
@@ -161,7 +181,7 @@ def fatpipe(folder: Path, *args: str, timeout: float = 240, **popen) -> subproce
 @contextlib.contextmanager
 def sim_cluster(folder: Path, name: str, octet: int, nodes: int = 3):
     """A deployed 1g netns sim cluster in `folder` (10.<octet>.0.0/24); destroyed on exit."""
-    from fatpipe.stacks import simnet
+    from fatpipe.stacks.sim import net as simnet
 
     (folder / "fatpipe.toml").write_text(
         f'[clusters.{name}]\nprovider = "sim"\nnodes = {nodes}\ntier = "1g"\nisolation = "netns"\n'
@@ -187,7 +207,12 @@ def reference_run(out: Path, train: list[str], nproc: int, timeout_s: float) -> 
 
 
 class Launch:
-    """`fatpipe launch <cluster> <args>` running in the background, and its run folder."""
+    """`fatpipe launch <cluster> <args>` running in the background, and its run folder.
+
+    `timeout_s` bounds a stall, not the run: a loaded machine (`make test-loaded`) stretches a run
+    that still advances, so finish() waits while the launch prints or a node logs a step, and fails
+    once neither happened for `timeout_s`. The launch's own --timeout, HANG_FACTOR times that, only
+    ends a run the test lost."""
 
     def __init__(self, folder: Path, cluster: str, args: list[str], timeout_s: float,
                  env: dict[str, str] | None = None):
@@ -198,7 +223,7 @@ class Launch:
             # A session of its own: stop() signals it as Ctrl-C would, and fatpipe stops the nodes.
             self.proc = subprocess.Popen(
                 [sys.executable, "-m", "fatpipe.cli", "launch", cluster, *args,
-                 "--timeout", str(timeout_s)],
+                 "--timeout", str(timeout_s * HANG_FACTOR)],
                 cwd=folder, env=cli_env(**(env or {})), stdout=out, stderr=subprocess.STDOUT,
                 start_new_session=True)
         try:
@@ -238,13 +263,25 @@ class Launch:
 
         return wait_for(f"{steps} steps", ready, timeout_s, every_s=0.05)
 
+    def progress(self) -> tuple[int, int]:
+        """What grows while the run advances: the launch's output and every node's metrics."""
+        return size(self.log), sum(size(p) for p in self.run_dir.rglob("metrics.jsonl"))
+
     def finish(self) -> int:
-        """Wait for the launch to end (its own --timeout stops the nodes); its exit status."""
-        try:
-            return self.proc.wait(timeout=self.timeout_s + 60)
-        except subprocess.TimeoutExpired:
-            self.stop()
-            raise
+        """Wait for the launch to end while it makes progress; its exit status. Stopped, and
+        AssertionError, after `timeout_s` without any."""
+        mark, since = self.progress(), time.monotonic()
+        while True:
+            try:
+                return self.proc.wait(timeout=1)
+            except subprocess.TimeoutExpired:
+                pass
+            now = self.progress()
+            if now != mark:
+                mark, since = now, time.monotonic()
+            elif time.monotonic() - since > self.timeout_s:
+                self.stop()
+                raise AssertionError(f"the launch made no progress for {self.timeout_s:g} s:\n{self.output()}")
 
     def stop(self) -> None:
         """Ctrl-C: fatpipe stops every node; then whatever is left of the launch is killed."""

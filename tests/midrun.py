@@ -12,7 +12,7 @@ from pathlib import Path
 
 import faults
 
-from fatpipe.stacks import simnet
+from fatpipe.stacks.sim import net as simnet
 
 CUT_GBIT = 0.02  # 20 Mbit/s: far below what plain all-reduce of the test's models needs
 

@@ -3,7 +3,7 @@ runs MODULE (torch.distributed.run) as `python -m MODULE ARGS` would, except tha
 torchrun handled (it stops its workers, then raises SignalException, and would exit 1 like any
 failure) ends this process by that very signal.
 
-So the node's supervisor (ops/rdzv/supervisor.py) reads a stop or a kill from the exit status
+So the node's supervisor (node/supervisor.py) reads a stop or a kill from the exit status
 alone, never from the log that the user's script writes too (docs/ARCHITECTURE.md, "A run lives
 on its nodes").
 """

@@ -24,7 +24,7 @@ import torch
 
 from .collectives import all_gather_objects
 from .config import TrainConfig
-from .model import default_seq_len
+from .gptconfig import default_seq_len
 from .shards import (
     GPT2_VOCAB,
     DataError,
@@ -128,7 +128,7 @@ def open_splits(path: str | None) -> tuple[Corpus, Corpus | None]:
 
 def load_data(cfg: TrainConfig) -> tuple[TrainConfig, tuple[Corpus, Corpus | None]]:
     """The run's data (train, validation) and `cfg` with its seq_len resolved: unset, it is
-    the preset's context on this data (model.default_seq_len)."""
+    the preset's context on this data (gptconfig.default_seq_len)."""
     train, val = open_splits(cfg.data)
     if val is not None and (val.kind, val.vocab_size) != (train.kind, train.vocab_size):
         raise DataError(f"--data {cfg.data}: validation shards ({val.kind}, {val.vocab_size} ids) "

@@ -11,16 +11,16 @@ from __future__ import annotations
 
 import hashlib
 import logging
-import os
 import socket
 
 import torch
+
+from fatpipe.node.env import NodeEnv
 
 from .collectives import all_gather_objects
 from .config import ConfigError, TrainConfig
 from .data import Corpus, ShardedBatches, check_token_ids, fingerprint
 from .distenv import DistEnv
-from .faults import NODE_ENV
 from .resume import DataLayout, resume_cursor
 
 log = logging.getLogger(__name__)
@@ -31,7 +31,7 @@ class DataMismatch(ConfigError):
 
 
 def node_name() -> str:
-    return os.environ.get(NODE_ENV) or socket.gethostname()
+    return NodeEnv.from_environ().node_name or socket.gethostname()
 
 
 def data_bytes(corpus: Corpus) -> int:

@@ -17,8 +17,9 @@ import traceback
 
 from torch.distributed.elastic.multiprocessing.errors import ErrorHandler
 
+from fatpipe.node.env import NODE_NAME
+
 ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
-NODE_ENV = "FATPIPE_NODE_NAME"  # the node's name, in every node's environment (ops.rdzv.rendezvous)
 
 
 def error_record(error: BaseException) -> dict:
@@ -26,7 +27,7 @@ def error_record(error: BaseException) -> dict:
     env = os.environ
     text = (str(error).splitlines() or [""])[0][:500]
     doc = {"rank": _int(env.get("RANK")), "local_rank": _int(env.get("LOCAL_RANK")),
-           "node": env.get(NODE_ENV), "time": time.time(), "type": type(error).__name__, "text": text}
+           "node": env.get(NODE_NAME), "time": time.time(), "type": type(error).__name__, "text": text}
     if isinstance(error, OSError) and error.errno is not None:
         doc["errno"] = error.errno
     filename = getattr(error, "filename", None)  # OSError's, or trainer.config.ConfigError's

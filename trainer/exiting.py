@@ -24,6 +24,8 @@ import threading
 from collections.abc import Callable
 from typing import NoReturn
 
+from .lazy import load
+
 
 def exit_process(code: int) -> NoReturn:
     """Flush the logs and standard streams, then end the process with `code` at once."""
@@ -40,9 +42,7 @@ def record_error(error: BaseException) -> None:
     """Under torchrun, the exception into this worker's error file, which names the cause of a
     failed run (trainer.errorfile)."""
     if os.environ.get("TORCHELASTIC_ERROR_FILE"):
-        from .errorfile import RankErrorHandler
-
-        RankErrorHandler().record_exception(error)
+        load("fatpipe.trainer.errorfile").RankErrorHandler().record_exception(error)
 
 
 _BEFORE_JOIN: list[Callable[[], None]] = []

@@ -12,16 +12,15 @@ the same folder goes on counting.
 Each failure is also described, for the one line `fatpipe launch` prints when a run fails: every
 rank that sees it reports where it was (phase and step, from the traceback) to the store under its
 rank, next to the node it runs on. The ranks that never report, or report only once their link is
-back, are the ones cut off: their node lost its link, or their process died. Rank 0 writes the failure, with those nodes, into
-faults.json as soon as it sees it (there may be no next attempt), or, when it was the rank that
-died, at the start of the next attempt.
+back, are the ones cut off: their node lost its link, or their process died. Rank 0 writes the
+failure, with those nodes, into faults.json as soon as it sees it (there may be no next attempt),
+or, when it was the rank that died, at the start of the next attempt.
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import os
 import socket
 import time
 import uuid
@@ -29,13 +28,14 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from fatpipe.node.env import NodeEnv
+
 from .distenv import STORE_PREFIX
 from .files import write_text_atomic
 
 log = logging.getLogger(__name__)
 
 FAULTS_FILE = "faults.json"  # infra.defaults keeps a copy for the launcher; a unit test ties them
-NODE_ENV = "FATPIPE_NODE_NAME"  # the node's name, in every node's environment (ops.rdzv.rendezvous)
 REPORT_WAIT_S = 5.0  # how long rank 0 waits for the other ranks to report a failure
 PUSH_EVERY_S = 1.0  # how often rank 0 adds its issued collectives to the store (a round trip)
 # The Trainer's methods (fatpipe.trainer.train) a failure can happen in, and the phase each is.
@@ -103,7 +103,7 @@ class FaultLedger:
         self.rank = rank if rank is not None else dist.get_rank() if initialized else 0
         self.world_size = (world_size if world_size is not None
                            else dist.get_world_size() if initialized else 1)
-        self.node = os.environ.get(NODE_ENV) or socket.gethostname()
+        self.node = NodeEnv.from_environ().node_name or socket.gethostname()
         self.failures: list[dict] = []  # described failures, every attempt and torchrun (rank 0)
         self.pushed = ISSUED.count  # what rank 0 has added to the store so far
         self.pushed_at = time.monotonic()

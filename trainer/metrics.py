@@ -22,6 +22,8 @@ import sys
 from collections.abc import Iterable
 from pathlib import Path
 
+from .lazy import load
+
 log = logging.getLogger(__name__)
 
 METRICS_FILE = "metrics.jsonl"
@@ -108,12 +110,11 @@ class MetricsLog:
     def _tb_scalars(self, rec: dict) -> None:
         """The record's numbers as one TensorBoard event: an event per number (add_scalar) costs
         a queue hand-off to the writer thread each, a few milliseconds a step on a busy machine."""
-        from tensorboard.compat.proto.summary_pb2 import Summary
-
-        values = [Summary.Value(tag=f"train/{key}", simple_value=float(value))
+        summary = load("tensorboard.compat.proto.summary_pb2").Summary
+        values = [summary.Value(tag=f"train/{key}", simple_value=float(value))
                   for key, value in rec.items()
                   if key not in ("step", "rewound_from") and isinstance(value, (int, float))]
-        self._tb.file_writer.add_summary(Summary(value=values), rec["step"])
+        self._tb.file_writer.add_summary(summary(value=values), rec["step"])
 
     def close(self) -> None:
         self._console.close()
@@ -147,11 +148,11 @@ def _torn(path: Path) -> bool:
 
 def _tensorboard(folder: Path, purge_step: int | None):
     try:
-        from torch.utils.tensorboard import SummaryWriter
+        summary_writer = load("torch.utils.tensorboard").SummaryWriter
     except ImportError:  # tensorboard is optional
         return None
     # purge_step: TensorBoard hides the events this folder already has from that step on.
-    return SummaryWriter(str(folder), purge_step=purge_step)
+    return summary_writer(str(folder), purge_step=purge_step)
 
 
 def _console(total: int | None, start: int):
@@ -206,17 +207,10 @@ class _RichLine:
     """A live progress bar with the latest step's numbers, for terminals."""
 
     def __init__(self, total: int | None, start: int):  # None: rich shows no bar end
-        from rich.progress import (
-            BarColumn,
-            MofNCompleteColumn,
-            Progress,
-            TextColumn,
-            TimeRemainingColumn,
-        )
-
+        bar = load("rich.progress")  # rich is optional on the nodes
         self.total = total
-        self._progress = Progress(TextColumn("train"), BarColumn(), MofNCompleteColumn(),
-                                  TimeRemainingColumn(), TextColumn("{task.fields[info]}"))
+        self._progress = bar.Progress(bar.TextColumn("train"), bar.BarColumn(), bar.MofNCompleteColumn(),
+                                      bar.TimeRemainingColumn(), bar.TextColumn("{task.fields[info]}"))
         self._task = self._progress.add_task("train", total=total, completed=start, info="")
         self._progress.start()
 

@@ -8,11 +8,14 @@ and little else) the same facts come from Linux's /proc and ioctl.
 
 from __future__ import annotations
 
+import fcntl
 import ipaddress
 import os
 import socket
 import struct
 import time
+
+from fatpipe.node.env import NodeEnv
 
 try:
     import psutil
@@ -31,8 +34,6 @@ def interface_addresses() -> dict[str, list[str]]:
 
 def ipv4_address(name: str) -> str | None:
     """The IPv4 address of interface `name` (Linux SIOCGIFADDR), or None if it has none."""
-    import fcntl
-
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         try:
             req = fcntl.ioctl(s.fileno(), _SIOCGIFADDR, struct.pack("256s", name.encode()[:15]))
@@ -156,8 +157,9 @@ def node_ip() -> str:
     """This node's private IP: $FATPIPE_PRIVATE_IP (the launch path's node env), else the
     address of $GLOO_SOCKET_IFNAME, else the source address the kernel picks to reach the
     rendezvous host."""
-    if os.environ.get("FATPIPE_PRIVATE_IP"):
-        return os.environ["FATPIPE_PRIVATE_IP"]
+    private_ip = NodeEnv.from_environ().private_ip
+    if private_ip:
+        return private_ip
     for var in ("GLOO_SOCKET_IFNAME", "NCCL_SOCKET_IFNAME"):
         name = os.environ.get(var, "").lstrip("=")
         if name and "," not in name and not name.startswith("^"):

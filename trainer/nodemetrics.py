@@ -20,6 +20,8 @@ from pathlib import Path
 
 import torch.distributed as dist
 
+from fatpipe.node.env import NodeEnv
+
 from .config import TrainConfig
 from .distenv import STORE_PREFIX, DistEnv
 from .nic import interface_counters, node_ip, traffic_interface
@@ -34,14 +36,14 @@ FINAL_WAIT_S = 10.0  # at the last step, how long rank 0 waits for the others' l
 
 def _identity(env: DistEnv) -> dict:
     """Which node this rank is on: the launch path's node env, else torchrun's group rank."""
-    group = int(os.environ.get("GROUP_RANK", env.rank))
+    group, node = int(os.environ.get("GROUP_RANK", env.rank)), NodeEnv.from_environ()
     try:
         ip = node_ip()
     except OSError:
         ip = None
     return {"rank": env.rank, "local_rank": env.local_rank,
-            "node_rank": int(os.environ.get("FATPIPE_NODE_RANK", group)),
-            "node": os.environ.get("FATPIPE_NODE_NAME") or f"{socket.gethostname()}-{group}",
+            "node_rank": group if node.node_rank is None else node.node_rank,
+            "node": node.node_name or f"{socket.gethostname()}-{group}",
             "ip": ip}
 
 
@@ -58,8 +60,8 @@ def _rounded(value):
 
 def _tier() -> float | None:
     try:
-        return float(os.environ["FATPIPE_TIER_GBPS"])
-    except (KeyError, ValueError):
+        return NodeEnv.from_environ().tier_gbps
+    except ValueError:
         return None
 
 

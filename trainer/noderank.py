@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import os
 
-GROUP_RANK_FILE_ENV = "FATPIPE_GROUP_RANK_FILE"
+from fatpipe.node.env import GROUP_RANK_FILE
 
 
 def record_group_rank(env: dict[str, str] | None = None) -> None:
     env = os.environ if env is None else env
-    path, group_rank = env.get(GROUP_RANK_FILE_ENV), env.get("GROUP_RANK")
+    path, group_rank = env.get(GROUP_RANK_FILE), env.get("GROUP_RANK")
     if not path or group_rank is None or env.get("LOCAL_RANK", "0") != "0":
         return
     tmp = f"{path}.{os.getpid()}.tmp"

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import gc
 import logging
 import time
 from pathlib import Path
@@ -26,7 +27,7 @@ from .checkpoint import load_agreed_checkpoint, load_rank_state, rank_folder, sa
 from .collectives import all_gather_objects
 from .comm.allreduce import barrier, sync
 from .comm.commsetup import decide_comm
-from .comm.decision import decision_payload
+from .comm.decision import CommDecision, decision_payload
 from .comm.hiersetup import decide_inner, make_region_diloco, open_regions
 from .comm.hooks import powersgd_state_dict
 from .comm.layout import settle_layout
@@ -95,9 +96,11 @@ class Trainer:
             if mine:
                 set_rng_state(mine["rng"], self.device)
         if self.regions:
-            self.periodic = make_region_diloco(self, self.regions, ckpt, mine)
-        else:
-            self.periodic = make_periodic(self, ckpt, mine)  # localsgd, diloco
+            self.periodic = make_region_diloco(cfg, env, self.decision, self.model, self.optimizer,
+                                               self.regions, ckpt, mine)
+        else:  # localsgd, diloco
+            self.periodic = make_periodic(cfg, env, self.decision, self.model, self.optimizer, ckpt,
+                                          mine)
         self.record.open()  # the NIC's rates from here; steps past the checkpoint are written again
         if env.is_main:
             log.info("%s: %.2fM parameters, %d ranks (%s), comm %s, NIC %s, fault tolerance "
@@ -134,6 +137,20 @@ class Trainer:
         """The comm hook; PowerSGD's error feedback from this rank's checkpoint part `mine`."""
         use_comm(self.meter, self.cfg, self.decision, mine.get("powersgd") if mine else None)
 
+    def rebuild_ddp(self, new: CommDecision) -> None:
+        """comm=auto's mid-run switch to `new` (`comm.redecide`): DDP rebuilt exactly as setup does
+        on a resume from this checkpoint (its bucket layout for the new hook, the layout warm-up,
+        a fresh hook state)."""
+        if self.meter.state is not None:
+            norm = sum(float(e.norm()) ** 2 for e in self.meter.state.error_dict.values())
+            log.info("leaving powersgd: its error feedback (norm %.3g) is dropped", norm ** 0.5)
+        self.decision, self.comm = new, new.comm
+        self.ddp = self.forward = self.meter = None
+        gc.collect()  # the old reducer unregisters its autograd hooks when it is freed
+        self._wrap_ddp(init_sync=False)  # the replicas are equal: nothing to broadcast
+        settle_layout(self.forward, self.ddp, self.meter, self.cfg.batch_size, self.cfg.seq_len)
+        self._install_hook(None)
+
     # ---- the loop ----------------------------------------------------------------------------
 
     def run(self) -> None:
@@ -141,7 +158,8 @@ class Trainer:
         for step in range(self.start_step + 1, cfg.steps + 1):
             self.record.write(self.auto.observe(self.train_step(step)))
             if step == cfg.steps or (cfg.checkpoint_every and step % cfg.checkpoint_every == 0):
-                self.auto.at_checkpoint(self, step)  # may switch hooks, before the save
+                # May switch hooks (rebuild_ddp), before the save.
+                self.decision = self.auto.at_checkpoint(step, self.model, self.rebuild_ddp)
                 self.save(step)
         self.finish()
 

@@ -19,11 +19,12 @@ import time
 from collections.abc import Callable
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.node.env import NODE_NAME
 from fatpipe.trainer.staging.chainlink import TOKEN_ENV
 from fatpipe.trainer.staging.stage import PROGRESS_PREFIX, RESULT_PREFIX
 
-from ..reach.transport import transports_for
-from .datacheck import MANIFEST_DIR, node_workdir
+from ..reach.cluster import Cluster
+from .check import MANIFEST_DIR, node_workdir
 from .nodeprogram import boot_command, program_line
 
 STAGE_PORT_OFFSET = 2  # rdzv_port + 1 is netcheck's point-to-point port
@@ -89,11 +90,12 @@ class NodeChain:
         return self.tail[-1] if self.tail else f"exit status {self.proc.returncode}"
 
 
-def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, log: Log,
+def fan_out_chain(cluster: Cluster, manifest: dict, remote_python: str | None,
                   progress: Progress | None, source_ready: str | None = None) -> dict:
     """Run the chain on every node at once; returns place 0's report of every node.
 
     With `source_ready` (a path in node 0's project folder), node 0 first waits for the uplink copy's word."""
+    outputs, log = cluster.outputs, cluster.log
     found: list[dict] = []
     moved: dict[str, tuple[int, int]] = {}
     lock = threading.Lock()
@@ -117,12 +119,12 @@ def fan_out_chain(project, outputs, manifest: dict, remote_python: str | None, l
         + (" after the uplink copy" if source_ready else ""))
     token = secrets.token_hex(16)
     files = {CHAIN_MANIFEST: json.dumps(manifest)}
-    transports = transports_for(outputs, project.state_dir(outputs.name))
+    transports = cluster.transports()
     chain: list[NodeChain] = []
     try:
         for i, (node, t) in enumerate(zip(outputs.nodes, transports, strict=True)):
             line = program_line("fatpipe.trainer.staging.stage", chain_argv(outputs, i, piece_s, source_ready),
-                                files, {TOKEN_ENV: token, "FATPIPE_NODE_NAME": node.name}, watch=True)
+                                files, {TOKEN_ENV: token, NODE_NAME: node.name}, watch=True)
             chain.append(NodeChain(t, node_workdir(outputs, node), remote_python or "python3", line, catch))
         failed = wait_chain(chain, timeout)
     finally:

@@ -23,8 +23,9 @@ from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
 from fatpipe.trainer.staging.fetch import ERROR_PREFIX, PROGRESS_PREFIX, RESULT_PREFIX
 from fatpipe.trainer.staging.names import UnsafeName, check_manifest
 
-from ..reach.transport import Transport, fan_out, transports_for
-from .datacheck import (
+from ..reach.cluster import Cluster
+from ..reach.transport import Transport, fan_out
+from .check import (
     MANIFEST_DIR,
     local_manifest_path,
     node_workdir,
@@ -116,12 +117,13 @@ def agree(names: list[str], manifests: list[dict]) -> tuple[dict, list[str]]:
     return reference, odd
 
 
-def fetch_data(project, outputs, spec, remote_python: str | None = None,
-               progress: NodeProgress | None = None, log=None) -> tuple[dict, dict[str, int], dict[str, list[str]]]:
+def fetch_data(cluster: Cluster, spec, remote_python: str | None = None,
+               progress: NodeProgress | None = None) -> tuple[dict, dict[str, int], dict[str, list[str]]]:
     """Every node fetches the remote source; (the agreed manifest, bytes each node fetched, the files
     each node removed because the source no longer lists them)."""
+    project, outputs = cluster.project, cluster.outputs
     spec_path = write_fetch_spec(project, outputs.name, spec)
-    transports = transports_for(outputs, project.state_dir(outputs.name))
+    transports = cluster.transports()
     names = [node.name for node in outputs.nodes]
     if all(t.shares_fs for t in transports):  # one copy serves them all
         rel = spec_path.relative_to(project.root).as_posix()

@@ -10,7 +10,7 @@ from __future__ import annotations
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.runinfo import list_runs
 
-from .datacheck import read_local_manifest
+from .check import read_local_manifest
 
 
 def held_here(project, cluster: str) -> str:

@@ -1,6 +1,6 @@
 """The data side's node program, sent with the command: one round trip, nothing installed first.
 
-A node runs `python3 -c <nodeboot>` in its project folder and reads the rest on its standard
+A node runs `python3 -c <node/databoot.py>` in its project folder and reads the rest on its standard
 input in one JSON line: the standard-library modules of `fatpipe.trainer.staging` that the check
 and the chain need (as this machine has them, so a node runs the operator's version), the files to
 write first (the manifest), the environment and the entry point. No venv, no torch, no trainer
@@ -13,12 +13,13 @@ import json
 import shlex
 from pathlib import Path
 
+from fatpipe.node import source_file
 from fatpipe.trainer.staging import manifest as _manifest
 
 from ..reach.projectdir import NODE_CHECKS_FILE as NODE_CHECKS
 
-BOOT = Path(__file__).with_name("nodeboot.py")
-CLAIMED = "fatpipe-claimed: "  # as nodeboot.py says it
+BOOT = source_file("databoot")
+CLAIMED = "fatpipe-claimed: "  # as node/databoot.py says it
 STAGING = Path(_manifest.__file__).parent
 SENT_MODULES = ("names", "hashcache", "manifest", "tidy", "record", "check", "chainfiles", "chainlink", "stage")
 
@@ -44,7 +45,7 @@ def program_line(main: str, argv: list[str], files: dict[str, str] | None = None
     `claim` (folder, cluster, project id) the program first claims the folder and runs in it."""
     sent = modules()
     if claim:
-        sent["node_checks"] = (False, NODE_CHECKS.read_text())
+        sent["callsteps"] = (False, NODE_CHECKS.read_text())
     return json.dumps({"modules": sent, "files": files or {}, "env": env or {}, "main": main,
                        "argv": argv, "watch": watch, "claim": list(claim) if claim else None}) + "\n"
 

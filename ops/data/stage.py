@@ -1,7 +1,7 @@
 """`fatpipe data push`: the dataset goes once over the operator's uplink, then node to node.
 
 1. Hash the source into the manifest (files whose size and mtime did not change keep their hashes).
-2. Every node checks what it holds (`ops.data.datacheck`); when all match, nothing moves.
+2. Every node checks what it holds (`ops.data.check`); when all match, nothing moves.
 3. rsync over the cluster's ssh transport to node 0 (`ops.data.uplink`: an interrupted copy resumes, a
    file that matches is skipped), unless node 0 already matches.
 4. Meanwhile `trainer.staging.stage` starts on every node at once (`ops.data.chain`: the node's
@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fatpipe.infra.dataspec import DataSpec
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.trainer.staging.manifest import (
     PARTIAL_SUFFIX,
@@ -34,9 +35,9 @@ from fatpipe.trainer.staging.manifest import (
 )
 from fatpipe.trainer.staging.names import UnsafeName, dataset_base, first_link, writable_target
 
-from ..reach.transport import transports_for
+from ..reach.cluster import Cluster
 from .chain import Progress, fan_out_chain
-from .datacheck import (
+from .check import (
     NodeData,
     check_data,
     declared_data,
@@ -45,6 +46,7 @@ from .datacheck import (
     node_workdir,
     save_local_manifest,
 )
+from .fetch import fetch_data
 from .uplink import UplinkCopy
 
 Log = Callable[[str], None]
@@ -62,22 +64,23 @@ class PushResult:
     notes: list[str] = field(default_factory=list)
 
 
-def make_manifest(project, cluster: str) -> tuple[dict, Path]:
-    """The manifest of the cluster's declared source (kept in .fatpipe/<cluster>/data/), and the source."""
-    spec = declared_data(project, cluster)
+def make_manifest(cluster: Cluster, spec: DataSpec | None = None) -> tuple[dict, Path]:
+    """The manifest of the cluster's declared source (`spec`, default its declared [data]; kept in
+    .fatpipe/<cluster>/data/), and the source."""
+    spec, project, name = spec or declared_data(cluster), cluster.project, cluster.name
     refuse_overlap(spec, project.root)
     source = spec.source_path(project.root)
     if not source.exists():
         raise FatpipeError(f"data source {spec.source}: no such file or folder ({source})", exit_code=2)
     if not (source.is_file() or source.is_dir()):
         raise FatpipeError(f"data source {spec.source}: neither a file nor a folder", exit_code=2)
-    cache = local_hash_cache(project, cluster, spec.chunk_size)
+    cache = local_hash_cache(project, name, spec.chunk_size)
     try:
         manifest = build_manifest(source, spec.chunk_size, spec.path, cache=cache)
     except UnsafeName as e:  # a link, or a name that is no plain path: nothing leaves this machine
         raise FatpipeError(str(e), exit_code=2) from None
     cache.save()
-    save_local_manifest(project, cluster, manifest)
+    save_local_manifest(project, name, manifest)
     return manifest, source
 
 
@@ -98,27 +101,27 @@ def refuse_overlap(spec, root: Path) -> None:
                                "would stage the source into itself; choose a path beside it", exit_code=2)
 
 
-def push_data(project, outputs, *, remote_python: str | None = None, log: Log = lambda _: None,
-              progress: Progress | None = None, node_progress=None) -> PushResult:
+def push_data(cluster: Cluster, *, remote_python: str | None = None, progress: Progress | None = None,
+              node_progress=None) -> PushResult:
     """Stage the cluster's [data] on every node, skipping what is there; raise naming a node that failed.
 
-    `progress` follows the fan-out of a local source; `node_progress` each node's fetch of a remote one.
+    `progress` follows the fan-out of a local source; `node_progress` each node's fetch of a remote
+    one; `cluster.log` takes the progress lines.
     """
     started = time.monotonic()
-    spec = declared_data(project, outputs.name)
+    project, outputs, log = cluster.project, cluster.outputs, cluster.log
+    spec = declared_data(cluster)
     if spec.remote:
-        from .fetch import fetch_data
-
         log(f"every node fetches {spec.source} itself")
-        manifest, fetched, removed = fetch_data(project, outputs, spec, remote_python, node_progress, log)
+        manifest, fetched, removed = fetch_data(cluster, spec, remote_python, node_progress)
         return PushResult(manifest, [], fetched=fetched, removed=removed, elapsed_s=time.monotonic() - started)
-    manifest, source = make_manifest(project, outputs.name)
+    manifest, source = make_manifest(cluster, spec)
     log(f"manifest: {len(manifest['files'])} file(s), {manifest['total_bytes']} bytes, "
         f"fingerprint {manifest['fingerprint'][:12]}")
-    transports = transports_for(outputs, project.state_dir(outputs.name))
+    transports = cluster.transports()
     if all(t.shares_fs for t in transports):
-        return _stage_here(project, manifest, source, outputs, started)
-    before = check_data(project, outputs, manifest, remote_python, prune=True)
+        return _stage_here(cluster, manifest, source, started)
+    before = check_data(cluster, manifest, remote_python, prune=True)
     result = PushResult(manifest, before, removed={v.node: list(v.removed) for v in before if v.removed})
     if before[0].problem:
         log(f"{outputs.nodes[0].name}: {before[0].problem}: copying over the uplink")
@@ -127,7 +130,7 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
         copy.start(log)
         try:
             if any(v.problem for v in before[1:]):
-                result.fanout = fan_out_chain(project, outputs, manifest, remote_python, log, progress,
+                result.fanout = fan_out_chain(cluster, manifest, remote_python, progress,
                                               source_ready=copy.ready_rel)
         except BaseException:
             failed = copy.failed()  # the chain failed because the copy did: say why the copy did
@@ -137,22 +140,23 @@ def push_data(project, outputs, *, remote_python: str | None = None, log: Log = 
             raise
         result.uplink_s = copy.wait()
     elif any(v.problem for v in before[1:]):
-        result.fanout = fan_out_chain(project, outputs, manifest, remote_python, log, progress)
+        result.fanout = fan_out_chain(cluster, manifest, remote_python, progress)
     result.elapsed_s = time.monotonic() - started
     return result
 
 
-def _stage_here(project, manifest: dict, source: Path, outputs, started: float) -> PushResult:
+def _stage_here(cluster: Cluster, manifest: dict, source: Path, started: float) -> PushResult:
     """Nodes that share this machine's files: one copy into the project folder, when it lies
     elsewhere. That folder is the user's: a file fatpipe did not stage in the data's way stops the
     push, and only what its record says it staged goes (trainer/staging/record.py); a source that
     is that folder is the data itself, never pruned."""
+    project, outputs = cluster.project, cluster.outputs
     if source == (project.root / manifest["path"]).resolve():
         write_manifest(manifest, project.root)
-        return PushResult(manifest, check_data(project, outputs, manifest), elapsed_s=time.monotonic() - started)
-    removed = list(check_data(project, outputs, manifest, prune=True)[0].removed)  # records what it will write
+        return PushResult(manifest, check_data(cluster, manifest), elapsed_s=time.monotonic() - started)
+    removed = list(check_data(cluster, manifest, prune=True)[0].removed)  # records what it will write
     _copy_here(manifest, source, project.root)
-    verdict = check_data(project, outputs, manifest, prune=True)  # keeps the manifest beside data that matches
+    verdict = check_data(cluster, manifest, prune=True)  # keeps the manifest beside data that matches
     removed += verdict[0].removed
     return PushResult(manifest, verdict, removed={outputs.nodes[0].name: removed} if removed else {},
                       elapsed_s=time.monotonic() - started)

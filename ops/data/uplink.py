@@ -24,7 +24,7 @@ from fatpipe.trainer.staging.manifest import (
     manifest_target,
 )
 
-from .datacheck import MANIFEST_DIR
+from .check import MANIFEST_DIR
 
 RERUN = "run the push again: it resumes"
 

@@ -1,6 +1,6 @@
 """Before a launch, every node reports its Python, torch, CUDA/NCCL, numpy and torchft; all must agree.
 
-docs/ARCHITECTURE.md, "The node environment": one fixed `python -c` per node (node_versions.py,
+docs/ARCHITECTURE.md, "The node environment": one fixed `python -c` per node (node/versions.py,
 which reads the versions without importing torch), a step of the launch's one call to each node,
 all nodes in parallel; the report lands in the run folder (`env.json`), and a node that
 differs from the others fails the launch in one line naming it and the difference, as does a
@@ -15,16 +15,17 @@ from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic
+from fatpipe.node import source_file
+from fatpipe.node.versions import MARK
 
 from ..rdzv.noderun import NodeRun
-from ..reach.nodecall import NodeCallError, Step, answer_of, keep, step_value
+from ..reach.asknode import NodeCallError, Step, answer_of, keep, step_value
 from ..reach.transport import Result, fan_out
-from .node_versions import MARK
 
 ENV_FILE = "env.json"
 COMPARED = ("python", "torch", "cuda", "nccl", "numpy", "torchft")  # in the order a difference is named
 PROBE_TIMEOUT_S = 120  # an interpreter's start on a loaded node; nothing heavy is imported
-PROBE = Path(__file__).with_name("node_versions.py").read_text()
+PROBE = source_file("versions").read_text()
 
 
 def probe_step(node: NodeRun) -> Step:
@@ -44,7 +45,7 @@ def probe_node(node: NodeRun) -> dict:
         reason = Result(ran["rc"], ran["out"], ran["err"]).reason()
         raise FatpipeError(f"node {node.name}: cannot report its Python environment: {reason}")
     # The command's next launch (`up`: netcheck's, then the training's) takes it while nothing is
-    # built or copied on the node in between (ops.env.nodewheels and ops.run.prepare drop it then).
+    # built or copied on the node in between (ops.env.venvs and ops.run.prepare drop it then).
     keep(node.transport, probe_step(node), answer)
     return json.loads(lines[-1][len(MARK):])
 

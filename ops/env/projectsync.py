@@ -35,12 +35,13 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.node import source_file
+from fatpipe.node.pushed import exact, signature
 
-from ..reach.nodecall import Step, recall
+from ..reach.asknode import Step, recall
 from ..reach.transport import GITIGNORE_FILTER, Result, Transport
-from .node_pushed import exact, signature
 
-NODE_PROGRAM = Path(__file__).with_name("node_pushed.py")
+NODE_PROGRAM = source_file("pushed")
 SHOWN = 5  # file names a line names before "and N more"
 
 
@@ -202,8 +203,8 @@ def in_place(plan: PushPlan, seen: dict, local: dict[str, list | None], src: Pat
 
 
 def look_step(dest: str, paths: list[str]) -> Step:
-    """The node program's step that answers a push's look (node_pushed.look) in the project folder `dest`."""
-    return Step("node_pushed.look", (tuple(paths),), dest, (("node_pushed", NODE_PROGRAM),))
+    """The node program's step that answers a push's look (pushed.look) in the project folder `dest`."""
+    return Step("pushed.look", (tuple(paths),), dest, (("pushed", NODE_PROGRAM),))
 
 
 def copy_listed(t: Transport, src: Path, dest: str, paths: list[str]) -> Result:

@@ -50,7 +50,7 @@ def pip_argv(venv: NodeVenv, python_version: str, machine: str, target: Path) ->
 
 
 def node_pip_env() -> dict[str, str]:
-    """pip as the nodes run it (ops/env/nodewheels.py): no config file, no PIP_* setting of this machine."""
+    """pip as the nodes run it (ops/env/venvs.py): no config file, no PIP_* setting of this machine."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("PIP_")}
     return {**env, "PIP_CONFIG_FILE": os.devnull}
 
@@ -62,7 +62,8 @@ def torch_wheel(venv: NodeVenv, python_version: str, machine: str) -> str:
         try:
             done = subprocess.run(argv, capture_output=True, text=True, timeout=WHEEL_TIMEOUT_S, env=node_pip_env())
         except subprocess.TimeoutExpired:
-            raise IndexUnreachable(f"the index {venv.index or 'PyPI'} did not answer within {WHEEL_TIMEOUT_S} s") from None
+            raise IndexUnreachable(f"the index {venv.index or 'PyPI'} did not answer within "
+                                   f"{WHEEL_TIMEOUT_S} s") from None
         report = Path(tmp) / "report.json"
         if done.returncode != 0 and any(word in done.stderr for word in UNREACHABLE):
             raise IndexUnreachable(f"the index {venv.index or 'PyPI'} did not answer")

@@ -100,7 +100,8 @@ def measured_regions(nodes: list[str], links, gap: float = REGION_GAP) -> Groupi
     inside = {pair: rate for pair, rate in rates.items() if group_of[pair[0]] == group_of[pair[1]]}
     for g in range(len(members)):  # every link inside the group >= gap x every link out of it
         within = [(rate, pair) for pair, rate in inside.items() if group_of[pair[0]] == g]
-        out = [rate for pair, rate in rates.items() if pair not in inside and g in (group_of[pair[0]], group_of[pair[1]])]
+        out = [rate for pair, rate in rates.items()
+               if pair not in inside and g in (group_of[pair[0]], group_of[pair[1]])]
         if within and min(within)[0] < gap * max(out):
             slow, (i, j) = min(within)
             return Grouping(one, distinct[-1], why_one=f"no clear grouping: {nodes[i]} <-> {nodes[j]} at {slow:.2f} "

@@ -6,7 +6,7 @@ every node; a type whose GPU has no sourced figure is left out of the ranking an
 (`unranked`). The job model (`infra.jobmodel`) gives each one's compute and link; a node of G
 GPUs is G ranks that sum inside the node first, so the link carries a ring over the nodes. The
 trainer's own comm=auto model
-(`trainer.comm.autocomm.choose_comm`, the same code the run will use, docs/ARCHITECTURE.md, "Data
+(`trainer.comm.costmodel.choose_comm`, the same code the run will use, docs/ARCHITECTURE.md, "Data
 flow") picks the method and predicts the step from a synthetic "measured" link: the catalog's
 baseline, capped by the flows, at default hook costs (none measured yet: 0 s).
 """
@@ -25,14 +25,15 @@ from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.jobmodel import Accelerator, Job, Link, plan_link, ring_allreduce_bytes
 from fatpipe.infra.spec import TIER_GBPS
 from fatpipe.trainer.bandwidth import MiB
-from fatpipe.trainer.comm.autocomm import (
+from fatpipe.trainer.comm.costmodel import (
     GradTraffic,
     HookCost,
-    LinkEstimate,
     choose_comm,
     powersgd_wire_elements,
 )
+from fatpipe.trainer.comm.decision import LinkEstimate
 from fatpipe.trainer.config import HOOK_NAMES, PERIODIC_NAMES, PRESETS, TrainConfig
+from fatpipe.trainer.gptconfig import parameter_shapes, preset_config
 
 from .regionplan import predict_levels
 
@@ -57,14 +58,8 @@ class ModelTraffic:
 
 @lru_cache(maxsize=8)
 def _preset_traffic(preset: str) -> ModelTraffic:
-    import torch
-
-    from fatpipe.trainer.model import GPT, preset_config
-
-    with torch.device("meta"):  # shapes alone: no memory, no initialisation cost
-        model = GPT(preset_config(preset, block_size=1024))
-    shapes = [p.shape for p in model.parameters()]
-    params = sum(p.numel() for p in model.parameters())
+    shapes = parameter_shapes(preset_config(preset, block_size=1024))  # the GPT's, without torch
+    params = sum(math.prod(shape) for shape in shapes)
     return ModelTraffic(params, powersgd_wire_elements(shapes, _DEFAULTS.powersgd_rank) * 4)
 
 
@@ -127,7 +122,8 @@ class Prediction:
             "baseline_gbps": link.baseline_gbps, "link_gbps": link.gbps,
             "flow_cap_gbps": link.flow_cap_gbps, "burst_only": link.burst_only,
             "tier_unreachable": link.tier_unreachable, "compute_s": self.compute_s,
-            "step_s": self.step_s, "plain_step_s": self.plain_step_s, "method": self.method, "exposed_share": self.exposed_share,
+            "step_s": self.step_s, "plain_step_s": self.plain_step_s, "method": self.method,
+            "exposed_share": self.exposed_share,
             "ring_bytes": self.ring_bytes, "hours": self.hours, "dollars": self.dollars,
             "hourly": _hourly(c), "reason": self.reason,
             "link_source": c.measured.source if c.measured else "catalog baseline", "span": c.span,

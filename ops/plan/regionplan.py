@@ -13,10 +13,16 @@ import math
 from dataclasses import dataclass
 
 from fatpipe.trainer.bandwidth import MiB
-from fatpipe.trainer.comm.autocomm import GradTraffic, HookCost, LinkEstimate, choose_comm
-from fatpipe.trainer.comm.hiersetup import OUTER_BUDGET
-from fatpipe.trainer.comm.periodic import MIN_AUTO_SYNC_EVERY, predict_periodic
-from fatpipe.trainer.comm.quant import wire_bytes
+from fatpipe.trainer.comm.costmodel import (
+    MIN_AUTO_SYNC_EVERY,
+    OUTER_BUDGET,
+    GradTraffic,
+    HookCost,
+    choose_comm,
+    int8_wire_bytes,
+    predict_periodic,
+)
+from fatpipe.trainer.comm.decision import LinkEstimate
 from fatpipe.trainer.config import HOOK_NAMES, TrainConfig
 
 _DEFAULTS = TrainConfig()
@@ -55,7 +61,7 @@ def predict_levels(intra: LinkEstimate, cross: LinkEstimate, compute_s: float, t
     else:  # one node per region: nothing is sent inside one
         name, share, inner_step = "none", 0.0, compute_s
     params = traffic.grad_bytes // 4
-    outer = predict_periodic(cross, inner_step, wire_bytes(params), regions, OUTER_BUDGET,
+    outer = predict_periodic(cross, inner_step, int8_wire_bytes(params), regions, OUTER_BUDGET,
                              steps_left=cost.steps_left, min_every=MIN_AUTO_SYNC_EVERY)["diloco"]
     step = inner_step + outer["exposed_s"]
     return Levels(name, share, int(outer["sync_every"]), outer["exposed_s"] / step, step, bool(outer["usable"]))

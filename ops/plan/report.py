@@ -18,8 +18,10 @@ from pathlib import Path
 from fatpipe.infra.defaults import NETCHECK_FILE, SUMMARY_FILE, UP_REPORT_FILE
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic
+from fatpipe.infra.lazy import pyplot
 from fatpipe.trainer import metrics as trainer_metrics
 
+from ..net.gate import link_cell, link_matrix
 from ..run.summary import read_json
 
 REPORT_FILE = "report.html"
@@ -34,11 +36,7 @@ def read_metrics(run_dir: Path) -> list[dict]:
 
 def figure_png(draw) -> bytes:
     """Draw on a fresh figure with `draw(ax)` and return it as PNG bytes."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(7, 3.6), dpi=110)
     try:
         draw(ax)
@@ -126,8 +124,6 @@ def fmt(value) -> str:
 
 def pairs_html(pairs: dict) -> str:
     """netcheck --pairs: the n x n link matrix, Gbit/s over round-trip p50 ± jitter, slow links in red."""
-    from ..net.netgate import link_cell, link_matrix
-
     nodes = pairs["nodes"]
     rows = []
     for name, row in zip(nodes, link_matrix(nodes, pairs["links"]), strict=True):
@@ -206,8 +202,9 @@ def write_report(run_dir: Path) -> Path:
                 "sync_exchanges", "failed_exchanges", "record")
         parts.append(table("live fault tolerance", {k: summary[k] for k in live if k in summary}))
     if net:
-        parts.append(table("netcheck", {"busbw_gbps": net.get("busbw_gbps"), "passed": net.get("gate", {}).get("passed"),
-                                        "reasons": net.get("gate", {}).get("reasons")}))
+        gate = net.get("gate", {})
+        parts.append(table("netcheck", {"busbw_gbps": net.get("busbw_gbps"), "passed": gate.get("passed"),
+                                        "reasons": gate.get("reasons")}))
     if net.get("pairs"):
         parts.append(pairs_html(net["pairs"]))
     page = PAGE.format(run=html.escape(run_dir.name), expected=len(figures), body="\n".join(parts))

@@ -3,7 +3,7 @@ live where it works and restart elsewhere, with the reason (docs/ARCHITECTURE.md
 tolerance").
 
 Live works for the built-in trainer on 3 nodes or more (a majority is left when one is lost:
-`trainer.live.lighthouse.majority`; on 2 nodes node 0's loss would stop the run), with a comm
+`trainer.live.quorum.majority`; on 2 nodes node 0's loss would stop the run), with a comm
 that runs every step (periodic methods sync every H steps, which live does not do), and
 torchft on every node: the launch falls back to restart when the node environment check finds
 a node without it (`restart_instead`). A user's script opts in with `fault_tolerance = "live"`,
@@ -19,7 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from fatpipe.infra.errors import ConfigError
-from fatpipe.trainer.live.lighthouse import STANDBY_MIN_NODES
+from fatpipe.trainer.live.quorum import STANDBY_MIN_NODES
 from fatpipe.trainer.live.runplan import LIVE_COMMS, live_across_regions
 
 

@@ -8,7 +8,7 @@ from pathlib import Path
 
 from fatpipe.infra.defaults import GROUP_RANK_FILE, RUN_PORTS_PER_NODE, TORCHRUN_DIR
 from fatpipe.infra.node import REMOTE_PKG
-from fatpipe.trainer.noderank import GROUP_RANK_FILE_ENV
+from fatpipe.node import env as node_env
 
 from .record import NodePlan, Rendezvous
 
@@ -127,13 +127,13 @@ def node_script_text(rdzv: Rendezvous, node: NodePlan) -> str:
     body = " \\\n  ".join(_group([shlex.quote(a) for a in node.command]))
     exports = ""
     if rdzv.data_path:  # absolute on the node: a script may change its folder
-        exports = f'export FATPIPE_DATA="$PWD"/{shlex.quote(rdzv.data_path)}\n'
+        exports = f'export {node_env.DATA}="$PWD"/{shlex.quote(rdzv.data_path)}\n'
     if node.transport == "ssh":  # the trainer package: a script may import fatpipe.trainer.api
         exports += f'export PYTHONPATH="$PWD/{REMOTE_PKG}${{PYTHONPATH:+:$PYTHONPATH}}"\n'
     # Where this node's worker of local rank 0 records its group rank (trainer.noderank): torch,
     # not the node's index, decides which node is rank 0. Cleared first, as the error files are.
     grank = shlex.quote(group_rank_file(rdzv, node.rank))
-    exports += f'rm -f {grank}; export {GROUP_RANK_FILE_ENV}="$PWD"/{grank}\n'
+    exports += f'rm -f {grank}; export {node_env.GROUP_RANK_FILE}="$PWD"/{grank}\n'
     return f"""#!/usr/bin/env bash
 # fatpipe run {rdzv.run_id} on cluster {rdzv.cluster}: node {node.name}, node {node.rank} of {rdzv.nnodes}.
 # Runnable by hand on that node, from the project folder: bash {rdzv.run_rel}/node-{node.rank}.sh
@@ -141,9 +141,9 @@ set -euo pipefail
 export PATH="$PATH:/usr/sbin:/sbin"  # `ip` lives there on some images, outside a user's PATH
 cd "$(dirname "$0")/{up}"
 set -a; . "{rdzv.run_rel}/node-{node.rank}.env"; set +a
-IFACE=$(ip -o -4 addr show | awk -v want="$FATPIPE_PRIVATE_IP" '{IFACE_AWK}')
+IFACE=$(ip -o -4 addr show | awk -v want="${node_env.PRIVATE_IP}" '{IFACE_AWK}')
 if [ -z "$IFACE" ]; then
-  echo "fatpipe: no interface on $(hostname) holds $FATPIPE_PRIVATE_IP" >&2
+  echo "fatpipe: no interface on $(hostname) holds ${node_env.PRIVATE_IP}" >&2
   exit 2
 fi
 # NCCL reads its value as a prefix unless it starts with =; gloo takes one exact name.

@@ -17,9 +17,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.node import REMOTE_PKG
+from fatpipe.infra.runs import find_run
+from fatpipe.node import source_file
 
-from ..reach.nodecall import NodeCallError, Step, answer_of, ask
-from ..reach.transport import Transport, fan_out, transport_for
+from ..reach.asknode import NodeCallError, Step, answer_of, ask
+from ..reach.cluster import Cluster
+from ..reach.transport import Transport, fan_out
 from .nodefiles import group_rank_file, lighthouse_args
 from .rendezvous import NodePlan, Rendezvous, read_rendezvous
 
@@ -30,15 +33,15 @@ LOST = 255  # the status of a node whose process vanished without writing its ex
 # (sysexits' EX_TEMPFAIL: try again later, with `fatpipe logs -f`).
 UNFOLLOWED = 75
 STOP_WAIT_S = 10  # from SIGTERM to SIGKILL: torchrun stops its workers in this time
-# Checks a run's process and stops it on the node: runproc.py, standard library only.
-RUNPROC_FILE = Path(__file__).with_name("runproc.py")
+# Checks a run's process and stops it on the node: node/runproc.py, standard library only.
+RUNPROC_FILE = source_file("runproc")
 RUNPROC = RUNPROC_FILE.read_text()
 RUNPROC_SOURCE = (("runproc", RUNPROC_FILE),)
 # The node's supervisor (supervisor.py), runproc loaded first as the module it imports.
 SUPERVISOR = (
     "import sys, types\nrunproc = sys.modules['runproc'] = types.ModuleType('runproc')\n"
     f"exec(compile({RUNPROC!r}, 'runproc.py', 'exec'), runproc.__dict__)\n"
-    f"{Path(__file__).with_name('supervisor.py').read_text()}\nsys.exit(main(sys.argv[1:]))\n")
+    f"{source_file('supervisor').read_text()}\nsys.exit(main(sys.argv[1:]))\n")
 # torch 2.13: a torchrun that joins a running job (a new agent, in a later rendezvous round) waits
 # for the address of the store the workers share, which node 0's agent writes under the round's
 # key prefix only in its own first round; the new agent blocked until its read timeout. This copies
@@ -242,16 +245,15 @@ def state_of(answer: dict) -> str:
     return str(answer["ok"]).strip() if "error" not in answer else f"unreadable: {answer['error']}"
 
 
-def node_runs(rdzv: Rendezvous, state_dir: Path) -> list[NodeRun]:
-    return [NodeRun(rdzv, plan, transport_for(plan, state_dir, provider=rdzv.provider)) for plan in rdzv.nodes]
+def node_runs(rdzv: Rendezvous, cluster: Cluster) -> list[NodeRun]:
+    """The run's nodes, reached through the cluster's transports (its node answers shared)."""
+    return [NodeRun(rdzv, plan, cluster.transport(plan, provider=rdzv.provider)) for plan in rdzv.nodes]
 
 
-def run_nodes(project, cluster: str, run_id: str | None = None) -> tuple[str, Path, list[NodeRun]]:
+def run_nodes(cluster: Cluster, run_id: str | None = None) -> tuple[str, Path, list[NodeRun]]:
     """(run id, run folder, its nodes) of an existing run of `cluster`, the latest by default."""
-    from fatpipe.infra.runs import find_run
-
-    run_id, run_dir = find_run(project, cluster, run_id)
-    return run_id, run_dir, node_runs(read_rendezvous(run_dir), project.state_dir(cluster))
+    run_id, run_dir = find_run(cluster.project, cluster.name, run_id)
+    return run_id, run_dir, node_runs(read_rendezvous(run_dir), cluster)
 
 
 def node_states(nodes: list[NodeRun]) -> list[str]:

@@ -15,6 +15,7 @@ import math
 from pathlib import Path
 
 from fatpipe.infra.defaults import NETCHECK_FILE
+from fatpipe.node.env import CROSS_STREAMS, REGION
 
 MAX_STREAMS = 8  # trainer.comm.regions.MAX_STREAMS (the trainer is not imported here)
 # One flow below this share of several flows' rate is capped per flow.
@@ -81,5 +82,5 @@ def region_env(outputs, run_dir: Path) -> dict[str, dict[str, str]]:
     if not regions:
         return {}
     streams = str(cross_streams(run_dir, regions))
-    return {name: {"FATPIPE_REGION": region, "FATPIPE_CROSS_STREAMS": streams}
+    return {name: {REGION: region, CROSS_STREAMS: streams}
             for name, region in regions.items()}

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from fatpipe.infra.clusters import shares_kernel
 from fatpipe.infra.defaults import (
     JOIN_TIMEOUT_S,
     MAX_RESTARTS,
@@ -25,8 +26,10 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic, write_json_atomic
 from fatpipe.infra.node import DEFAULT_REMOTE_DIR, REMOTE_VENV
 from fatpipe.infra.tiers import tier_name, tier_profile
-from fatpipe.trainer.live.lighthouse import bind_address, majority
+from fatpipe.node import env as node_env
+from fatpipe.trainer.live.quorum import bind_address, majority
 
+from ..reach.cluster import Cluster
 from .faultmode import choose_fault_mode, refuse_live_across_regions
 from .nodefiles import (
     LIVE_LIGHTHOUSE,
@@ -42,7 +45,7 @@ from .regionenv import node_regions, region_env
 
 TRAINER_MODULE = "fatpipe.trainer"
 # What a live run adds to every node's environment (trainer.live.manager reads them).
-LIVE_ENV = ("FATPIPE_LIVE_LIGHTHOUSE", "FATPIPE_LIVE_MIN_REPLICAS", "FATPIPE_NODES")
+LIVE_ENV = (node_env.LIVE_LIGHTHOUSE, node_env.LIVE_MIN_REPLICAS, node_env.NODES)
 REMOTE_DIR_ENV = "FATPIPE_REMOTE_DIR"  # where the project folder goes on ssh nodes; {cluster}, {node}
 
 @dataclass(frozen=True)
@@ -92,13 +95,14 @@ def script_entry(project_root: Path, script_args: list[str], shared_fs: bool) ->
     return [shown, *script_args[1:]]
 
 
-def new_rendezvous(project, outputs, run_id: str, run_dir: Path, *, train=None,
+def new_rendezvous(cluster: Cluster, run_id: str, run_dir: Path, *, train=None,
                    script: list[str] | None = None, entry: list[str] | None = None,
                    options: RunOptions = DEFAULT_RUN) -> Rendezvous:
     """Plan a run's rendezvous and write it into `run_dir`: rendezvous.json and each node's .env
     and .sh. The run is the user's `script` (with args), or an `entry` as torchrun takes it
     (netcheck's benchmark), or else the built-in trainer with `train` (a TrainSpec; default the
     project's [train], whose settings a script's run gets too)."""
+    project, outputs = cluster.project, cluster.outputs
     spec = train or project.train
     runs = "entry" if entry else "script" if script else "trainer"
     fault = choose_fault_mode(spec, len(outputs.nodes), runs)
@@ -112,7 +116,7 @@ def new_rendezvous(project, outputs, run_id: str, run_dir: Path, *, train=None,
     if script:
         shared = all(node.transport in ("local", "netns") for node in outputs.nodes)
         entry = script_entry(project.root, script, shared)
-    rdzv = _plan(project, outputs, run_id, run_dir, entry, train_args, options, live)
+    rdzv = _plan(cluster, run_id, run_dir, entry, train_args, options, live)
     rdzv.fault_why, rdzv.fault_auto = fault.why, fault.auto
     _write(rdzv, run_dir)
     return rdzv
@@ -152,8 +156,9 @@ def _plan_live(rdzv: Rendezvous, outputs) -> None:
                                         str(rdzv.min_replicas), str(nnodes)), strict=True))
 
 
-def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
+def _plan(cluster: Cluster, run_id: str, run_dir: Path, entry: list[str] | None,
           train_args: list[str], options: RunOptions, live: bool = False) -> Rendezvous:
+    project, outputs = cluster.project, cluster.outputs
     run_rel = Path(os.path.relpath(run_dir, project.root)).as_posix()
     if run_rel.startswith(".."):
         raise FatpipeError(f"run folder {run_dir} must lie inside the project folder {project.root}")
@@ -172,7 +177,7 @@ def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
         max_restarts=options.max_restarts, join_timeout_s=options.join_timeout_s, run_rel=run_rel,
         entry=list(entry),
         builtin_trainer=builtin, tier_gbps=outputs.tier_gbps,
-        gpus_per_node=outputs.gpus_per_node, data_path=_data_path(project, outputs.name),
+        gpus_per_node=outputs.gpus_per_node, data_path=cluster.data.path if cluster.data else None,
         created=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), nodes=nodes,
     )
     if live:
@@ -183,22 +188,17 @@ def _plan(project, outputs, run_id: str, run_dir: Path, entry: list[str] | None,
     for node in nodes:
         node.command = torchrun_command(rdzv, node)
         if not builtin:  # where a script using fatpipe.trainer.api finds its run (trainer/api/__init__.py)
-            node.env |= {"FATPIPE_RUN_DIR": run_rel, "FATPIPE_TRAIN_ARGS": shlex.join(train_args)}
+            node.env |= {node_env.RUN_DIR: run_rel, node_env.TRAIN_ARGS: shlex.join(train_args)}
     return rdzv
 
 
 def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str | None) -> NodePlan:
     shared = node.transport in ("local", "netns")
-    env = {
-        "FATPIPE_CLUSTER": outputs.name,
-        "FATPIPE_NODE_NAME": node.name,
-        "FATPIPE_NODE_RANK": str(rank),
-        "FATPIPE_PRIVATE_IP": node.private_ip,
-        "FATPIPE_TIER_GBPS": f"{outputs.tier_gbps:g}",
-        "PYTHONUNBUFFERED": "1",  # the per-node log streams line by line, not in 8 KiB blocks
-    }
+    env = node_env.NodeEnv(cluster=outputs.name, node_name=node.name, node_rank=rank,
+                           private_ip=node.private_ip, tier_gbps=outputs.tier_gbps).to_environ()
+    env["PYTHONUNBUFFERED"] = "1"  # the per-node log streams line by line, not in 8 KiB blocks
     env |= outputs.nccl or _tier_nccl(outputs.tier_gbps)  # outputs from before they carried it
-    if shared or outputs.provider == "sim":
+    if shared or shares_kernel(outputs.provider):
         # Sim nodes share one machine, over ssh too: NCCL would use shared memory and bypass the
         # shaped links, and every rank using every core would oversubscribe the CPUs.
         env |= {"NCCL_SHM_DISABLE": "1", "NCCL_P2P_DISABLE": "1",
@@ -214,13 +214,6 @@ def _node_plan(project, outputs, rank: int, node, world: int, remote_python: str
         ssh_user=node.ssh_user or outputs.ssh_user, ssh_port=node.ssh_port, ssh_key_file=node.ssh_key_file,
         ssh_host=node.ssh_host, env=env,
     )
-
-
-def _data_path(project, cluster: str) -> str | None:
-    from fatpipe.infra.dataspec import cluster_data
-
-    data = cluster_data(project.spec, cluster)
-    return data.path if data else None
 
 
 def _tier_nccl(gbps: float) -> dict[str, str]:

@@ -10,6 +10,7 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.outputs import ClusterOutputs, read_outputs
 from fatpipe.infra.runs import json_problem, runs_dir
 
+from .cluster import Cluster
 from .wait import wait_for_nodes
 
 # How long deployed nodes get to answer before `up` deploys again: ready nodes answer at once,
@@ -26,20 +27,16 @@ def deployment_mismatch(outputs: ClusterOutputs, spec) -> str | None:
         ("rdzv_port", outputs.rdzv_port, spec.rdzv_port),
         ("private_cidr", outputs.private_cidr, spec.node_network),
     ]
-    if spec.provider == "aws":  # nodes in other regions are other nodes
-        checks.append(("regions", [node.region for node in outputs.nodes],
-                       [spec.output_region(i) for i in range(spec.nodes)]))
-    if spec.provider == "sim" and spec.isolation != "auto":
-        checks.append(("isolation", outputs.isolation, spec.isolation))
-    for key, have, want in checks:
+    for key, have, want in checks + spec.deployment_keys(outputs):  # and what its provider adds
         if have != want:
             return f"{key} is {have} in the outputs but {want} in the cluster file"
     return None
 
 
-def ready_deployment(project, spec, outputs_path: Path) -> tuple[ClusterOutputs | None, str]:
+def ready_deployment(cluster: Cluster, outputs_path: Path) -> tuple[ClusterOutputs | None, str]:
     """(the outputs, "") when the cluster is deployed as declared and every node is ready;
     else (None, why not)."""
+    spec = cluster.spec
     if not outputs_path.exists():
         return None, "not deployed"
     try:
@@ -49,7 +46,7 @@ def ready_deployment(project, spec, outputs_path: Path) -> tuple[ClusterOutputs 
     mismatch = deployment_mismatch(outputs, spec)
     if mismatch:
         return None, f"the deployment differs from the cluster file ({mismatch})"
-    states = wait_for_nodes(project, outputs, timeout_s=READY_CHECK_S, interval_s=1)
+    states = wait_for_nodes(cluster.deployed(outputs), timeout_s=READY_CHECK_S, interval_s=1)
     late = [s for s in states if not s.ready]
     if late:
         return None, f"{late[0].name} is not ready ({late[0].reason})"

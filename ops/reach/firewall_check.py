@@ -7,15 +7,16 @@ from __future__ import annotations
 import re
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.node.hostfirewall import CHAIN, SBIN, TABLE
 
-from .node_firewall import CHAIN, SBIN, TABLE
-from .nodecall import NodeCallError, Step, answer_of
+from .asknode import NodeCallError, Step, answer_of
+from .cluster import Cluster
 from .projectdir import NODE_CHECKS, undo_fresh_claims
-from .transport import Result, Transport, fan_out, transports_for
+from .transport import Result, Transport, fan_out
 
 # Root lists the ruleset; another login through sudo -n (it has passwordless sudo: deploy needs
-# it): node_checks.firewall_listing, a step of the command's one call to the node.
-LISTING = Step("node_checks.firewall_listing", (SBIN, TABLE, CHAIN), sources=NODE_CHECKS)
+# it): callsteps.firewall_listing, a step of the command's one call to the node.
+LISTING = Step("callsteps.firewall_listing", (SBIN, TABLE, CHAIN), sources=NODE_CHECKS)
 
 
 def listing_problem(listing: str, ssh_port: int) -> str | None:
@@ -66,15 +67,16 @@ def check_readiness(state, transport: Transport, node, outputs, timeout: float =
     return state
 
 
-def require_firewall(project, outputs) -> list[str]:
+def require_firewall(cluster: Cluster) -> list[str]:
     """Before a run opens the rendezvous port: raise naming the first node without its firewall;
     return the warnings to print (a cluster that opted out)."""
+    outputs = cluster.outputs
     if outputs.firewall is None:
         return []
     if not outputs.firewall:
         return [f"cluster {outputs.name} has firewall = false: the rendezvous port {outputs.rdzv_port} and "
                 "the training ports are open to whoever reaches its nodes"]
-    transports = transports_for(outputs, project.state_dir(outputs.name))
+    transports = cluster.transports()
     problems = fan_out(lambda i: node_problem(transports[i], outputs.nodes[i]), range(len(outputs.nodes)))
     if any(problems):  # what the command's first call made on the nodes goes again
         fan_out(undo_fresh_claims, transports)

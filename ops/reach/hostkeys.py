@@ -22,20 +22,24 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from fatpipe.infra.clusters import model_of
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic
 from fatpipe.infra.outputs import read_outputs
+from fatpipe.infra.runs import outputs_file
 
 SSH_CONFIG_ENV = "FATPIPE_SSH_CONFIG"  # an ssh_config file used instead of ~/.ssh/config (ssh -F)
-POLICIES = {"aws": "pinned", "ssh": "user"}  # every other provider: accept-new
 CONSOLE_BLOCK = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.S)
 # A key line, after whatever prefix the console puts before it (a timestamp, "ec2: ").
-KEY_LINE = re.compile(r"(?:^|\s)((?:ssh|ecdsa-sha2|sk-ssh|sk-ecdsa-sha2)-[A-Za-z0-9@.-]+) ([A-Za-z0-9+/]{16,}={0,3})(?:\s|$)")
+KEY_LINE = re.compile(r"(?:^|\s)((?:ssh|ecdsa-sha2|sk-ssh|sk-ecdsa-sha2)-[A-Za-z0-9@.-]+) "
+                      r"([A-Za-z0-9+/]{16,}={0,3})(?:\s|$)")
 CONSOLE_WAIT_S = 300  # cloud-init prints the keys a minute or two after boot
 
 
 def policy_for(provider: str) -> str:
-    return POLICIES.get(provider, "accept-new")
+    """The provider's host key policy (its cluster model's `host_keys`)."""
+    model = model_of(provider)
+    return model.host_keys if model is not None else "accept-new"
 
 
 @functools.cache
@@ -163,8 +167,6 @@ def pin_console_keys(known_hosts: Path, nodes: list, console: Callable[[object],
 def deploy_forgetting_recreated(project, name: str, deploy: Callable[[], object]):
     """`deploy()` (which returns the new outputs), then forget the host keys of the nodes it
     recreated: this project made them just now, so their new keys are not a machine in the middle."""
-    from fatpipe.infra.runs import outputs_file
-
     try:
         before = read_outputs(outputs_file(project, name), name)
     except FatpipeError:  # none yet, or unreadable: nothing known to forget

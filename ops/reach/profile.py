@@ -1,6 +1,6 @@
 """Apply or revert the node profile on a machine over SSH (ssh clusters, and sim nodes with sshd).
 
-The applier (`node_agent.py`) travels as a program with the profile appended, on the standard
+The applier (`node/applier.py`) travels as a program with the profile appended, on the standard
 input of `python3 -` (no file on the node, where another login could swap it before it runs),
 and runs as root (`sudo -n` when the login is not root). Every failure comes back as one line naming the
 host: it does not answer, its host key changed, the login has no passwordless sudo, or the
@@ -14,11 +14,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.node import source_file
 
 from .transport import SshTransport
 
-AGENT = Path(__file__).with_name("node_agent.py")
-FIREWALL = Path(__file__).with_name("node_firewall.py")  # the agent imports it as `node_firewall`
+AGENT = source_file("applier")
+FIREWALL = source_file("hostfirewall")  # the applier imports it as `hostfirewall`
 APPLY_TIMEOUT_S = 1800  # apt on a fresh machine can take minutes
 
 
@@ -51,8 +52,8 @@ def agent_program(profile: dict) -> str:
         "    sys.modules[name] = module\n"
         "    exec(compile(source, name, 'exec'), module.__dict__)\n"
         "    return module\n"
-        f"load('node_firewall', {FIREWALL.read_text()!r})\n"
-        f"agent = load('node_agent', {AGENT.read_text()!r})\n"
+        f"load('hostfirewall', {FIREWALL.read_text()!r})\n"
+        f"agent = load('applier', {AGENT.read_text()!r})\n"
         f"agent.PROFILE = json.loads({json.dumps(json.dumps(profile))})\n"
         "agent.main()\n"
     )

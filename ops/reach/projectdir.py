@@ -1,46 +1,45 @@
 """The project folder on an ssh node is a project's own only when it carries that project's marker.
 
-Before the first push, `claim_project_dir` (Python on the node: node_checks.py) makes the folder and marks it with the cluster's name
-and the project's id (`.fatpipe/project-id`), or adopts an empty one; a folder that holds
-anything else, or another project's marker (two checkouts with a cluster of the same name on the
-same hosts), is refused, never pushed into. A marker without a project id (an earlier fatpipe's)
-proves nothing of whose the folder is: refused too, naming the line that makes it this
-project's. `down` removes the folder only when the marker carries this project's id, as the login
-user (the node profile's applier runs as root and removes nothing of it). See
-docs/ARCHITECTURE.md, "The project folder on a node".
+Before the first push, `claim_project_dir` (Python on the node: node/callsteps.py) makes the folder
+and marks it with the cluster's name and the project's id (`.fatpipe/project-id`), or adopts an
+empty one; a folder that holds anything else, or another project's marker (two checkouts with a
+cluster of the same name on the same hosts), is refused, never pushed into. A marker without a
+project id (an earlier fatpipe's) proves nothing of whose the folder is: refused too, naming the
+line that makes it this project's. `down` removes the folder only when the marker carries this
+project's id, as the login user (the node profile's applier runs as root and removes nothing of it).
+See docs/ARCHITECTURE.md, "The project folder on a node".
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER
+from fatpipe.node import source_file
 
-from .nodecall import NodeCallError, Step, answer_of, ask, step_value, take_all
+from .asknode import NodeCallError, Step, answer_of, ask, step_value, take_all
 from .transport import Transport
 
-NODE_CHECKS_FILE = Path(__file__).with_name("node_checks.py")
-NODE_CHECKS = (("node_checks", NODE_CHECKS_FILE),)
+NODE_CHECKS_FILE = source_file("callsteps")
+NODE_CHECKS = (("callsteps", NODE_CHECKS_FILE),)
 
 
 def claim_step(folder: str, cluster: str, project_id: str, inside: tuple[str, ...] = ()) -> Step:
-    """The node program's step that claims `folder` (ops/reach/node_checks.py: `claim`) and,
+    """The node program's step that claims `folder` (node/callsteps.py: `claim`) and,
     once it is this project's, makes the folders `inside` it (relative to it)."""
-    return Step("node_checks.claim", (folder, cluster, project_id, *inside), sources=NODE_CHECKS)
+    return Step("callsteps.claim", (folder, cluster, project_id, *inside), sources=NODE_CHECKS)
 
 
 def remove_step(folder: str, cluster: str, project_id: str) -> Step:
-    return Step("node_checks.remove", (folder, cluster, project_id), sources=NODE_CHECKS)
+    return Step("callsteps.remove", (folder, cluster, project_id), sources=NODE_CHECKS)
 
 
 def undo_fresh_claims(transport: Transport) -> None:
     """A command refused after its first call claimed folders (a node's firewall missing): the
     folders that call made on this node go again, parents it made included; nothing else."""
-    for step, answer in take_all(transport, "node_checks.claim"):
+    for step, answer in take_all(transport, "callsteps.claim"):
         word, top = answer.get("ok") or ("", "")
         if word == "made":
-            ask(transport, [Step("node_checks.unclaim", (step.args[0], top, *step.args[1:3]), sources=NODE_CHECKS)])
+            ask(transport, [Step("callsteps.unclaim", (step.args[0], top, *step.args[1:3]), sources=NODE_CHECKS)])
 
 
 def _answer(transport: Transport, step: Step) -> tuple[str, str]:

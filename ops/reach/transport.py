@@ -2,7 +2,7 @@
 
 Every command is a bash snippet run on the node from the node's home (ssh) or this process's
 folder (netns, local). `fan_out` runs one function per node in parallel threads, so a 64-node
-cluster costs one round trip, not 64; ops/reach/nodecall.py makes a command's checks one.
+cluster costs one round trip, not 64; ops/reach/asknode.py makes a command's checks one.
 """
 
 from __future__ import annotations
@@ -71,6 +71,7 @@ class Transport:
 
     kind = "?"
     shares_fs = False
+    answers = None  # the NodeAnswers of the cluster that made it (ops/reach/asknode.py)
 
     def __init__(self, node_name: str):
         self.node_name = node_name

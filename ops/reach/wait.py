@@ -13,10 +13,11 @@ from fatpipe.infra.node import (
 )
 from fatpipe.infra.tiers import sysctl_mismatches, tier_name, tier_profile
 
+from .asknode import NodeCallError, Step, answer_of, ask
+from .cluster import Cluster
 from .firewall_check import LISTING, check_readiness
-from .nodecall import NodeCallError, Step, answer_of, ask
 from .projectdir import NODE_CHECKS
-from .transport import Transport, fan_out, transports_for
+from .transport import Transport, fan_out
 
 MARK = "@@fatpipe"
 # Root qdiscs the kernel attaches by itself; the node profile replaces these with fq, and leaves
@@ -48,14 +49,16 @@ class NodeReadiness:
 
 
 def probe_command(ready_file: str, names: list[str]) -> str:
-    """The probe as a shell command (what node_checks.readiness answers, in the same lines): the
+    """The probe as a shell command (what callsteps.readiness answers, in the same lines): the
     marker, then every declared sysctl read from /proc/sys on the node."""
     reads = " ".join(
         f"printf '{MARK} sysctl %s %s\\n' {shlex.quote(n)} \"$(cat /proc/sys/{n.replace('.', '/')} 2>/dev/null)\";"
         for n in names
     )
     # A machine's own marker may sit below $FATPIPE_ROOT (a sim node that shares its host's files).
-    path = f'"${{FATPIPE_ROOT:-}}"{shlex.quote(ready_file)}' if ready_file == CLOUD_READY_FILE else shlex.quote(ready_file)
+    path = shlex.quote(ready_file)
+    if ready_file == CLOUD_READY_FILE:
+        path = f'"${{FATPIPE_ROOT:-}}"{path}'
     return (
         f"echo {MARK} reachable; if [ -r {path} ]; then echo {MARK} marker; "
         f"cat {path}; echo; else echo {MARK} no-marker; fi; {reads} true"
@@ -90,11 +93,11 @@ def parse_probe(stdout: str) -> tuple[bool, dict | None, dict[str, str]]:
 
 
 def readiness_step(node, declared: dict[str, str]) -> Step:
-    """The node program's step that reads what `probe_command` prints (node_checks.readiness)."""
+    """The node program's step that reads what `probe_command` prints (callsteps.readiness)."""
     ready_file = node.ready_file or CLOUD_READY_FILE
     # A machine's own marker may sit below the node's $FATPIPE_ROOT (a sim node that shares its
     # host's files): read there, on the node.
-    return Step("node_checks.readiness", (ready_file, ready_file == CLOUD_READY_FILE, tuple(sorted(declared)), MARK),
+    return Step("callsteps.readiness", (ready_file, ready_file == CLOUD_READY_FILE, tuple(sorted(declared)), MARK),
                 sources=NODE_CHECKS)
 
 
@@ -163,13 +166,13 @@ def declared_sysctls(outputs) -> dict[str, str]:
     return tier_profile(tier_name(outputs.tier_gbps), outputs.max_rtt_ms).sysctls
 
 
-def wait_for_nodes(project, outputs, timeout_s: float = 300, interval_s: float = 2,
+def wait_for_nodes(cluster: Cluster, timeout_s: float = 300, interval_s: float = 2,
                    on_update: Callable[[list[NodeReadiness]], None] | None = None) -> list[NodeReadiness]:
     """Probe every node until all are ready or `timeout_s` passes; returns the last answers.
 
     Nodes already ready are not probed again; each round probes the rest in parallel.
     """
-    transports = transports_for(outputs, project.state_dir(outputs.name))
+    outputs, transports = cluster.outputs, cluster.transports()
     declared = declared_sysctls(outputs)
     states = [NodeReadiness(n.name, n.transport) for n in outputs.nodes]
     deadline = time.monotonic() + timeout_s

@@ -1,12 +1,12 @@
 """Why a run failed, in one line that names the node and the phase, from what its nodes left in
 the run folder.
 
-In order: the first error of the last attempt that is no consequence of another, else of the
-newest earlier attempt that has one (ops.run.rootcause:
-each worker's torchrun error file, and torchrun's report of a worker that exited without one),
-with why a missing file was not copied to an ssh node (ops.env.notcopied); the trainer's faults.json (each failed attempt with its phase, step and the nodes whose
-ranks never reported the failure: cut off or dead), torchrun's rendezvous errors in the node
-logs, and last the nodes that failed on their own with their exit status.
+In order: the first error of the last attempt that is no consequence of another, else of the newest
+earlier attempt that has one (ops.run.rootcause: each worker's torchrun error file, and torchrun's
+report of a worker that exited without one), with why a missing file was not copied to an ssh node
+(ops.env.notcopied); the trainer's faults.json (each failed attempt with its phase, step and the
+nodes whose ranks never reported the failure: cut off or dead), torchrun's rendezvous errors in the
+node logs, and last the nodes that failed on their own with their exit status.
 """
 
 from __future__ import annotations

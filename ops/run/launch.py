@@ -1,7 +1,7 @@
 """Start a rendezvous'd run on every node, stream the per-node logs, stop it, collect exit codes.
 
 Ctrl-C signals every node's process group. `launch` is the one call other parts use (netcheck
-runs its sweep through it, after the same one call per node: ops/run/runchecks.py).
+runs its sweep through it, after the same one call per node: ops/run/checks.py).
 """
 
 from __future__ import annotations
@@ -25,8 +25,9 @@ from ..rdzv.noderun import (
     node_runs,
 )
 from ..rdzv.rendezvous import Rendezvous, restart_instead
-from ..reach.nodecall import forget_all
+from ..reach.cluster import Cluster
 from ..reach.transport import fan_out
+from .checks import ask_launch_checks
 from .detach import LET_GO, Detach
 from .failure import describe_failure
 from .follow import (
@@ -39,8 +40,7 @@ from .follow import (
 from .headline import keep_headline
 from .liveleave import leave_lines
 from .prepare import prepare_envs, prepare_node
-from .runchecks import ask_launch_checks
-from .runsync import pull_runs, push_run
+from .sync import pull_runs, push_run
 
 
 def start_nodes(nodes: list[NodeRun]) -> None:
@@ -66,9 +66,12 @@ class Follow:
     signal_detaches: bool = False
 
 
-def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None,
-           log: Log = lambda _: None, follow: Follow = Follow()) -> LaunchResult:
+def launch(cluster: Cluster, nodes: list[NodeRun], run_dir: Path, *, sink: Sink | None = None,
+           follow: Follow = Follow()) -> LaunchResult:
     """Prepare every node, start the run, stream its logs, and return how it ended.
+
+    `nodes`: the run's, made once by the caller (ops.rdzv.noderun.node_runs: its rendezvous
+    reached through the cluster's transports), which every stage below takes.
 
     Ctrl-C (KeyboardInterrupt) or the timeout stops the run on every node before returning; a
     termination (Detach) with `follow.signal_detaches` lets go of it instead: every node reads
@@ -77,18 +80,17 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
     ends the follow, not the run: the result names it in `unknown` and nothing is stopped.
     """
     timeout_s, unreachable_s = follow.timeout_s, follow.unreachable_s or UNREACHABLE_TIMEOUT_S
-    state_dir = project.state_dir(rdzv.cluster)
-    nodes = node_runs(rdzv, state_dir)
+    project, log, rdzv = cluster.project, cluster.log, nodes[0].rdzv
     result = LaunchResult(rdzv.run_id, Path(run_dir), live=rdzv.live)
     started, since = time.monotonic(), time.time()
     try:
         # Its callers checked the firewall and the running run; the rest of the checks: one call
-        # per node, unless the command asked it already (ops/run/runchecks.py).
-        ask_launch_checks(project, None, rdzv, firewall=False)
-        fan_out(lambda n: prepare_node(project, n, run_dir, rdzv.gpus_per_node, log), nodes)
-        prepare_envs(project, nodes, rdzv.gpus_per_node, log)  # after the project: its requirements file
+        # per node, unless the command asked it already (ops/run/checks.py).
+        ask_launch_checks(cluster, nodes, firewall=False)
+        fan_out(lambda n: prepare_node(cluster, n, run_dir, rdzv.gpus_per_node), nodes)
+        prepare_envs(cluster, nodes, rdzv.gpus_per_node)  # after the project: its requirements file
         # Unequal nodes are refused before anything starts; an `auto` live run may turn restart.
-        rdzv, nodes = checked_envs(rdzv, nodes, Path(run_dir), state_dir, log)
+        rdzv, nodes = checked_envs(rdzv, nodes, Path(run_dir), cluster)
         result.live = rdzv.live
         try:
             start_nodes(nodes)
@@ -135,21 +137,22 @@ def launch(project, rdzv: Rendezvous, run_dir: Path, *, sink: Sink | None = None
                            and (Path(run_dir) / f"node-{n.plan.rank}.stop").exists()]
         result.failure = describe_failure(result, rdzv, since, project.root)
     finally:
-        forget_all()  # what the first call brought is this launch's alone
+        cluster.answers.forget_all()  # what the first call brought is this launch's alone
         result.elapsed_s = time.monotonic() - started
     return result
 
 
-def checked_envs(rdzv: Rendezvous, nodes: list[NodeRun], run_dir: Path, state_dir: Path,
-                 log: Log) -> tuple[Rendezvous, list[NodeRun]]:
+def checked_envs(rdzv: Rendezvous, nodes: list[NodeRun], run_dir: Path,
+                 cluster: Cluster) -> tuple[Rendezvous, list[NodeRun]]:
     """The node environment check, then the fault tolerance in force, logged: a live run that
     `auto` chose turns restart where a node has no torchft (its files written and sent again)."""
+    log = cluster.log
     log(check_node_envs(nodes, run_dir, rdzv.live and not rdzv.fault_auto))
     if rdzv.live and rdzv.fault_auto:
         reports = json.loads((run_dir / ENV_FILE).read_text())["nodes"]
         if missing := without_torchft(reports):
             rdzv = restart_instead(rdzv, run_dir, f"no torchft on {', '.join(missing)}")
-            nodes = node_runs(rdzv, state_dir)
+            nodes = node_runs(rdzv, cluster)
             remote = [n for n in nodes if not n.transport.shares_fs]
             for node, sent in zip(remote, fan_out(lambda n: push_run(n, run_dir, True), remote), strict=True):
                 if not sent.ok:

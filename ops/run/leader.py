@@ -13,11 +13,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from fatpipe.infra.defaults import GROUP_RANK_FILE
+from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.runinfo import recorded_exits
+from fatpipe.infra.runs import find_run
 
 from ..rdzv.nodefiles import planned_group_ranks
 from ..rdzv.noderun import NodeRun
 from ..rdzv.record import Rendezvous
+from ..rdzv.rendezvous import read_rendezvous
 
 
 def recorded_group_rank(run_dir: Path, index: int) -> int | None:
@@ -59,11 +62,6 @@ def leader_first(nodes: list[NodeRun], run_dir: Path) -> list[NodeRun]:
 
 def latest_leader(project, cluster: str) -> str | None:
     """The name of the node that ran rank 0 in the cluster's latest run; None without a run."""
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.infra.runs import find_run
-
-    from ..rdzv.rendezvous import read_rendezvous
-
     try:
         _, run_dir = find_run(project, cluster)
         rdzv = read_rendezvous(run_dir)

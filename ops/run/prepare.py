@@ -10,17 +10,18 @@ from collections.abc import Callable
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.node import REMOTE_PKG, REMOTE_VENV
+from fatpipe.infra.node import REMOTE_VENV
 from fatpipe.infra.nodevenv import node_venv, venv_stamp
 
-from ..data.datacheck import data_excludes
-from ..env.nodewheels import build_node_envs
+from ..data.check import data_excludes
 from ..env.projectsync import push_project
-from ..env.shipped import SYNC_EXCLUDES, trainer_package_dir
-from ..rdzv.noderun import Log, NodeRun
-from ..reach.nodecall import drop_kept
+from ..env.shipped import SYNC_EXCLUDES, shipped_packages
+from ..env.venvs import build_node_envs
+from ..rdzv.noderun import NodeRun
+from ..reach.asknode import drop_kept
+from ..reach.cluster import Cluster
 from ..reach.projectdir import claim_project_dir
-from .runsync import push_run
+from .sync import push_run
 
 
 def pulled_excludes(project) -> tuple[str, ...]:
@@ -28,35 +29,34 @@ def pulled_excludes(project) -> tuple[str, ...]:
     return tuple(f"/{path}" for path in project.spec.run.pull)
 
 
-TRAINER_DEST = f"{REMOTE_PKG}/fatpipe/trainer"  # in the project folder
 
 
 def pushed_folders(node: NodeRun) -> tuple[str, ...]:
     """The folders inside the node's project folder that a launch pushes into."""
-    return (node.rdzv.run_rel, TRAINER_DEST)
+    return (node.rdzv.run_rel, *(dest for _, dest in shipped_packages()))
 
 
-def push_excludes(project, node: NodeRun) -> tuple[str, ...]:
+def push_excludes(cluster: Cluster, node: NodeRun) -> tuple[str, ...]:
     """What the project push leaves out for `node`: never shipped, the staged data, what `[run]
     pull` brings back, the run folder."""
     # The staged dataset is `fatpipe data push`'s, and what `[run] pull` brings back is the node's:
     # never shipped again, never deleted. Nor is the run folder, nor anything a run wrote
     # (ops.env.projectsync deletes only what an earlier push sent and this project no longer has).
-    excludes = SYNC_EXCLUDES + data_excludes(project, node.rdzv.cluster) + pulled_excludes(project)
+    excludes = SYNC_EXCLUDES + data_excludes(cluster.data) + pulled_excludes(cluster.project)
     return (*excludes, f"/{node.rdzv.run_rel}/")
 
 
-def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> None:
+def prepare_node(cluster: Cluster, node: NodeRun, run_dir: Path, gpus: int) -> None:
     """Ship the project, the run's inputs and the trainer package to an ssh node (its Python:
     prepare_envs, then the ops.env.nodeenv probe)."""
-    t, plan = node.transport, node.plan
+    t, plan, project, log = node.transport, node.plan, cluster.project, cluster.log
     if t.shares_fs:
         return
     # Never another's folder; once it is this project's, the folders the pushes fill are made with
-    # it (in the command's first call: ops/run/runchecks.py), so no push asks for them again.
+    # it (in the command's first call: ops/run/checks.py), so no push asks for them again.
     claim_project_dir(t, plan.workdir, node.rdzv.cluster, project.project_id, pushed_folders(node))
     started = time.monotonic()
-    pushed = push_project(t, project.root, plan.workdir, push_excludes(project, node), made=True)
+    pushed = push_project(t, project.root, plan.workdir, push_excludes(cluster, node), made=True)
     for line in pushed.lines():
         log(f"{node.name}: {line}")
     if not pushed.copied:
@@ -68,10 +68,9 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
         # The run's inputs only: what the node made there (checkpoints, logs, metrics) stays.
         ("copy the run's inputs", lambda: push_run(node, run_dir, True)),
     ]
-    # Every run: the built-in trainer is the package, and a script may import fatpipe.trainer.api.
-    trainer_dir = trainer_package_dir()
-    steps.append(("copy the trainer",
-                  lambda: t.push(trainer_dir, f"{plan.workdir}/{TRAINER_DEST}", SYNC_EXCLUDES, made=True)))
+    # Every run: the built-in trainer is the package, and a script may import fatpipe.trainer.api;
+    # fatpipe.node travels with it (the trainer reads the node's environment through it).
+    steps.append(("copy the trainer", lambda: push_packages(t, plan.workdir)))
     # A given interpreter (an image that ships torch) is not checked here: the node environment
     # probe (ops.env.nodeenv) names a node without torch, and the run one whose torch does not import.
     for what, step in steps:
@@ -82,9 +81,19 @@ def prepare_node(project, node: NodeRun, run_dir: Path, gpus: int, log: Log) -> 
         log(f"{node.name}: {what} ({time.monotonic() - started:.1f} s)")
 
 
-def prepare_envs(project, nodes: list[NodeRun], gpus: int, log: Log) -> None:
-    """The venvs of the nodes that run in fatpipe's venv, from one download (ops/env/nodewheels.py)."""
+def push_packages(t, workdir: str):
+    """The packages a node runs from REMOTE_PKG into its project folder (made by the claim)."""
+    for src, dest in shipped_packages():
+        result = t.push(src, f"{workdir}/{dest}", SYNC_EXCLUDES, made=True)
+        if not result.ok:
+            break
+    return result
+
+
+def prepare_envs(cluster: Cluster, nodes: list[NodeRun], gpus: int) -> None:
+    """The venvs of the nodes that run in fatpipe's venv, from one download (ops/env/venvs.py)."""
     built = [n for n in nodes if not n.transport.shares_fs and n.plan.python == f"{REMOTE_VENV}/bin/python"]
     if built:
+        project, log = cluster.project, cluster.log
         venv = node_venv(project, built[0].rdzv.cluster, gpus)  # its cluster's [node], resolved
         build_node_envs(built, venv, venv_stamp(project.root, venv), log)

@@ -1,5 +1,5 @@
 """A run on ssh nodes as it stands: the leader's last step, loss, summary and state, read over
-the transport in one bounded step of the node program (ops/reach/nodecall.py).
+the transport in one bounded step of the node program (ops/reach/asknode.py).
 
 A run started with `--detach` on ssh nodes writes everything in the run folder on its nodes; the
 folder here stays empty until a followed launch or `fatpipe logs -f` pulls it. `status` and
@@ -15,11 +15,15 @@ import json
 from pathlib import Path
 
 from fatpipe.infra.defaults import GROUP_RANK_FILE, SUMMARY_FILE
+from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.runinfo import RunInfo
+from fatpipe.infra.runs import outputs_file
+from fatpipe.node import source_file
 from fatpipe.trainer.live.runplan import node_run_dir  # torch-free
 
 from ..rdzv.noderun import RUNPROC_SOURCE, NodeRun, run_nodes
-from ..reach.nodecall import NodeCallError, Step, answer_of
+from ..reach.asknode import NodeCallError, Step, answer_of
+from ..reach.cluster import Cluster
 from ..reach.transport import fan_out
 from .leader import leader
 from .top import last_lines
@@ -28,11 +32,12 @@ METRICS_FILE = "metrics.jsonl"
 TAIL_BYTES = 64 * 1024  # enough of metrics.jsonl's end for its last record
 READ_TIMEOUT_S = 15
 _SEP = "\n--fatpipe-progress--\n"
-NODE_PROGRESS = Path(__file__).with_name("node_progress.py")
+NODE_PROGRESS = source_file("runprogress")
 
 
 def parse_progress(stdout: str) -> dict | None:
-    """The text `progress_step` answers (node_progress.py): {last_step, final_loss, summary, state, group_rank}; None if
+    """The text `progress_step` answers (node/runprogress.py): {last_step, final_loss, summary, state, group_rank}; None
+    if
     unreadable."""
     parts = stdout.split(_SEP)
     if len(parts) != 4:
@@ -54,15 +59,15 @@ def parse_progress(stdout: str) -> dict | None:
 
 
 def progress_step(node: NodeRun) -> Step:
-    """The node program's step that reads the run's progress on the node (node_progress.py):
+    """The node program's step that reads the run's progress on the node (node/runprogress.py):
     under live, the node's own record (`live-node-<k>/` for node k)."""
     folder = node.rdzv.run_rel
     files = node.status_step().args
     record = node_run_dir(Path(folder), node.plan.rank).as_posix() if node.rdzv.live else folder
-    return Step("node_progress.progress_text",
+    return Step("runprogress.progress_text",
                 (_SEP, f"{record}/{METRICS_FILE}", TAIL_BYTES, f"{record}/{SUMMARY_FILE}",
                  f"{folder}/{GROUP_RANK_FILE.format(index=node.plan.rank)}", *files),
-                node.plan.workdir, (*RUNPROC_SOURCE, ("node_progress", NODE_PROGRESS)))
+                node.plan.workdir, (*RUNPROC_SOURCE, ("runprogress", NODE_PROGRESS)))
 
 
 def read_progress(node: NodeRun) -> dict | None:
@@ -111,17 +116,15 @@ def with_live_progress(info: RunInfo, nodes: list[NodeRun]) -> dict | None:
     return found
 
 
-def with_live_latest(project, cluster: str, runs: list[RunInfo]) -> None:
+def with_live_latest(cluster: Cluster, runs: list[RunInfo]) -> None:
     """`fatpipe runs`: the latest run, when deployed on ssh nodes and nothing was pulled, as its
     leader has it (one bounded read; an undeployed cluster is not asked)."""
-    from fatpipe.infra.errors import FatpipeError
-    from fatpipe.infra.runs import outputs_file
-
     latest = next((r for r in runs if r.latest), None)
-    if latest is None or latest.exits or latest.kind != "train" or not outputs_file(project, cluster).exists():
+    if latest is None or latest.exits or latest.kind != "train" \
+            or not outputs_file(cluster.project, cluster.name).exists():
         return
     try:
-        _, _, nodes = run_nodes(project, cluster, latest.id)
+        _, _, nodes = run_nodes(cluster, latest.id)
     except FatpipeError:
         return
     with_live_progress(latest, nodes)

@@ -4,7 +4,7 @@ results back").
 
 The path is checked on the node first (it exists and, links followed, lies inside the project
 folder), then rsync copies it over the node's own transport into a partial folder beside the
-destination (`ops.run.runsync.into_partial`, the run folders' pull), and only a complete copy is
+destination (`ops.run.sync.into_partial`, the run folders' pull), and only a complete copy is
 renamed into place. An existing destination is replaced only when asked, and then only after the
 new copy is whole. The nodes keep everything: nothing there is deleted.
 """
@@ -23,12 +23,13 @@ from pathlib import Path, PurePosixPath
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.runinfo import human_size
 
-from ..data.datacheck import node_workdir
+from ..data.check import node_workdir
 from ..rdzv.noderun import NodeRun
-from ..reach.nodecall import NodeCallError, Step, answer_of, ask_ahead, step_value
+from ..reach.asknode import NodeCallError, Step, answer_of, ask_ahead, step_value
+from ..reach.cluster import Cluster
 from ..reach.projectdir import NODE_CHECKS
-from ..reach.transport import Result, Transport, fan_out, transports_for
-from .runsync import PULL_PREFIX, into_partial
+from ..reach.transport import Result, Transport, fan_out
+from .sync import PULL_PREFIX, into_partial
 
 Progress = Callable[[str], None]  # one of rsync's --info=progress2 lines
 MEASURE_TIMEOUT_S = 300  # du on a node's folder of checkpoints
@@ -67,9 +68,9 @@ class Fetched:
         return f"pulled {self.path} ({human_size(self.size)}) from {self.node} into {where} ({what})"
 
 
-def sources_of(project, outputs) -> list[NodeSource]:
+def sources_of(cluster: Cluster) -> list[NodeSource]:
     """Every node of a deployed cluster, in node order."""
-    transports = transports_for(outputs, project.state_dir(outputs.name))
+    project, outputs, transports = cluster.project, cluster.outputs, cluster.transports()
     return [NodeSource(node.name, t, str(project.root) if t.shares_fs else node_workdir(outputs, node))
             for node, t in zip(outputs.nodes, transports, strict=True)]
 
@@ -80,8 +81,8 @@ def source_of_run(node: NodeRun) -> NodeSource:
 
 
 def size_step(source: NodeSource, rel: str) -> Step:
-    """The node program's step that measures `rel` in the node's project folder (`node_checks.size`)."""
-    return Step("node_checks.size", (rel,), source.workdir, NODE_CHECKS)
+    """The node program's step that measures `rel` in the node's project folder (`callsteps.size`)."""
+    return Step("callsteps.size", (rel,), source.workdir, NODE_CHECKS)
 
 
 def ask_sizes(sources: list[NodeSource], rels: list[str]) -> None:

@@ -16,17 +16,18 @@ from pathlib import Path
 from fatpipe.infra.errors import FatpipeError
 
 from ..env.nodeenv import probe_node
-from ..rdzv.noderun import Log, NodeRun, run_nodes
-from ..reach.transport import transport_for
+from ..rdzv.noderun import NodeRun, run_nodes
+from ..reach.cluster import Cluster
 from .follow import read_end
 from .launch import start_nodes
 from .prepare import prepare_envs, prepare_node
 
 
-def rejoin_node(project, outputs, name: str, log: Log) -> tuple[str, Path]:
+def rejoin_node(cluster: Cluster, name: str) -> tuple[str, Path]:
     """Start node `name` again in the cluster's latest run; (run id, run folder). Refused in one
     line unless the run is live, the node is not running it, and another node still is."""
-    run_id, run_dir, nodes = run_nodes(project, outputs.name)
+    outputs, log = cluster.outputs, cluster.log
+    run_id, run_dir, nodes = run_nodes(cluster)
     rdzv = nodes[0].rdzv
     if not rdzv.live:
         raise FatpipeError(f"run {run_id} runs with fault_tolerance = \"{rdzv.fault_tolerance}\": "
@@ -35,7 +36,7 @@ def rejoin_node(project, outputs, name: str, log: Log) -> tuple[str, Path]:
     if node is None:
         raise FatpipeError(f"run {run_id} has no node {name!r}: its nodes are "
                            f"{', '.join(n.name for n in nodes)}")
-    node = at_current_address(node, outputs, project.state_dir(outputs.name))
+    node = at_current_address(node, cluster)
     end = read_end(node)
     if end.state == "running":
         raise FatpipeError(f"{name} is still running run {run_id}: nothing to rejoin")
@@ -45,8 +46,8 @@ def rejoin_node(project, outputs, name: str, log: Log) -> tuple[str, Path]:
     if not any(read_end(n).state == "running" for n in nodes if n.name != name):
         raise FatpipeError(f"run {run_id} runs on no other node: start a new run, which resumes "
                            "from the checkpoints")
-    prepare_node(project, node, run_dir, rdzv.gpus_per_node, log)
-    prepare_envs(project, [node], rdzv.gpus_per_node, log)
+    prepare_node(cluster, node, run_dir, rdzv.gpus_per_node)
+    prepare_envs(cluster, [node], rdzv.gpus_per_node)
     report = probe_node(node)
     if not report.get("torchft"):
         raise FatpipeError(f"{name}: no torchft for Python {report.get('python')} on "
@@ -56,9 +57,10 @@ def rejoin_node(project, outputs, name: str, log: Log) -> tuple[str, Path]:
     return run_id, run_dir
 
 
-def at_current_address(node: NodeRun, outputs, state_dir: Path) -> NodeRun:
+def at_current_address(node: NodeRun, cluster: Cluster) -> NodeRun:
     """The node as the cluster's outputs have it now: a node made again may have a new public
     address (reached there); its private address is in every peer's plan, so it must not move."""
+    outputs = cluster.outputs
     now = next((n for n in outputs.nodes if n.name == node.name), None)
     if now is None:
         raise FatpipeError(f"{node.name} is not in cluster {outputs.name}'s outputs: deploy it first")
@@ -66,4 +68,4 @@ def at_current_address(node: NodeRun, outputs, state_dir: Path) -> NodeRun:
         raise FatpipeError(f"{node.name}'s private address changed ({node.plan.private_ip} -> "
                            f"{now.private_ip}) since the run started: start a new run")
     plan = dataclasses.replace(node.plan, public_ip=now.public_ip)
-    return NodeRun(node.rdzv, plan, transport_for(plan, state_dir, provider=node.rdzv.provider))
+    return NodeRun(node.rdzv, plan, cluster.transport(plan, provider=node.rdzv.provider))

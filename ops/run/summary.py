@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 
 from fatpipe.infra.defaults import NETCHECK_FILE, SUMMARY_FILE
+from fatpipe.trainer.metrics import percentile
 
 
 def read_json(path: Path) -> dict:
@@ -86,8 +87,6 @@ def failure_text(doc: dict) -> str:
 def recorded_summary(run_dir: Path) -> dict:
     """The summary's figures over the steps metrics.jsonl recorded ({} for none): a run that
     failed, or was stopped, before the trainer wrote summary.json still ran those steps."""
-    from fatpipe.trainer.metrics import percentile
-
     records = []
     try:
         lines = (Path(run_dir) / "metrics.jsonl").read_text(errors="replace").splitlines()

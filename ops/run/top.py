@@ -18,6 +18,7 @@ from fatpipe.trainer.live.runplan import node_run_dir  # torch-free
 from fatpipe.trainer.nodestats import EVENTS_FILE, NODES_FILE  # torch-free
 
 from ..rdzv.noderun import NodeRun, run_nodes
+from ..reach.cluster import Cluster
 from ..reach.transport import fan_out
 from .leader import leader_first
 
@@ -104,18 +105,18 @@ def _read_remote(nodes: list[NodeRun]) -> tuple[list[dict], list[dict], bool]:
     return [], [], False
 
 
-def snapshot(project, cluster: str, run_id: str | None = None) -> dict:
+def snapshot(cluster: Cluster, run_id: str | None = None) -> dict:
     """The run's latest window as `fatpipe top` shows it: every node, the straggler, events."""
-    run_id, run_dir, nodes = run_nodes(project, cluster, run_id)
+    run_id, run_dir, nodes = run_nodes(cluster, run_id)
     if nodes and nodes[0].rdzv.live:
-        return live_snapshot(cluster, run_id, run_dir, nodes)
+        return live_snapshot(cluster.name, run_id, run_dir, nodes)
     if not nodes or nodes[0].transport.shares_fs or (run_dir / NODES_FILE).exists():
         views, events, finished = _read_local(run_dir)
     else:
         views, events, finished = _read_remote(leader_first(nodes, run_dir))
     if not views:
         raise no_metrics(run_id)
-    return top_view(cluster, run_id, (views, events, finished))
+    return top_view(cluster.name, run_id, (views, events, finished))
 
 
 def no_metrics(run_id: str) -> FatpipeError:

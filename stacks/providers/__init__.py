@@ -24,3 +24,9 @@ def provider_for(name: str) -> Provider:
         return PROVIDERS[name]
     except KeyError:
         raise ConfigError(f"unknown provider {name!r}; allowed: {', '.join(PROVIDERS)}") from None
+
+
+def provider_of(cluster) -> Provider:
+    """The provider of `cluster`, a declared cluster or None: a cluster no longer declared can only
+    be a sim one left from an edited file (a cloud's destroy needs its spec)."""
+    return SIM if cluster is None else provider_for(cluster.provider)

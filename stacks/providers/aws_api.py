@@ -23,6 +23,7 @@ from fatpipe.infra.catalog import (
 from fatpipe.infra.catalogdiff import changes, priced, select
 from fatpipe.infra.errors import ConfigError, FatpipeError
 from fatpipe.infra.files import write_json_atomic
+from fatpipe.infra.lazy import load
 
 
 def preflight(cluster, root: Path | None = None, session=None) -> None:
@@ -31,10 +32,8 @@ def preflight(cluster, root: Path | None = None, session=None) -> None:
     Asks the EC2 API rather than the offline catalog, so a type that is new, retired or
     missing in the region is caught before terraform creates half a cluster.
     """
-    import boto3
-    from botocore.exceptions import BotoCoreError, ClientError
-
-    session = session or boto3.session.Session(region_name=cluster.region)
+    errors = load("botocore.exceptions")
+    session = session or load("boto3").session.Session(region_name=cluster.region)
     if session.get_credentials() is None:
         raise FatpipeError(
             "no AWS credentials found: set AWS_PROFILE (or AWS_ACCESS_KEY_ID/AWS_SECRET_ACCESS_KEY), "
@@ -49,13 +48,13 @@ def preflight(cluster, root: Path | None = None, session=None) -> None:
         where = cluster.region
         ec2 = session.client("ec2", region_name=cluster.region)
         info = ec2.describe_instance_types(InstanceTypes=[name])["InstanceTypes"][0]
-    except ClientError as e:
+    except errors.ClientError as e:
         error = e.response.get("Error", {})
         raise FatpipeError(
             f"AWS refused the preflight for {cluster.name} in {where}: "
             f"{error.get('Code', '?')}: {error.get('Message', e)}"
         ) from None
-    except BotoCoreError as e:
+    except errors.BotoCoreError as e:
         raise FatpipeError(f"AWS preflight for {cluster.name} failed: {e}") from None
     record = aws_type_record(info)
     baseline = record["baseline_gbps"]
@@ -70,31 +69,27 @@ def preflight(cluster, root: Path | None = None, session=None) -> None:
 @contextlib.contextmanager
 def api_errors(refused: str, unreachable: str):
     """botocore's errors as one line: `refused` (with AWS's code and message) or `unreachable`."""
-    from botocore.exceptions import BotoCoreError, ClientError, NoCredentialsError
-
+    errors = load("botocore.exceptions")
     try:
         yield
-    except NoCredentialsError:
+    except errors.NoCredentialsError:
         raise FatpipeError("no AWS credentials found: set AWS_PROFILE or run `aws configure` "
                            "(or use --offline)") from None
-    except ClientError as e:
+    except errors.ClientError as e:
         error = e.response.get("Error", {})
         raise FatpipeError(f"{refused}: {error.get('Code')}: {error.get('Message')}") from None
-    except BotoCoreError as e:
+    except errors.BotoCoreError as e:
         raise FatpipeError(f"{unreachable}: {e}") from None
 
 
 def console_output(region: str, instance_id: str, session=None) -> str | None:
     """The instance's console text (GetConsoleOutput: an authenticated API; cloud-init prints
     the SSH host keys there); None while there is none yet."""
-    import boto3
-    from botocore.exceptions import ClientError
-
-    ec2 = (session or boto3.session.Session(region_name=region)).client("ec2", region_name=region)
+    ec2 = (session or load("boto3").session.Session(region_name=region)).client("ec2", region_name=region)
     with api_errors(f"AWS refused the console output of {instance_id}", f"cannot reach EC2 in {region}"):
         try:  # Latest: what the console shows now (Nitro); older instances only have the buffered copy
             return ec2.get_console_output(InstanceId=instance_id, Latest=True).get("Output")
-        except ClientError as e:
+        except load("botocore.exceptions").ClientError as e:
             if e.response.get("Error", {}).get("Code") != "UnsupportedOperation":
                 raise
             return ec2.get_console_output(InstanceId=instance_id).get("Output")
@@ -213,9 +208,7 @@ def fetch_aws_types(region: str, client=None, types: tuple[str, ...] = (),
     """The instance types offered in `region` (those of `types`/`families` when given), as
     catalog records; both EC2 calls paginated."""
     if client is None:
-        import boto3
-
-        client = boto3.client("ec2", region_name=region)
+        client = load("boto3").client("ec2", region_name=region)
     wanted = select(sorted(offered_types(client, "region", region)), types, families)
     records: dict[str, dict] = {}
     for start in range(0, len(wanted), 100):  # DescribeInstanceTypes takes 100 names a call

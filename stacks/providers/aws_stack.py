@@ -129,7 +129,8 @@ class AwsClusterConstruct(ClusterConstruct):
             offerings = aws.data_aws_ec2_instance_type_offerings
             offers = offerings.DataAwsEc2InstanceTypeOfferings(
                 self, f"{p}zones", provider=provider, location_type="availability-zone",
-                filter=[offerings.DataAwsEc2InstanceTypeOfferingsFilter(name="instance-type", values=[self.machine.name])],
+                filter=[offerings.DataAwsEc2InstanceTypeOfferingsFilter(name="instance-type",
+                                                                         values=[self.machine.name])],
             )
             zone = Fn.element(Fn.sort(offers.locations), 0)
         region.subnet = aws.subnet.Subnet(self, f"{p}subnet", provider=provider, vpc_id=region.vpc.id,

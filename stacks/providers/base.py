@@ -14,6 +14,8 @@ from typing import TYPE_CHECKING, ClassVar
 
 from fatpipe.infra.catalog import Estimate, MachineType, estimate, machine_for
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.infra.tiers import tier_profile
+from fatpipe.stacks.node_profile import render_cloud_init
 
 if TYPE_CHECKING:
     from .construct import ClusterConstruct
@@ -33,16 +35,12 @@ class Provider(ABC):
 
     def nccl_env(self, cluster) -> dict[str, str]:
         """NCCL's settings on this provider's nodes: the tier's socket threads by default."""
-        from fatpipe.infra.tiers import tier_profile
-
         return dict(tier_profile(cluster.tier).nccl)
 
     def user_data(self, cluster) -> str:
         """The node profile as cloud-init user data, for this provider's MTU and size limit. The
         cluster's boot tuning alone: nothing of the project (its version, requirements, torch), so
         that changing the project never makes a new node (docs/ARCHITECTURE.md, "The deploy plan")."""
-        from fatpipe.stacks.node_profile import render_cloud_init
-
         return render_cloud_init(cluster, self.mtu, self.user_data_limit, self.nccl_env(cluster))
 
     def console_output(self, outputs, node) -> str | None:
@@ -78,6 +76,27 @@ class Provider(ABC):
         one line per change against the catalog in use before."""
         raise FatpipeError(f"{self.name} has no machine API to refresh from; its catalog ships with fatpipe")
 
+    def refresh_wanted(self, region: str | None, filtered: bool) -> bool:
+        """Whether `fatpipe catalog` refreshes the catalog from the API before showing it
+        (`filtered`: only some types or families asked for). Raises ConfigError where the
+        filter cannot be served."""
+        return False
+
     def sweep(self, project, cluster_name: str, log) -> list[str]:
         """After a destroy: remove what the destroy could not reach; return what was removed."""
         return []
+
+    def left_alone(self, cluster_name: str) -> list[str]:
+        """After a destroy and its sweep: what is still named like the cluster's nodes because it
+        is another project's (a same-named cluster deployed from another folder)."""
+        return []
+
+    def vanished_nodes(self, project, outputs) -> list[str]:
+        """Nodes of the deployed `outputs` that terraform's state still holds but that are gone
+        (a reboot ends local nodes): a plain apply would see nothing to do, so they are made again."""
+        return []
+
+    def image_python(self, cluster) -> str | None:
+        """The Python of the image the cluster's nodes boot, where it is known before they exist
+        (the wheel preflight asks the index for it before anything is paid for)."""
+        return None

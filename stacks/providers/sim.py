@@ -7,7 +7,9 @@ import shutil
 from pathlib import Path
 
 from fatpipe.infra.catalog import Estimate, MachineType
-from fatpipe.stacks.simnet import SIM_MTU
+from fatpipe.infra.lazy import load
+from fatpipe.stacks.sim.links import netns_exists
+from fatpipe.stacks.sim.net import SIM_MTU, leftover_netns, sweep_cluster
 
 from .base import Provider
 
@@ -19,8 +21,7 @@ class Sim(Provider):
     paid = False
 
     def construct(self, scope, cluster, project):
-        from .sim_stack import SimClusterConstruct
-
+        SimClusterConstruct = load("fatpipe.stacks.providers.sim_stack").SimClusterConstruct  # the CDK: a synth's alone
         return SimClusterConstruct(scope, "cluster_resources", cluster=cluster, project=project)
 
     def warnings(self, cluster) -> list[str]:
@@ -40,8 +41,6 @@ class Sim(Provider):
     def sweep(self, project, cluster_name: str, log) -> list[str]:
         """Remove this project's namespaces whose destroy provisioner never ran (a tainted or
         failed node, a node-up cut short); another project's of the same names stay."""
-        from fatpipe.stacks.simnet import sweep_cluster
-
         nodes_dir = project.state_dir(cluster_name) / "nodes"
         swept = sweep_cluster(cluster_name, nodes_dir, log, project.project_id) if os.geteuid() == 0 else []
         for leftover in swept:
@@ -49,20 +48,17 @@ class Sim(Provider):
         shutil.rmtree(nodes_dir, ignore_errors=True)
         return swept
 
+    def left_alone(self, cluster_name: str) -> list[str]:
+        """Namespaces named like the cluster's nodes still there after its sweep: another project's."""
+        return leftover_netns(cluster_name)
 
-def foreign_nodes(cluster_name: str) -> list[str]:
-    """Namespaces named like the cluster's nodes that are still there after its sweep: another
-    project's (a same-named cluster deployed from another folder)."""
-    from fatpipe.stacks.simnet import leftover_netns
-
-    return leftover_netns(cluster_name)
+    def vanished_nodes(self, project, outputs) -> list[str]:
+        return vanished_nodes(outputs)
 
 
 def vanished_nodes(outputs) -> list[str]:
     """Nodes of deployed sim `outputs` that are gone from this machine although terraform's state
     still holds them (a reboot clears namespaces; someone ran `ip netns del` or removed .fatpipe/)."""
-    from fatpipe.stacks.simlinks import netns_exists
-
     if outputs.provider != "sim":
         return []
     gone = []

@@ -8,7 +8,7 @@ import sys
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.node import READY_FILE
 from fatpipe.infra.spec import FIRST_HOST_OFFSET
-from fatpipe.stacks.simnet import link_names, loopback_ip, netns_usable
+from fatpipe.stacks.sim.net import link_names, loopback_ip, netns_usable
 
 from ..literals import literal, literal_map
 from ..toolkit import LocalExecProvisioner, TerraformResource

@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from fatpipe.infra.catalog import Estimate, MachineType
+from fatpipe.infra.lazy import load
+from fatpipe.stacks.node_profile import profile_plan
 
 from .base import Provider
 
@@ -17,10 +19,7 @@ class Ssh(Provider):
     paid = False  # nothing is rented by fatpipe
 
     def construct(self, scope, cluster, project):
-        from fatpipe.stacks.node_profile import profile_plan
-
-        from .ssh_stack import SshClusterConstruct
-
+        SshClusterConstruct = load("fatpipe.stacks.providers.ssh_stack").SshClusterConstruct  # the CDK: a synth's alone
         plan = profile_plan(cluster, cluster.mtu, self.nccl_env(cluster), packages=cluster.install_packages)
         return SshClusterConstruct(scope, "cluster_resources", cluster=cluster, profile=plan,
                                    project_id=project.project_id)

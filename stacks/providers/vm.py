@@ -6,8 +6,12 @@ import os
 from pathlib import Path
 
 from fatpipe.infra.catalog import Estimate, MachineType
+from fatpipe.infra.lazy import load
+from fatpipe.stacks.vm.node import sweep_cluster, vanished_vms
 
+from .aws import AWS
 from .base import Provider
+from .digitalocean import DIGITALOCEAN
 
 
 class Vm(Provider):
@@ -17,16 +21,12 @@ class Vm(Provider):
     paid = False
 
     def construct(self, scope, cluster, project):
-        from .vm_stack import VmClusterConstruct
-
+        VmClusterConstruct = load("fatpipe.stacks.providers.vm_stack").VmClusterConstruct  # the CDK: a synth's alone
         return VmClusterConstruct(scope, "cluster_resources", cluster=cluster, project=project,
                                   cloud=self.cloud(cluster))
 
     def cloud(self, cluster) -> Provider:
         """The provider whose user data and MTU the VMs get."""
-        from .aws import AWS
-        from .digitalocean import DIGITALOCEAN
-
         return {"aws": AWS, "digitalocean": DIGITALOCEAN}[cluster.user_data]
 
     def user_data(self, cluster) -> str:
@@ -44,9 +44,11 @@ class Vm(Provider):
 
     def sweep(self, project, cluster_name: str, log) -> list[str]:
         """Nodes whose destroy provisioner never ran (a failed up): their QEMU, tap and bridge."""
-        from fatpipe.stacks.vmnode import sweep_cluster
-
         return sweep_cluster(project, cluster_name, log) if os.geteuid() == 0 else []
+
+    def vanished_nodes(self, project, outputs) -> list[str]:
+        """A reboot ends every QEMU."""
+        return vanished_vms(project.state_dir(outputs.name) / "nodes", outputs)
 
 
 VM = Vm()

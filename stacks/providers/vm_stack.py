@@ -4,24 +4,20 @@
 from __future__ import annotations
 
 import json
+import os
 import sys
 
-from fatpipe.stacks.vmimage import default_cache
+from fatpipe.infra.nodespec import cluster_node
+from fatpipe.infra.nodevenv import TORCH_INDEX_ENV, node_venv
+from fatpipe.stacks.vm.image import default_cache
+from fatpipe.stacks.vm.inputs import BOOT_KEYS, NODE_KEYS, RATE_KEYS, VM_ENV_PREFIX
+from fatpipe.stacks.vm.node import node_address, vm_names
+from fatpipe.stacks.vm.wheels import index_args, wheel_requirements
 
 from ..literals import literal, literal_map
 from ..toolkit import LocalExecProvisioner, TerraformResource
 from .construct import ClusterConstruct
 from .sim_stack import ROOT_FROM_STACK_DIR
-
-# Each input key reaches `fatpipe vm node-up/node-down` as FATPIPE_VM_<KEY>. What only booting
-# needs goes to node-up alone: a node deployed before such a key existed can still be destroyed.
-NODE_KEYS = ("name", "address", "mac", "rate_gbit", "mtu", "node_dir", "bridge", "tap", "accel",
-             "vcpus", "memory_mib", "cache")
-BOOT_KEYS = ("wheels", "rtt_ms", "peer_rtt_ms", "user_data")  # the user data last
-# Boot keys only a cluster with `cross_region_gbps` has: absent elsewhere, so other stacks (and
-# the VMs they replace on a change) stay as they were.
-RATE_KEYS = ("peer_gbps",)
-VM_ENV_PREFIX = "FATPIPE_VM_"
 
 
 def vm_interpreter() -> list[str]:
@@ -34,22 +30,14 @@ def vm_environment(keys: tuple[str, ...]) -> dict[str, str]:
 
 
 def wheels_input(project, cluster) -> str:
-    """What the wheel disk holds (stacks/vmwheels.py): the cluster's node venv's requirements and
+    """What the wheel disk holds (stacks/vm/wheels.py): the cluster's node venv's requirements and
     torch's index where one is declared, as JSON (pip gets each item as one argument)."""
-    import os
-
-    from fatpipe.infra.nodespec import cluster_node
-    from fatpipe.infra.nodevenv import TORCH_INDEX_ENV, node_venv
-    from fatpipe.stacks.vmwheels import index_args, wheel_requirements
-
     venv = node_venv(project, cluster.name, 0)  # the guests have no GPUs
     declared = cluster_node(project.spec, cluster.name).torch_index is not None or bool(os.environ.get(TORCH_INDEX_ENV))
     return json.dumps({"requirements": wheel_requirements(venv), "index": index_args(venv, declared)})
 
 
 def node_input(cluster, project, index: int, mtu: int, user_data: str) -> dict:
-    from fatpipe.stacks.vmnode import node_address, vm_names
-
     name = cluster.node_name(index)
     names = vm_names(project.project_id, cluster.name, index)
     cache = str(default_cache())

@@ -101,6 +101,7 @@ def test_the_preflight_asks_for_each_clusters_own_torch(index, tmp_path):  # noq
     """Real pip against a local index holding torch 2.13.0 for CPython 3.12 x86_64 only: the
     cluster that keeps the project's torch finds its wheel, the one declaring 2.99.0 is named."""
     from fatpipe.ops.env.preflight import wheel_preflight
+    from fatpipe.stacks.providers import provider_for
 
     text = PROJECT.replace(f'torch_index = "{CU128}"', f'torch_index = "{index}"')
     text = text.replace('torch = "torch==2.12.0"', 'torch = "torch==2.99.0"')
@@ -108,10 +109,11 @@ def test_the_preflight_asks_for_each_clusters_own_torch(index, tmp_path):  # noq
     # An x86_64 type, as the index holds (the gpu cluster's cheapest GPU type, g4dn, is one too).
     text = text.replace('[clusters.cpu]\n', '[clusters.cpu]\ninstance_type = "c5n.2xlarge"\n')
     project = project_at(tmp_path, text)
-    line = wheel_preflight(project, project.cluster("cpu"))
+    cpu, gpu = project.cluster("cpu"), project.cluster("gpu")
+    line = wheel_preflight(project, cpu, provider_for(cpu.provider).image_python(cpu))
     assert line == f"torch wheel for Python 3.12 x86_64: {WHEEL} ({index})"
     with pytest.raises(FatpipeError) as missing:
-        wheel_preflight(project, project.cluster("gpu"))
+        wheel_preflight(project, gpu, provider_for(gpu.provider).image_python(gpu))
     assert str(missing.value).startswith(f"no wheel for torch==2.99.0 on Python 3.12 x86_64 at {index}: ")
 
 

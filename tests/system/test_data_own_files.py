@@ -54,8 +54,8 @@ def cluster(tmp_path_factory):
         skip_or_fail("needs root and `ip netns`")
     if not shutil.which("terraform") or not shutil.which("rsync"):
         skip_or_fail("needs terraform and rsync on PATH")
-    from fatpipe.stacks.simnet import link_names, sweep_cluster
-    from fatpipe.stacks.simsshd import host_address
+    from fatpipe.stacks.sim.net import link_names, sweep_cluster
+    from fatpipe.stacks.sim.sshd import host_address
 
     folder = tmp_path_factory.mktemp("ownfiles")
     (folder / "fatpipe.toml").write_text(TOML)

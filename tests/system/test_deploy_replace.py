@@ -1,13 +1,13 @@
 """Changing the project never replaces a node without asking: real plans, real applies.
 
-AWS: terraform with the real hashicorp/aws provider against moto's server (the emulator override
-of tests/system/test_aws_emulator.py). A version bump, new requirements and another torch deploy
-with no change to any instance; a machine type change (an in-place stop and start) is refused
-without `--replace`, one line per node, the state untouched; `--replace` goes through, the same
-instances now of the new type. (Each apply with the real provider costs minutes on a loaded
-machine: a replace and a node made again after it is gone are read from real plans in the sim
-test below and in tests/unit/test_node_plan.py.) Sim (loopback, both engines): a tier change replaces each node and fewer nodes
-destroy one, each refused without `--replace`; cdktf's deploy plans with terraform too.
+AWS: terraform with the real hashicorp/aws provider against moto's server (the emulator override of
+tests/system/test_aws_emulator.py). A version bump, new requirements and another torch deploy with
+no change to any instance; a machine type change (an in-place stop and start) is refused without
+`--replace`, one line per node, the state untouched; `--replace` goes through, the same instances
+now of the new type. (Each apply with the real provider costs minutes on a loaded machine: a replace
+and a node made again after it is gone are read from real plans in the sim test below and in
+tests/unit/test_node_plan.py.) Sim (loopback, both engines): a tier change replaces each node and
+fewer nodes destroy one, each refused without `--replace`; cdktf's deploy plans with terraform too.
 """
 
 from __future__ import annotations

@@ -13,8 +13,8 @@ from conftest import skip_or_fail
 
 from fatpipe.infra.outputs import read_outputs
 from fatpipe.infra.project import load_project
-from fatpipe.stacks import simnet
 from fatpipe.stacks.engine import CDKTF_LOCAL, destroy_cluster, outputs_path
+from fatpipe.stacks.sim import net as simnet
 
 pytestmark = pytest.mark.slow
 
@@ -46,7 +46,7 @@ def sim_project(project_dir, terraform):
     for name in CLUSTERS:
         if (project.state_dir(name) / "terraform.tfstate").exists():
             try:
-                destroy_cluster(project, name)
+                destroy_cluster(project, project.cluster(name))
             except Exception as e:  # still sweep below; report after
                 print(f"cleanup of {name} failed: {e}", file=sys.stderr)
         simnet.sweep_cluster(name, project.state_dir(name) / "nodes")

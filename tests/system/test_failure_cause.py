@@ -77,7 +77,7 @@ def project(tmp_path_factory, needs_netns_module, needs_ssh_module):
         yield folder
     finally:
         fatpipe(folder, "down", NAME, timeout=300)
-        from fatpipe.stacks import simnet
+        from fatpipe.stacks.sim import net as simnet
 
         simnet.sweep_cluster(NAME, folder / ".fatpipe" / NAME / "nodes")
 

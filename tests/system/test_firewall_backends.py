@@ -26,7 +26,7 @@ MANAGER = 45123  # torchft's Manager and checkpoint server, gloo: a port of the 
 OTHER = 8080  # a port no run uses: the declared network still reaches it
 NODE_SIDE = """\
 import json, sys
-from fatpipe.ops.reach import node_firewall as fw
+from fatpipe.node import hostfirewall as fw
 if sys.argv[1] == "iptables":  # as on a machine without nft
     real = fw.which
     fw.which = lambda name: None if name == "nft" else real(name)

@@ -32,7 +32,7 @@ from .conftest import require_ssh_sim, ssh_sim_toml
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
 
 NAME, OCTET, NODES = "fw-view", 200, 2
-OPERATOR = f"10.{OCTET}.0.1"  # this machine's address on the cluster's bridge (stacks.simsshd)
+OPERATOR = f"10.{OCTET}.0.1"  # this machine's address on the cluster's bridge (stacks.sim.sshd)
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-cm-fw-")
 TRAIN = ["--max-restarts", "0", "--remote-python", sys.executable, "--preset", "tiny", "--batch-size", "2",
          "--seq-len", "32", "--comm", "none", "--warmup-steps", "1"]
@@ -61,7 +61,7 @@ def cluster(tmp_path_factory):
         for i in range(NODES):
             heal(i)
         fatpipe(folder, "down", NAME, timeout=300)
-        from fatpipe.stacks import simnet
+        from fatpipe.stacks.sim import net as simnet
 
         simnet.sweep_cluster(NAME, folder / ".fatpipe" / NAME / "nodes")
 
@@ -157,6 +157,13 @@ def ssh_clients(launch: Background, needle: str) -> list[psutil.Process]:
     return found
 
 
+def alive(proc: psutil.Process) -> bool:
+    try:
+        return proc.status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
 def close_masters() -> None:
     """Exit ssh's multiplexing masters of this test (the connections every command shares)."""
     for sock in Path(CONTROL_DIR).glob("*"):
@@ -192,9 +199,14 @@ def test_a_killed_follower_and_a_partition_past_the_keepalive_cost_nothing(clust
                 proc.kill()
             time.sleep(2)
         launch.wait_steps(40)
+        held = faults.wait_for("node 0's log stream", lambda: ssh_clients(launch, "node-0.log"), 60)
         partition(0)
         try:
-            time.sleep(KEEPALIVE_GIVES_UP_S + 20)  # ssh gives the connection up meanwhile
+            # Past the keepalive, until ssh gave the connection up: the streams that held it ended.
+            time.sleep(KEEPALIVE_GIVES_UP_S)
+            deadline = time.monotonic() + 20
+            while time.monotonic() < deadline and any(alive(p) for p in held):
+                time.sleep(0.5)
             assert launch.proc.poll() is None, launch.output()[-4000:]
         finally:
             heal(0)

@@ -27,7 +27,7 @@ from pathlib import Path
 import pytest
 from conftest import skip_or_fail
 
-from fatpipe.stacks import simnet
+from fatpipe.stacks.sim import net as simnet
 
 pytestmark = pytest.mark.slow
 

@@ -46,7 +46,7 @@ def cluster(tmp_path_factory):
     finally:
         heal()
         fatpipe(folder, "down", NAME, timeout=300)
-        from fatpipe.stacks import simnet
+        from fatpipe.stacks.sim import net as simnet
 
         simnet.sweep_cluster(NAME, folder / ".fatpipe" / NAME / "nodes")
 

@@ -23,7 +23,8 @@ import pytest
 
 from fatpipe.trainer.live.manager import COLLECTIVE_TIMEOUT_S
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(600)]
+# A hang's bound only: a loaded machine stretches the 600-step run past 400 s while it advances.
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
 NAME, OCTET = "t-live", 64
 STEPS = 150
@@ -35,7 +36,7 @@ HEAL_GBIT = 0.007  # 10 MB of live state in about 12 s
 TRAIN = ["--preset", "tiny", "--steps", str(STEPS), "--batch-size", "8", "--seq-len", "128",
          "--warmup-steps", "3", "--checkpoint-every", "10", "--comm", "none",
          "--eval-windows", "8", "--fault-tolerance", "live", "--max-restarts", "2"]
-RUN_TIMEOUT_S = 400
+RUN_TIMEOUT_S = 180  # a stall: no step and no line from the launch for this long (faults.Launch)
 BOUND_S = 20  # --unreachable-timeout of the follows that outlast a destroyed node
 
 
@@ -85,7 +86,8 @@ def check_went_on(launch, victim: int) -> None:
         return
     assert "join" in events, (summaries[0]["membership"], launch.node_log(victim)[-3000:])
     leave = next(m for m in summaries[0]["membership"] if m["event"] == "leave")
-    assert leave["seconds_lost"] < 10, summaries[0]["membership"]
+    bound_s = faults.leave_bound_s(launch.metrics())  # seconds, not the victim's return
+    assert leave["seconds_lost"] < bound_s, (bound_s, summaries[0]["membership"])
 
 
 def test_a_killed_node_is_started_again_and_rejoins_live(needs_netns, cluster):
@@ -181,7 +183,8 @@ def test_a_destroyed_node_is_left_behind_and_the_others_finish(needs_netns, clus
     assert f"{NAME}-0 left the run at step" in followed, followed[-4000:]
     membership = node_summary(launch, 1)["membership"]
     assert [m["event"] for m in membership] == ["leave"], membership
-    assert membership[0]["seconds_lost"] < 10, membership
+    bound_s = faults.leave_bound_s(steps)  # seconds: they found node 1's Lighthouse at once
+    assert membership[0]["seconds_lost"] < bound_s, (bound_s, membership)
     left = int(launch.log.read_text().split(f"{NAME}-0 left the run at step ", 1)[1].split()[0])
     assert abs(left - membership[0]["step"]) <= 1, (left, membership)  # when, as its peers saw it
     assert "the Lighthouse of node 1 at" in launch.node_log(1), launch.node_log(1)[-3000:]

@@ -8,10 +8,11 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 
 import pytest
 
-from fatpipe.trainer.net import netbench as nb
+from fatpipe.trainer.net import bench as nb
 from fatpipe.trainer.net import p2p
 
 JOIN_TIMEOUT_S = 120
@@ -30,10 +31,14 @@ def test_socket_tool_measures_on_the_receiving_side():
                               kwargs={"sessions": 2, "idle_timeout": 30, "ready": ready.set}, daemon=True)
     server.start()
     assert ready.wait(10)
+    asked_s = 0.5
     for streams in (1, 3):
-        r = p2p.socket_client("127.0.0.1", port, streams=streams, seconds=0.5, bind="127.0.0.1")
+        started = time.monotonic()
+        r = p2p.socket_client("127.0.0.1", port, streams=streams, seconds=asked_s, bind="127.0.0.1")
+        session_s = time.monotonic() - started
         assert r["tool"] == "socket" and r["streams"] == streams
-        assert r["bytes"] > 0 and 0.3 < r["seconds"] < 5
+        # The receiver's window spans the time asked and lies inside the client's session.
+        assert r["bytes"] > 0 and 0.6 * asked_s < r["seconds"] <= session_s, (r, session_s)
         assert r["gbps"] == pytest.approx(r["bytes"] * 8 / r["seconds"] / 1e9)
     server.join(10)
     assert not server.is_alive()  # it ends after the sessions it was asked for
@@ -90,7 +95,7 @@ def test_netbench_under_torchrun_on_two_local_nodes(tmp_path):
     for node in (0, 1):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--node-rank", str(node),
                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master),
-               "-m", "fatpipe.trainer.net.netbench", "--out", str(out), "--min-size", "64K", "--max-size", "1M",
+               "-m", "fatpipe.trainer.net.bench", "--out", str(out), "--min-size", "64K", "--max-size", "1M",
                "--quick", "--timeout-s", "60", "--p2p-tool", "socket", "--p2p-seconds", "0.5",
                "--p2p-port", str(p2p_port), "--streams", "2"]
         procs.append(subprocess.Popen(cmd, env={**env, "FATPIPE_NODE_NAME": f"local-{node}"},
@@ -114,7 +119,9 @@ def test_netbench_under_torchrun_on_two_local_nodes(tmp_path):
         assert row["busbw_gbs"] == pytest.approx(row["algbw_gbs"])  # 2 ranks: factor 1
         assert row["algbw_gbs"] == pytest.approx(row["size"] / row["time_s"] / 1e9)
     assert doc["busbw_gbps"] == doc["allreduce"][-1]["busbw_gbps"]
-    assert 0 < doc["latency_s"] < 1
+    # One small all-reduce's mean time, not the loop's total: less than one all-reduce of each of
+    # the sweep's sizes together.
+    assert 0 < doc["latency_s"] < sum(row["time_s"] for row in doc["allreduce"]), doc
 
     p2p_doc = doc["p2p"]
     assert p2p_doc["tool"] == "socket" and p2p_doc["streams"] == [1, 2]

@@ -19,6 +19,7 @@ from conftest import netns_available, skip_or_fail
 CLUSTER = "np-pairs"
 CIDR = "10.72.0.0/24"
 SLOW = 1  # the node whose link is shaped to a quarter of the tier
+SLOW_GBIT = 0.25  # its rate: a quarter of the 1g tier
 
 pytestmark = pytest.mark.slow
 JOIN_TIMEOUT_S = 180
@@ -51,9 +52,9 @@ def slow_node_cluster(tmp_path_factory):
     try:
         deployed = fatpipe(root, "deploy", CLUSTER, "--yes")
         assert deployed.returncode == 0, deployed.stdout
-        from fatpipe.stacks.simnet import reshape_node
+        from fatpipe.stacks.sim.net import reshape_node
 
-        reshape_node(CLUSTER, SLOW, 0.25)
+        reshape_node(CLUSTER, SLOW, SLOW_GBIT)
         yield root
     finally:
         down = fatpipe(root, "down", CLUSTER)
@@ -79,13 +80,17 @@ def test_pairs_name_the_three_links_of_the_slow_node(slow_node_cluster):
     for round_ in pairs["rounds"]:
         assert len(round_) == 2 and len({node for pair in round_ for node in pair}) == 4
     assert all(link["error"] is None for link in pairs["links"]), report
-    assert all(0 < link["rtt_p50_s"] < 0.1 and link["jitter_s"] >= 0 for link in pairs["links"]), report
+    # A round trip of a small message, not of the throughput test: the 50 of them take less
+    # than one throughput test lasts.
+    seconds = pairs["seconds"]
+    assert all(0 < link["rtt_p50_s"] <= link["rtt_p95_s"] and link["rtt_count"] * link["rtt_p50_s"] < seconds
+               and link["jitter_s"] >= 0 for link in pairs["links"]), (report, seconds)
 
     # The three links touching the slow node are the three worst, at about a quarter of the tier
     # (tbf's wire rate less TCP/IP headers); the other three pass the bar.
     touching = sorted(pairs["links"], key=lambda link: link["best_gbps"])
     assert all(slow in (link["a"], link["b"]) for link in touching[:3]), report
-    assert all(0.15 <= link["best_gbps"] <= 0.26 for link in touching[:3]), report
+    assert all(0.6 * SLOW_GBIT <= link["best_gbps"] <= 1.04 * SLOW_GBIT for link in touching[:3]), report
     assert not any(link["slow"] for link in touching[3:]), (report, doc["gate"]["reasons"])
     assert slow in (pairs["worst"]["a"], pairs["worst"]["b"])
     assert pairs["slow_node"] == slow
@@ -106,7 +111,7 @@ def test_pairs_name_the_three_links_of_the_slow_node(slow_node_cluster):
 def test_netbench_pairs_on_three_loopback_nodes(tmp_path):
     """Three torchrun agents, each a "node" on its own loopback address: 3 rounds of one pair, every
     pair measured once with throughput and round trips, the result the same on every rank."""
-    from fatpipe.trainer.net import netbench as nb
+    from fatpipe.trainer.net import bench as nb
 
     out = tmp_path / "netbench.json"
     master, p2p_port = free_port(), free_port()
@@ -114,7 +119,7 @@ def test_netbench_pairs_on_three_loopback_nodes(tmp_path):
     for node in range(3):
         cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "3", "--node-rank", str(node),
                "--nproc-per-node", "1", "--master-addr", "127.0.0.1", "--master-port", str(master),
-               "-m", "fatpipe.trainer.net.netbench", "--out", str(out), "--min-size", "64K", "--max-size", "64K",
+               "-m", "fatpipe.trainer.net.bench", "--out", str(out), "--min-size", "64K", "--max-size", "64K",
                "--quick", "--timeout-s", "120", "--no-p2p", "--pairs", "--p2p-tool", "socket",
                "--p2p-seconds", "0.5", "--p2p-port", str(p2p_port), "--streams", "2"]
         env = {**os.environ, "OMP_NUM_THREADS": "1", "FATPIPE_NODE_NAME": f"lo-{node}",
@@ -138,5 +143,6 @@ def test_netbench_pairs_on_three_loopback_nodes(tmp_path):
     for r in pairs["links"]:
         assert r["error"] is None and r["tool"] == "socket", r
         assert set(r["gbps_by_streams"]) == {"1", "2"} and all(g > 0 for g in r["gbps_by_streams"].values())
-        assert r["rtt_count"] == 50 and 0 < r["rtt_p50_s"] <= r["rtt_p95_s"] < 1
+        assert r["rtt_count"] == 50 and 0 < r["rtt_p50_s"] <= r["rtt_p95_s"] < pairs["seconds"]
+        assert r["rtt_count"] * r["rtt_p50_s"] < pairs["seconds"], r  # one message's, not all 50
         assert r["jitter_s"] == r["rtt_p95_s"] - r["rtt_p50_s"]

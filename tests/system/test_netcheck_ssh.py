@@ -18,8 +18,9 @@ def test_netcheck_over_ssh(sshd, run_cli, project_dir):  # noqa: F811
                      "--quick", "--max-size", "1M", "--p2p-tool", "socket", "--no-gate")
     assert result.exit_code == 0, result.output
     assert "p2p TCP to demo-0 (socket" in result.output
-    # The node ran the copy of fatpipe.trainer shipped to it.
-    assert (sshd / "remote" / "demo-0" / ".fatpipe/pkg/fatpipe/trainer/net/netbench.py").exists()
+    # The node ran the copy of fatpipe.trainer shipped to it, fatpipe.node beside it.
+    assert (sshd / "remote" / "demo-0" / ".fatpipe/pkg/fatpipe/trainer/net/bench.py").exists()
+    assert (sshd / "remote" / "demo-0" / ".fatpipe/pkg/fatpipe/node/env.py").exists()
     [path] = list((project_dir / ".fatpipe/demo/runs").glob("*/netcheck.json"))
     doc = json.loads(path.read_text())
     assert doc["world_size"] == 2 and doc["nnodes"] == 2 and doc["busbw_size"] == 1 << 20

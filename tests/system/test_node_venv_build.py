@@ -19,7 +19,7 @@ import pytest
 
 from fatpipe.infra.node import REMOTE_VENV
 from fatpipe.infra.nodevenv import NodeVenv, venv_stamp
-from fatpipe.ops.env.nodewheels import fetch_command, peer_command, wheel_folder
+from fatpipe.ops.env.venvs import fetch_command, peer_command, wheel_folder
 
 pytestmark = pytest.mark.timeout(600)
 

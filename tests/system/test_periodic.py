@@ -154,6 +154,6 @@ def test_link_gbps_shapes_a_deployed_sim_cluster(needs_netns, tmp_path):
             assert "rate 25Mbit" in qdisc, qdisc
     finally:
         fatpipe("down", NAME)
-        from fatpipe.stacks import simnet
+        from fatpipe.stacks.sim import net as simnet
 
         simnet.sweep_cluster(NAME, tmp_path / ".fatpipe" / NAME / "nodes")

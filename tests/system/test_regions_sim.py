@@ -21,6 +21,7 @@ CLUSTER = "rg-sys"
 CIDR = "10.232.0.0/24"
 NODES = [f"{CLUSTER}-{i}" for i in range(4)]
 STEPS, H = 30, 10
+CROSS_GBIT, FLOW_GBIT = 0.2, 0.05  # the link between the regions, and its cap on one flow
 TRAIN = ["--preset", "tiny", "--batch-size", "4", "--seq-len", "64", "--steps", str(STEPS),
          "--warmup-steps", "3", "--eval-windows", "8", "--checkpoint-every", str(STEPS), "--comm", "none",
          "--max-restarts", "0", "--remote-python", sys.executable]
@@ -44,7 +45,8 @@ def two_regions(tmp_path_factory):
     root = tmp_path_factory.mktemp("regions")
     (root / "fatpipe.toml").write_text(
         f'[clusters.{CLUSTER}]\nprovider = "sim"\nnodes = 4\ntier = "10g"\nisolation = "netns"\n'
-        f'private_cidr = "{CIDR}"\nregions = 2\ncross_region_gbps = 0.2\ncross_region_flow_gbps = 0.05\n')
+        f'private_cidr = "{CIDR}"\nregions = 2\ncross_region_gbps = {CROSS_GBIT}\n'
+        f'cross_region_flow_gbps = {FLOW_GBIT}\n')
     try:
         deployed = fatpipe(root, "deploy", CLUSTER, "--yes")
         assert deployed.returncode == 0, deployed.stdout
@@ -52,7 +54,7 @@ def two_regions(tmp_path_factory):
     finally:
         down = fatpipe(root, "down", CLUSTER)
         assert down.returncode == 0, down.stdout
-        from fatpipe.stacks.simnet import cluster_digest
+        from fatpipe.stacks.sim.net import cluster_digest
 
         left = [name for name in os.listdir("/sys/class/net") if cluster_digest(CLUSTER) in name]
         assert not left, f"down left {left}"
@@ -60,15 +62,15 @@ def two_regions(tmp_path_factory):
 
 def crossed() -> int:
     """Bytes that left either region through its uplink so far."""
-    from fatpipe.stacks.simnet import cluster_digest
-    from fatpipe.stacks.simregions import crossed_bytes
+    from fatpipe.stacks.sim.net import cluster_digest
+    from fatpipe.stacks.sim.regions import crossed_bytes
 
     return sum(c["out"] for c in crossed_bytes(cluster_digest(CLUSTER), 2).values())
 
 
 def node_bytes(index: int) -> int:
     """Bytes node `index`'s own veth carried both ways (inside its region or not)."""
-    from fatpipe.stacks.simnet import link_names
+    from fatpipe.stacks.sim.net import link_names
 
     stats = Path("/sys/class/net", link_names(CLUSTER, index)["host_if"], "statistics")
     return sum(int((stats / f).read_text()) for f in ("tx_bytes", "rx_bytes"))
@@ -77,7 +79,7 @@ def node_bytes(index: int) -> int:
 def test_netcheck_finds_the_regions_and_the_per_flow_cap(two_regions):
     outputs = json.loads((two_regions / f".fatpipe/{CLUSTER}/outputs.json").read_text())
     assert [n["region"] for n in outputs["nodes"]] == ["r0", "r0", "r1", "r1"]
-    assert outputs["cross_region_gbps"] == 0.2
+    assert outputs["cross_region_gbps"] == CROSS_GBIT
     done = fatpipe(two_regions, "netcheck", CLUSTER, "--pairs", "--quick", "--max-size", "4M")
     doc = json.loads(max((two_regions / f".fatpipe/{CLUSTER}/runs").glob("*/netcheck.json")).read_text())
     regions = doc["regions"]
@@ -89,7 +91,7 @@ def test_netcheck_finds_the_regions_and_the_per_flow_cap(two_regions):
 
     one, many = flow_rates(doc, {name: f"r{i // 2}" for i, name in enumerate(NODES)})
     # (Several, not all four: on a loaded machine the 4 flows share fewer classes or CPU.)
-    assert one < 0.07 and many >= 1.8 * one, (one, many)
+    assert one < 1.4 * FLOW_GBIT and many >= 1.8 * one, (one, many)
     assert "r0" in done.stdout and "r1" in done.stdout, done.stdout
 
 

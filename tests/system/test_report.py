@@ -17,6 +17,7 @@ from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import new_run
 from fatpipe.ops.plan.report import write_report
 from fatpipe.ops.rdzv.rendezvous import new_rendezvous
+from fatpipe.ops.reach.cluster import Cluster
 
 BROWSER_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
                  "--disable-background-networking", "--disable-component-update", "--disable-sync",
@@ -30,7 +31,7 @@ def fake_run(project_dir: Path) -> Path:
         "name": "demo", "provider": "sim", "tier_gbps": 1, "private_cidr": "10.42.0.0/24",
         "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}", "transport": "local"} for i in range(3)]})
     run_id, run_dir = new_run(project, "demo")
-    new_rendezvous(project, outputs, run_id, run_dir)
+    new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir)
     records = [{"step": s, "loss": 5 * math.exp(-s / 20), "lr": 1e-3, "step_s": 0.5, "tokens_per_s": 2000,
                 "sync_s": 0.05 + 0.01 * (s % 3), "exposed_comm_s": 0.02, "grad_bytes": 4_000_000,
                 "wire_bytes": 4_000_000, "busbw_gbps": 0.8, "nic_tx_gbps": 0.6, "nic_rx_gbps": 0.6,

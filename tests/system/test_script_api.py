@@ -1,12 +1,12 @@
 """A user's own DDP script (examples/ddp_script.py, fatpipe.trainer.api) gets what the built-in trainer gets.
 
 Locally: two torchrun processes whose run folder holds a netcheck.json claiming a 2 Mbit/s link;
-comm=auto measures the script's first steps and picks a compressing hook, and every step after
-the decision sends fewer bytes than the gradient. A script whose peer stops answering has its
-failed sync counted and described (phase, step, the silent node) in faults.json. On a 4-node netns sim cluster whose links are
-shaped to 0.2 Gbit/s (tier 1g): `fatpipe up -- examples/ddp_script.py` runs the link check, the
-script chooses from its netcheck.json, and `fatpipe top --once --json`, `fatpipe report` and
-summary.json show its per-node metrics, its comm decision and its fault counts.
+comm=auto measures the script's first steps and picks a compressing hook, and every step after the
+decision sends fewer bytes than the gradient. A script whose peer stops answering has its failed
+sync counted and described (phase, step, the silent node) in faults.json. On a 4-node netns sim
+cluster whose links are shaped to 0.2 Gbit/s (tier 1g): `fatpipe up -- examples/ddp_script.py` runs
+the link check, the script chooses from its netcheck.json, and `fatpipe top --once --json`, `fatpipe
+report` and summary.json show its per-node metrics, its comm decision and its fault counts.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ import pytest
 
 from fatpipe.infra.trainspec import TrainSpec
 from fatpipe.ops.rdzv.nodefiles import USER_SCRIPT_MODULE
-from fatpipe.stacks import simnet
+from fatpipe.stacks.sim import net as simnet
 from fatpipe.trainer import api
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]

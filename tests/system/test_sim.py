@@ -12,8 +12,8 @@ import pytest
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
-from fatpipe.stacks import simnet
 from fatpipe.stacks.providers import sim_stack as sim
+from fatpipe.stacks.sim import net as simnet
 
 TOML = """
 [clusters.t-sim-syn]
@@ -29,7 +29,8 @@ def synth_stack(project_dir, isolation: str) -> dict:
     from fatpipe.stacks.app import synth
 
     (project_dir / "fatpipe.toml").write_text(TOML.format(isolation=isolation))
-    folder = synth(load_project(), ["t-sim-syn"])["t-sim-syn"]
+    project = load_project()
+    folder = synth(project, [project.cluster("t-sim-syn")])["t-sim-syn"]
     return json.loads((folder / "cdk.tf.json").read_text())
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import faults
 import pytest
 
-from fatpipe.stacks import simnet
+from fatpipe.stacks.sim import net as simnet
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(900)]
 
@@ -107,7 +107,7 @@ def test_top_and_events_name_the_node_with_the_slow_link(cluster):
     assert f"{slow}: link" in view["straggler"]["reason"] and "tier 1" in view["straggler"]["reason"]
     assert [n["node"] for n in view["nodes"]] == [f"{NAME}-{i}" for i in range(4)]
     slowest = min(view["nodes"], key=lambda n: n["link_gbps"] or 99)
-    assert slowest["node"] == slow and slowest["link_gbps"] < 0.4
+    assert slowest["node"] == slow and slowest["link_gbps"] < 1.6 * TIER / 4  # its shaped rate
     assert all(n["sync_s_p50"] > 0 and n["tx_gbps"] > 0 for n in view["nodes"])
     named = [e for e in events(run_dir) if e["event"] == "straggler"]
     assert named and named[0]["node"] == slow and named[0]["kind"] == "link", events(run_dir)

@@ -22,6 +22,7 @@ from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import new_run
 from fatpipe.ops.rdzv.rendezvous import new_rendezvous
+from fatpipe.ops.reach.cluster import Cluster
 
 pytestmark = pytest.mark.slow
 
@@ -144,7 +145,7 @@ def test_deployment_mismatch_and_netcheck_reuse(project_dir):
     assert deployment_mismatch(outputs, spec) is None
     assert "nodes is 2" in deployment_mismatch(outputs, spec.model_copy(update={"nodes": 3}))
     run_id, run_dir = new_run(project, "uplb")
-    new_rendezvous(project, outputs, run_id, run_dir)
+    new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir)
     (run_dir / "netcheck.json").write_text(json.dumps({"gate": {"passed": False}}))
     assert reusable_netcheck(project, "uplb", 0) is None
     (run_dir / "netcheck.json").write_text(json.dumps({"gate": {"passed": True}}))

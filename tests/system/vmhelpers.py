@@ -9,7 +9,7 @@ from pathlib import Path
 
 from conftest import skip_or_fail
 
-from fatpipe.stacks.vmimage import build_image, missing_tools
+from fatpipe.stacks.vm.image import build_image, missing_tools
 
 REPO = Path(__file__).resolve().parents[2]
 BOOT_TIMEOUT_S = 1200  # TCG on a loaded 2-core machine: generous, no timing asserted
@@ -38,7 +38,7 @@ def on_node(folder: Path, cluster: str, ip: str, command: str) -> str:
 def leftovers(folder: Path, cluster: str) -> list[str]:
     """QEMU processes, taps, bridges and node files of `cluster` still on the machine."""
     from fatpipe.infra.project import project_id_at
-    from fatpipe.stacks.vmnode import vm_names
+    from fatpipe.stacks.vm.node import vm_names
 
     names = vm_names(project_id_at(folder, create=False), cluster, 0)
     found = [f"link {link}" for link in os.listdir("/sys/class/net")

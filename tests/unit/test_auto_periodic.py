@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from fatpipe.infra.trainspec import TrainSpec
-from fatpipe.trainer.comm.autocomm import GradTraffic, HookCost, LinkEstimate, choose_comm
-from fatpipe.trainer.comm.periodic import MIN_AUTO_SYNC_EVERY
+from fatpipe.trainer.comm.costmodel import MIN_AUTO_SYNC_EVERY, GradTraffic, HookCost, choose_comm
+from fatpipe.trainer.comm.decision import LinkEstimate
 from fatpipe.trainer.config import HOOK_NAMES, PERIODIC_NAMES, parse_config
 
 pytestmark = pytest.mark.timeout(60)

@@ -11,9 +11,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fatpipe.trainer.comm.autocomm import GradTraffic, HookCost, LinkEstimate, choose_comm
 from fatpipe.trainer.comm.commsetup import plain_steps
-from fatpipe.trainer.comm.decision import CommDecision, Switch
+from fatpipe.trainer.comm.costmodel import GradTraffic, HookCost, choose_comm
+from fatpipe.trainer.comm.decision import CommDecision, LinkEstimate, Switch
 from fatpipe.trainer.comm.redecide import MAX_SWITCHES, THRESHOLD, WARM_STEPS, WINDOW, AutoComm
 from fatpipe.trainer.config import TrainConfig
 

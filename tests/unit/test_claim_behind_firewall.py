@@ -4,15 +4,15 @@ listing shows no firewall the claim makes nothing, so a refused node is never pr
 
 from __future__ import annotations
 
-from fatpipe.ops.reach.node_firewall import SBIN
-from fatpipe.ops.reach.nodecall import Step, ask
+from fatpipe.node.hostfirewall import SBIN
+from fatpipe.ops.reach.asknode import Step, ask
 from fatpipe.ops.reach.projectdir import NODE_CHECKS, claim_step
 from fatpipe.ops.reach.transport import LocalTransport
 
 
 def absent_listing() -> Step:
     # A table and chain no host has: the listing shows no firewall, as on a node without one.
-    return Step("node_checks.firewall_listing", (SBIN, "fp-absent-table", "FP-ABSENT"), sources=NODE_CHECKS)
+    return Step("callsteps.firewall_listing", (SBIN, "fp-absent-table", "FP-ABSENT"), sources=NODE_CHECKS)
 
 
 def test_a_claim_after_a_listing_without_a_firewall_makes_nothing(tmp_path):
@@ -58,11 +58,11 @@ def test_a_folder_that_was_there_is_never_taken_back(tmp_path):
 
 def claim_then_undo(node, steps) -> None:
     """The claims as a command's first call brings them, then the refusal's undo."""
-    from fatpipe.ops.reach.nodecall import forget_all, remember
+    from fatpipe.ops.reach.asknode import answers_of, remember
     from fatpipe.ops.reach.projectdir import undo_fresh_claims
 
     remember(node, steps, ask(node, steps))
     try:
         undo_fresh_claims(node)
     finally:
-        forget_all()
+        answers_of(node).forget_all()

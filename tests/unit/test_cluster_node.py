@@ -14,6 +14,7 @@ from fatpipe.infra.node import REMOTE_VENV
 from fatpipe.infra.nodespec import cluster_node
 from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from fatpipe.infra.project import Project, parse_project
+from fatpipe.ops.reach.cluster import Cluster
 
 CU128 = "https://download.pytorch.org/whl/cu128"
 TWO_CLUSTERS = """\
@@ -106,7 +107,7 @@ def test_launch_builds_the_venv_its_cluster_declares(tmp_path, monkeypatch):
     both = project(tmp_path)
     node = SimpleNamespace(rdzv=SimpleNamespace(cluster="gpu"), transport=SimpleNamespace(shares_fs=False),
                            plan=SimpleNamespace(python=f"{REMOTE_VENV}/bin/python"))
-    prepare.prepare_envs(both, [node], 0, print)
+    prepare.prepare_envs(Cluster(both, log=print), [node], 0)
     assert built["venv"] == node_venv(both, "gpu", gpus=0) and built["venv"].torch == "torch==2.12.0"
     assert built["stamp"] == venv_stamp(tmp_path, built["venv"])
 

@@ -17,12 +17,13 @@ import pytest
 import torch
 
 from fatpipe.trainer.checkpoint import load_checkpoint, save_checkpoint
-from fatpipe.trainer.comm.autocomm import GradTraffic, HookCost, LinkEstimate, choose_comm
 from fatpipe.trainer.comm.commsetup import decide_comm
+from fatpipe.trainer.comm.costmodel import GradTraffic, HookCost, choose_comm
 from fatpipe.trainer.comm.decision import (
     SCHEMA,
     CommDecision,
     DecisionUnreadable,
+    LinkEstimate,
     Switch,
     SwitchRefused,
     decision_payload,

@@ -87,10 +87,11 @@ def test_steps_not_above_warmup_is_a_warning(run_cli, project_dir):
 
 
 def test_down_refuses_a_cluster_it_does_not_know(run_cli, project_dir, monkeypatch):
+    from fatpipe.cli import down
     from fatpipe.stacks import engine
 
     called = []
-    monkeypatch.setattr(engine, "destroy_cluster", lambda project, name, **_: called.append(name)
+    monkeypatch.setattr(down, "destroy_cluster", lambda project, spec, name, **_: called.append(name)
                         or engine.Teardown(name))
     result = run_cli("down", "dmeo")
     assert result.exit_code == 2 and "no cluster 'dmeo'; declared: demo" in result.output

@@ -7,6 +7,7 @@ import pytest
 from fatpipe.infra.dataspec import cluster_data
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.project import load_project
+from fatpipe.ops.reach.cluster import Cluster
 
 SIM = '[clusters.lab]\nprovider = "sim"\nnodes = 2\n'
 OTHER = '[clusters.far]\nprovider = "sim"\nnodes = 2\nprivate_cidr = "10.43.0.0/24"\n'
@@ -101,7 +102,7 @@ def test_a_run_exports_the_data_path_and_the_project_sync_leaves_it_alone(projec
 
     from fatpipe.infra.outputs import parse_outputs
     from fatpipe.infra.runs import new_run
-    from fatpipe.ops.data.datacheck import data_excludes
+    from fatpipe.ops.data.check import data_excludes
     from fatpipe.ops.rdzv.rendezvous import new_rendezvous
 
     project = load(project_dir, '[clusters.demo]\nprovider = "sim"\nnodes = 2\n'
@@ -110,11 +111,11 @@ def test_a_run_exports_the_data_path_and_the_project_sync_leaves_it_alone(projec
                              "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}",
                                         "transport": "local"} for i in range(2)]})
     run_id, run_dir = new_run(project, "demo")
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir)
+    rdzv = new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir)
     assert rdzv.data_path == "data/my corpus"
     script = (run_dir / "node-1.sh").read_text()
     line = next(line for line in script.splitlines() if "FATPIPE_DATA" in line)
     shown = subprocess.run(["bash", "-c", f'cd /tmp && {line} && echo "$FATPIPE_DATA"'], capture_output=True,
                            text=True).stdout
     assert shown == "/tmp/data/my corpus\n"  # absolute, the space kept, nothing run
-    assert data_excludes(project, "demo") == ("/data/my corpus", "/data/my corpus.fatpipe-*", "/.fatpipe/data")
+    assert data_excludes(Cluster.resolve(project, "demo").data) == ("/data/my corpus", "/data/my corpus.fatpipe-*", "/.fatpipe/data")

@@ -16,6 +16,7 @@ import pytest
 
 from fatpipe.infra.dataspec import DataSpec
 from fatpipe.infra.errors import FatpipeError
+from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.trainer.staging.check import verdict
 from fatpipe.trainer.staging.manifest import MANIFEST_NAME, RECORD_NAME, build_manifest
 from fatpipe.trainer.staging.record import InTheWay
@@ -180,7 +181,7 @@ def shared_push(project_dir, data_toml: str):
     outputs = parse_outputs({"name": "demo", "provider": "sim", "tier_gbps": 1, "private_cidr": "10.42.0.0/24",
                              "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}",
                                         "transport": "local"} for i in range(2)]})
-    return push_data(load_project(), outputs)
+    return push_data(Cluster.resolve(load_project(), "demo", outputs))
 
 
 def test_a_push_on_nodes_sharing_this_machines_files_keeps_the_users_files(project_dir):

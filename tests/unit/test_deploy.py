@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import json
-import types
 
 import pytest
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.project import load_project
 from fatpipe.stacks import engine
+from fatpipe.stacks.providers import aws_api, digitalocean_api
 
 BARE = {
     "name": "{name}", "provider": "{provider}", "region": "r", "tier_gbps": 10,
@@ -55,12 +55,11 @@ def calls(monkeypatch):
         seen.append(f"preflight {cluster.name}")
         return cluster
 
-    for api in ("aws_api", "digitalocean_api"):
-        monkeypatch.setitem(__import__("sys").modules, f"fatpipe.stacks.providers.{api}",
-                            types.SimpleNamespace(preflight=preflight))
+    for api in (aws_api, digitalocean_api):
+        monkeypatch.setattr(api, "preflight", preflight)
 
     class FakeRunner:
-        def __init__(self, engine_name, project, name, log):
+        def __init__(self, engine_name, project, name, log, cluster=None):
             self.name, self.provider = name, project.cluster(name).provider
             seen.append(f"runner {engine_name}")
 
@@ -80,7 +79,7 @@ def calls(monkeypatch):
 def test_aws_runs_preflight_then_asks_and_can_be_cancelled(cloud_project, calls):
     asked = []
     with pytest.raises(FatpipeError, match="cancelled; nothing was created"):
-        engine.deploy_cluster(cloud_project, "c-aws", confirm=lambda q: asked.append(q) or False)
+        engine.deploy_cluster(cloud_project, cloud_project.cluster("c-aws"), confirm=lambda q: asked.append(q) or False)
     assert calls == ["preflight c-aws"]
     assert "2 aws node(s) in us-east-1" in asked[0] and "cost money" in asked[0]
     assert not engine.outputs_path(cloud_project, "c-aws").exists()
@@ -92,11 +91,11 @@ def test_failed_preflight_stops_before_the_question(cloud_project, calls, monkey
 
     monkeypatch.setattr(__import__("sys").modules["fatpipe.stacks.providers.aws_api"], "preflight", refuse)
     with pytest.raises(FatpipeError, match="quota"):
-        engine.deploy_cluster(cloud_project, "c-aws", confirm=lambda q: pytest.fail("asked"))
+        engine.deploy_cluster(cloud_project, cloud_project.cluster("c-aws"), confirm=lambda q: pytest.fail("asked"))
 
 
 def test_yes_skips_the_question_and_writes_bare_outputs(cloud_project, calls):
-    out = engine.deploy_cluster(cloud_project, "c-aws", engine="tofu", yes=True,
+    out = engine.deploy_cluster(cloud_project, cloud_project.cluster("c-aws"), engine="tofu", yes=True,
                                 confirm=lambda q: pytest.fail("asked"))
     assert calls == ["preflight c-aws", "runner tofu", "apply c-aws"]
     written = json.loads(engine.outputs_path(cloud_project, "c-aws").read_text())
@@ -104,12 +103,12 @@ def test_yes_skips_the_question_and_writes_bare_outputs(cloud_project, calls):
 
 
 def test_digitalocean_runs_its_preflight_and_asks(cloud_project, calls):
-    engine.deploy_cluster(cloud_project, "c-do", confirm=lambda q: True)
+    engine.deploy_cluster(cloud_project, cloud_project.cluster("c-do"), confirm=lambda q: True)
     assert calls == ["preflight c-do", "runner terraform", "apply c-do"]
 
 
 def test_sim_never_asks_and_keeps_extra_node_fields(cloud_project, calls):
-    out = engine.deploy_cluster(cloud_project, "c-sim", confirm=lambda q: pytest.fail("asked"))
+    out = engine.deploy_cluster(cloud_project, cloud_project.cluster("c-sim"), confirm=lambda q: pytest.fail("asked"))
     assert out.nodes[0].ready_file == "/x/ready.json"
 
 

@@ -128,13 +128,31 @@ def test_every_guide_starts_with_what_a_user_wants():
 
 
 def test_every_relative_link_in_the_docs_resolves():
-    pages = [*doc_files(), *REPO.glob("*/README.md")]
+    pages = [*doc_files(), *REPO.glob("*/README.md"), *REPO.glob("docs/design/*.md")]
     broken = []
     for page in pages:
         for target in re.findall(r"\]\(([^)#\s]+)(?:#[^)]*)?\)", page.read_text()):
             if "://" not in target and not (page.parent / target).exists():
                 broken.append(f"{page.relative_to(REPO)}: {target}")
     assert broken == []
+
+
+# A citation of the architecture by section: the file's path, a comma, the section's title quoted
+# (wrapped over lines, in a comment too).
+CITATION = re.compile(r'docs/ARCHITECTURE\.md[,;]\s*"([^"]+)"')
+CITING = ("infra", "stacks", "ops", "node", "cli", "trainer", "tests", "bench", "docs", "examples")
+
+
+def test_every_section_the_code_cites_is_in_the_architecture():
+    headings = set(re.findall(r"^#+ (.+)$", (REPO / "docs" / "ARCHITECTURE.md").read_text(), re.M))
+    pages = [REPO / "README.md", *(p for d in CITING for p in (REPO / d).rglob("*") if p.suffix in (".py", ".md"))]
+    missing = []
+    for page in pages:
+        for match in CITATION.finditer(page.read_text()):
+            title = re.sub(r"\s*\n\s*#?\s*", " ", match[1]).strip()
+            if title not in headings:
+                missing.append(f"{page.relative_to(REPO)}: {title}")
+    assert missing == []
 
 
 def test_the_readme_stays_a_five_minute_read():

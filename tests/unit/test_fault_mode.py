@@ -14,6 +14,7 @@ from fatpipe.infra.runs import new_run
 from fatpipe.infra.trainspec import TrainSpec
 from fatpipe.ops.rdzv.faultmode import choose_fault_mode, without_torchft
 from fatpipe.ops.rdzv.rendezvous import new_rendezvous, read_rendezvous, restart_instead
+from fatpipe.ops.reach.cluster import Cluster
 
 from .test_rendezvous import sim_outputs
 
@@ -49,7 +50,7 @@ def test_the_trainer_is_told_the_mode_in_force_never_auto(project_dir):
     project = load_project()
     for nodes, mode in ((3, "live"), (2, "restart")):
         run_id, run_dir = new_run(project, "demo")
-        rdzv = new_rendezvous(project, parse_outputs(sim_outputs(nodes)), run_id, run_dir)
+        rdzv = new_rendezvous(Cluster(project, outputs=parse_outputs(sim_outputs(nodes))), run_id, run_dir)
         assert rdzv.fault_tolerance == mode and rdzv.fault_auto
         assert rdzv.entry[rdzv.entry.index("--fault-tolerance") + 1] == mode
 
@@ -57,7 +58,7 @@ def test_the_trainer_is_told_the_mode_in_force_never_auto(project_dir):
 def test_a_live_run_auto_chose_turns_restart_and_its_files_say_so(project_dir):
     project = load_project()
     run_id, run_dir = new_run(project, "demo")
-    live = new_rendezvous(project, parse_outputs(sim_outputs(3)), run_id, run_dir)
+    live = new_rendezvous(Cluster(project, outputs=parse_outputs(sim_outputs(3))), run_id, run_dir)
     assert without_torchft({"demo-0": {"torchft": "0.2.0"}, "demo-1": {"torchft": None},
                             "demo-2": {}}) == ["demo-1", "demo-2"]
     rdzv = restart_instead(live, run_dir, "no torchft on demo-1")
@@ -93,17 +94,17 @@ def test_the_launch_turns_an_auto_live_run_restart_where_a_node_has_no_torchft(p
     monkeypatch.setattr(launch, "check_node_envs", check)
     lines: list[str] = []
     run_id, run_dir = new_run(project, "demo")
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir)
-    nodes = launch.node_runs(rdzv, project.state_dir("demo"))
-    turned, nodes = launch.checked_envs(rdzv, nodes, run_dir, project.state_dir("demo"), lines.append)
+    rdzv = new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir)
+    nodes = launch.node_runs(rdzv, Cluster.resolve(project, "demo"))
+    turned, nodes = launch.checked_envs(rdzv, nodes, run_dir, Cluster.resolve(project, "demo", log=lines.append))
     assert seen == [False] and not turned.live and read_rendezvous(run_dir) == turned
     assert all(not n.rdzv.live for n in nodes)
     assert lines[-1] == "fault tolerance: restart (auto: no torchft on demo-1)", lines
     named = project.train.model_copy(update={"fault_tolerance": "live"})
     run_id, run_dir = new_run(project, "demo")
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir, train=named)
-    nodes = launch.node_runs(rdzv, project.state_dir("demo"))
-    kept, _ = launch.checked_envs(rdzv, nodes, run_dir, project.state_dir("demo"), lines.append)
+    rdzv = new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir, train=named)
+    nodes = launch.node_runs(rdzv, Cluster.resolve(project, "demo"))
+    kept, _ = launch.checked_envs(rdzv, nodes, run_dir, Cluster.resolve(project, "demo", log=lines.append))
     assert seen[-1] is True and kept.live  # a named live is the check's to refuse, never turned
 
 
@@ -135,7 +136,7 @@ def test_live_across_regions_with_a_sync_between_them_is_refused_in_one_line(pro
                                  (TrainSpec(fault_tolerance="live"), regions_outputs(["r0", "r0", "r1"]), "live"),
                                  (TrainSpec(fault_tolerance="live", cross_comm="diloco"), sim_outputs(3), "live")):
         run_id, run_dir = new_run(project, "demo")
-        assert new_rendezvous(project, parse_outputs(outputs), run_id, run_dir, train=train).fault_tolerance == mode
+        assert new_rendezvous(Cluster(project, outputs=parse_outputs(outputs)), run_id, run_dir, train=train).fault_tolerance == mode
 
 
 def test_up_refuses_it_before_deploying_a_cluster_that_declares_regions(project_dir, run_cli, monkeypatch):

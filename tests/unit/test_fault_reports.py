@@ -12,6 +12,7 @@ import pytest
 import torch.distributed as dist
 
 from fatpipe.infra.defaults import FAULTS_FILE
+from fatpipe.node.env import NODE_NAME
 from fatpipe.ops.rdzv.noderun import LaunchResult
 from fatpipe.ops.run.failure import describe_failure
 from fatpipe.trainer import faults
@@ -45,7 +46,7 @@ def failed_in_train_step(step: int) -> RuntimeError:
 
 
 def ledger(tmp_path, store, monkeypatch, rank: int, attempt: int = 1) -> FaultLedger:
-    monkeypatch.setenv(faults.NODE_ENV, f"n-{rank}")
+    monkeypatch.setenv(NODE_NAME, f"n-{rank}")
     return FaultLedger(tmp_path, store, attempt, is_main=rank == 0, rank=rank, world_size=3)
 
 

@@ -10,6 +10,7 @@ import socket
 import pytest
 from dataservers import https_server, s3_server
 
+from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.trainer.staging import fetch as fetch_mod
 from fatpipe.trainer.staging.fetch import fetch
 from fatpipe.trainer.staging.fetch_types import FetchError
@@ -183,7 +184,7 @@ def test_nodes_sharing_this_machines_files_fetch_once_and_check_clean(bucket, no
 
     from fatpipe.infra.outputs import parse_outputs
     from fatpipe.infra.project import load_project
-    from fatpipe.ops.data.datacheck import check_data, read_local_manifest
+    from fatpipe.ops.data.check import check_data, read_local_manifest
     from fatpipe.ops.data.stage import push_data
 
     node_env.setenv("AWS_ACCESS_KEY_ID", "node-own")
@@ -196,14 +197,15 @@ def test_nodes_sharing_this_machines_files_fetch_once_and_check_clean(bucket, no
                              "nodes": [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}",
                                         "transport": "local"} for i in range(2)]})
     seen = []
-    result = push_data(project, outputs, remote_python=sys.executable,
+    cluster = Cluster.resolve(project, "demo", outputs)
+    result = push_data(cluster, remote_python=sys.executable,
                        node_progress=lambda *args: seen.append(args))
     assert result.fetched == {"demo-0": result.manifest["total_bytes"], "demo-1": 0}
     assert seen[-1] == ("demo-0", result.manifest["total_bytes"], result.manifest["total_bytes"],
                         result.manifest["total_bytes"])
     assert read_local_manifest(project, "demo")["fingerprint"] == result.manifest["fingerprint"]
     assert (project_dir / "data/set/train.bin").read_bytes() == OBJECTS["sets/v1/train.bin"]
-    assert [v.problem for v in check_data(project, outputs, result.manifest)] == [None, None]
+    assert [v.problem for v in check_data(cluster, result.manifest)] == [None, None]
     spec = json.loads((project_dir / ".fatpipe/demo/data/fetch.json").read_text())
     assert spec["source"] == "s3://corpus/sets/v1/" and not any("node-own" in str(v) for v in spec.values())
 

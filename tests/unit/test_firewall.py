@@ -12,9 +12,10 @@ from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.firewall import trust_summary
 from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import parse_project
-from fatpipe.ops.reach import node_firewall
+from fatpipe.node import hostfirewall
+from fatpipe.node.hostfirewall import iptables_rules, nft_ruleset, normal_save
+from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.ops.reach.firewall_check import listing_problem, require_firewall
-from fatpipe.ops.reach.node_firewall import iptables_rules, nft_ruleset, normal_save
 from fatpipe.ops.reach.profile import agent_program
 from fatpipe.stacks.node_profile import profile_plan
 
@@ -132,8 +133,8 @@ def test_a_declared_network_reaches_every_port_but_the_runs_which_only_the_nodes
     # store (unpickles): the nodes' own addresses reach them, not the rest of private_cidr.
     c = ssh_cluster(extra='private_cidr = "10.0.0.0/24"\nrdzv_port = 50000')
     plan = profile_plan(c, None, {})["firewall"]
-    monkeypatch.setattr(node_firewall, "ephemeral_ports", lambda: [32768, 60999])
-    guarded = node_firewall.guarded_ports(plan)
+    monkeypatch.setattr(hostfirewall, "ephemeral_ports", lambda: [32768, 60999])
+    guarded = hostfirewall.guarded_ports(plan)
     assert guarded == [[32768, 60999]]  # rdzv_port's 50000-50005 lies in the ephemeral range: one range
     text = nft_ruleset(plan["trusted"], [22], plan["members"], guarded).splitlines()
     nodes = text.index('\t\tip saddr { 10.0.0.10/32, 10.0.0.11/32 } accept comment "fatpipe: the nodes"')
@@ -148,8 +149,8 @@ def test_a_declared_network_reaches_every_port_but_the_runs_which_only_the_nodes
     # Without a declared network the nodes are all it trusts: nothing to close.
     bare = profile_plan(ssh_cluster(), None, {})["firewall"]
     assert "drop" not in nft_ruleset(bare["trusted"], [22], bare["members"], [[29400, 29405]]).replace("policy drop", "")
-    assert node_firewall.merged([[5, 9], [1, 3], [4, 4], [20, 20]]) == [[1, 9], [20, 20]]
-    assert node_firewall.guarded_ports({"trusted": ["10.0.0.0/24"]}) == []  # a plan from before members
+    assert hostfirewall.merged([[5, 9], [1, 3], [4, 4], [20, 20]]) == [[1, 9], [20, 20]]
+    assert hostfirewall.guarded_ports({"trusted": ["10.0.0.0/24"]}) == []  # a plan from before members
 
 
 def test_a_node_reached_at_another_private_address_sends_from_it_and_is_trusted_there():
@@ -209,9 +210,9 @@ def outputs(firewall):
 
 
 def test_an_opted_out_cluster_warns_at_launch_and_others_are_not_probed():
-    [warning] = require_firewall(None, outputs(False))
+    [warning] = require_firewall(Cluster(None, outputs=outputs(False)))
     assert "firewall = false" in warning and "29400" in warning and "\n" not in warning
-    assert require_firewall(None, outputs(None)) == []  # clouds: their security group/firewall
+    assert require_firewall(Cluster(None, outputs=outputs(None))) == []  # clouds: their security group/firewall
     assert parse_outputs({k: v for k, v in outputs(True).model_dump().items() if k != "firewall"}).firewall is None
 
 
@@ -226,4 +227,4 @@ def test_an_empty_table_the_kernel_keeps_counts_as_no_table():
 def test_the_agent_program_compiles_with_the_firewall_beside_it():
     program = agent_program({"firewall": {"trusted": ["10.9.0.0/24"]}})
     compile(program, "agent", "exec")
-    assert "load('node_firewall'" in program and program.rstrip().endswith("agent.main()")
+    assert "load('hostfirewall'" in program and program.rstrip().endswith("agent.main()")

@@ -13,6 +13,7 @@ import pytest
 
 from fatpipe.cli.pull import pick_nodes
 from fatpipe.infra.defaults import GROUP_RANK_FILE
+from fatpipe.node.env import GROUP_RANK_FILE as GROUP_RANK_FILE_ENV
 from fatpipe.ops.rdzv.nodefiles import node_script_text, planned_group_ranks
 from fatpipe.ops.rdzv.noderun import NodeRun
 from fatpipe.ops.rdzv.rendezvous import NodePlan, Rendezvous
@@ -20,7 +21,7 @@ from fatpipe.ops.reach.transport import LocalTransport
 from fatpipe.ops.run.leader import leader, leader_first, leader_index
 from fatpipe.ops.run.progress import leader_progress
 from fatpipe.ops.run.pullpaths import NodeSource
-from fatpipe.trainer.noderank import GROUP_RANK_FILE_ENV, record_group_rank
+from fatpipe.trainer.noderank import record_group_rank
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -10,7 +10,7 @@ import pytest
 
 from fatpipe.trainer.live import relay
 from fatpipe.trainer.live.epochs import serving_lighthouse
-from fatpipe.trainer.live.lighthouse import majority
+from fatpipe.trainer.live.quorum import majority
 from fatpipe.trainer.live.relay import Health, Relay, choose
 
 

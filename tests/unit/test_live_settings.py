@@ -6,9 +6,9 @@ from __future__ import annotations
 import pytest
 
 from fatpipe.trainer.config import ConfigError, TrainConfig, parse_config
-from fatpipe.trainer.live.lighthouse import bind_address
 from fatpipe.trainer.live.lighthouse import main as lighthouse_main
 from fatpipe.trainer.live.manager import host_in_url, settings_from_env
+from fatpipe.trainer.live.quorum import bind_address
 from fatpipe.trainer.live.runplan import live_comm
 
 GOOD = {"FATPIPE_LIVE_LIGHTHOUSE": "10.0.0.1:29510", "FATPIPE_PRIVATE_IP": "10.0.0.2",
@@ -70,7 +70,7 @@ def test_the_trainer_and_the_model_refuse_the_same_addresses_in_the_same_words(t
     import ipaddress
 
     from fatpipe.infra.hostvalues import one_host_problem
-    from fatpipe.trainer.live.lighthouse import one_host_ip
+    from fatpipe.trainer.live.quorum import one_host_ip
 
     try:
         one_host_ip(text)
@@ -107,14 +107,14 @@ def test_the_hooks_that_run_under_live():
 
 
 def test_torchfts_servers_listen_on_the_private_address_in_the_range_the_firewall_keeps_for_the_nodes():
-    # The node firewall lets only the nodes reach the ephemeral range (ops.reach.node_firewall.
+    # The node firewall lets only the nodes reach the ephemeral range (fatpipe.node.hostfirewall.
     # guarded_ports): the Manager (its Kill RPC) and the checkpoint server (the weights) must bind there.
     from datetime import timedelta
 
     from torchft import manager as tf_manager
     from torchft._torchft import LighthouseServer
 
-    from fatpipe.ops.reach.node_firewall import guarded_ports
+    from fatpipe.node.hostfirewall import guarded_ports
     from fatpipe.trainer.live.manager import _private_servers, _private_transport
 
     guarded = guarded_ports({"trusted": ["10.0.0.0/24"], "members": ["10.0.0.1/32"], "run_ports": [29400, 29402]})

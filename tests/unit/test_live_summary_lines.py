@@ -13,8 +13,8 @@ from rich.console import Console
 from fatpipe.cli.render import summary_table
 from fatpipe.ops.rdzv.noderun import LaunchResult
 from fatpipe.ops.rdzv.record import NodePlan, Rendezvous
+from fatpipe.ops.run.end import ended_note
 from fatpipe.ops.run.leader import leader_index
-from fatpipe.ops.run.runend import ended_note
 from fatpipe.ops.run.summary import run_summary
 from fatpipe.trainer.live.membership import Attempts, exchanges
 from fatpipe.trainer.metrics import MetricsLog, read_metrics

@@ -11,6 +11,7 @@ from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import new_run
 from fatpipe.ops.plan.report import step_split_figure, write_report
 from fatpipe.ops.rdzv.rendezvous import new_rendezvous
+from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.ops.run.top import snapshot
 from fatpipe.trainer.live.membership import QuorumWatch
 
@@ -24,7 +25,7 @@ def live_run(project_dir):
     project = load_project()
     run_id, run_dir = new_run(project, "demo")
     train = project.train.model_copy(update={"fault_tolerance": "live"})
-    new_rendezvous(project, parse_outputs(sim_outputs(3)), run_id, run_dir, train=train)
+    new_rendezvous(Cluster(project, outputs=parse_outputs(sim_outputs(3))), run_id, run_dir, train=train)
     return project, run_dir
 
 
@@ -46,7 +47,7 @@ def test_top_shows_each_live_node_and_the_one_that_stopped_reporting_as_gone(pro
     (run_dir / "events.jsonl").write_text(json.dumps(
         {"time": now - 100, "event": "node_left", "reason": "3 -> 2 replica groups at step 21",
          "last_step": 21}) + "\n")
-    view = snapshot(project, "demo")
+    view = snapshot(Cluster.resolve(project, "demo"))
     assert [(n["node"], n["state"]) for n in view["nodes"]] == [
         ("demo-0", "up"), ("demo-1", "up"), ("demo-2", "gone")]
     assert view["events"][-1]["event"] == "node_left"

@@ -1,7 +1,7 @@
 """A node's project folder is claimed, and removed by `down`, only when its marker carries this
 project's id: an earlier fatpipe's marker (the cluster's name alone) proves neither whose the
 folder is nor that fatpipe made it, so it is never adopted and never removed (the node program
-runs as on a node: ops/reach/node_checks.py through the node call)."""
+runs as on a node: node/callsteps.py through the node call)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import pytest
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER
-from fatpipe.ops.reach.nodecall import ask
+from fatpipe.ops.reach.asknode import ask
 from fatpipe.ops.reach.projectdir import claim_step, judge_claim, remove_step
 from fatpipe.ops.reach.transport import LocalTransport
 

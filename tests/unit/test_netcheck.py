@@ -8,9 +8,10 @@ import json
 import pytest
 
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.net.netcheck import NetcheckOptions, netcheck_doc, pairs_from_bench
-from fatpipe.ops.net.netgate import PairResult, evaluate_gate
-from fatpipe.trainer.net import netbench as nb
+from fatpipe.ops.net.check import NetcheckOptions, netcheck_doc, pairs_from_bench
+from fatpipe.ops.net.gate import PairResult, evaluate_gate
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.trainer.net import bench as nb
 
 MiB = 1 << 20
 
@@ -143,7 +144,7 @@ def test_gate_single_node_has_no_link_to_judge():
 
 
 def test_quick_measures_one_size_the_tier_makes_rate_bound():
-    from fatpipe.ops.net.netoptions import quick_size
+    from fatpipe.ops.net.options import quick_size
 
     assert NetcheckOptions().sizes(4, 1) == (MiB, 256 * MiB)  # the sweep, whatever the tier
     assert NetcheckOptions(quick=True).sizes(4, 1) == (32 * MiB, 32 * MiB)
@@ -179,7 +180,7 @@ def test_quick_plan_moves_a_fraction_of_the_sweeps_bytes_at_the_gated_size():
 
 
 def test_quick_p2p_runs_once_per_node_with_many_streams():
-    from fatpipe.trainer.net.netp2p import p2p_stream_counts
+    from fatpipe.trainer.net.toserver import p2p_stream_counts
 
     quick = nb.parse_args(NetcheckOptions(quick=True, streams=4).netbench_args(outputs(), "x.json")[2:])
     full = nb.parse_args(NetcheckOptions(streams=4).netbench_args(outputs(), "x.json")[2:])
@@ -264,7 +265,7 @@ def test_table_and_plot(tmp_path):
     from rich.console import Console
 
     from fatpipe.cli.render import netcheck_tables
-    from fatpipe.ops.net.netplot import plot_busbw
+    from fatpipe.ops.net.plot import plot_busbw
 
     doc = netcheck_doc(bench(busbw_256=0.23, slow_ip="10.61.0.12"), outputs(), NetcheckOptions())
     buf = io.StringIO()
@@ -289,10 +290,10 @@ def deployed(project_dir, monkeypatch):
     seen = {}
 
     def use(result):
-        def fake(project, outs, run_dir, options, log, sink=None, remote_python=None, refuse_running=False):
+        def fake(cluster, run_dir, options, sink=None, remote_python=None, refuse_running=False):
             seen["options"] = options
             return result
-        monkeypatch.setattr("fatpipe.ops.net.netcheck.launch_netbench", fake)
+        monkeypatch.setattr("fatpipe.ops.net.check.launch_netbench", fake)
         return seen
 
     return use
@@ -330,7 +331,7 @@ def test_cli_options_reach_the_benchmark(run_cli, deployed):
     opts = seen["options"]
     assert (opts.min_fraction, opts.max_size, opts.quick, opts.streams, opts.timeout_s) == (0.9, 16 * MiB, True, 8, 900)
     args = opts.netbench_args(outputs(), "x.json")
-    assert args[:2] == ["-m", "fatpipe.trainer.net.netbench"] and "--quick" in args
+    assert args[:2] == ["-m", "fatpipe.trainer.net.bench"] and "--quick" in args
     assert args[args.index("--p2p-server") + 1] == "10.61.0.10"
     assert args[args.index("--p2p-port") + 1] == "29401"
 
@@ -352,20 +353,20 @@ def test_a_benchmark_past_its_bound_names_the_seconds_and_the_options(project_di
 
     from fatpipe.infra.errors import FatpipeError
     from fatpipe.infra.project import load_project
-    from fatpipe.ops.net.netcheck import launch_netbench
+    from fatpipe.ops.net.check import launch_netbench
 
     (project_dir / "fatpipe.toml").write_text('[clusters.demo]\nprovider = "sim"\nnodes = 4\n'
                                               'private_cidr = "10.61.0.0/24"\n')
-    monkeypatch.setattr("fatpipe.ops.run.runchecks.ask_launch_checks", lambda *a, **k: None)
-    monkeypatch.setattr("fatpipe.ops.reach.firewall_check.require_firewall", lambda *a, **k: [])
+    monkeypatch.setattr("fatpipe.ops.net.check.ask_launch_checks", lambda *a, **k: None)
+    monkeypatch.setattr("fatpipe.ops.net.check.require_firewall", lambda *a, **k: [])
     followed = []
 
-    def launch(project, rdzv, bench_dir, sink, log, follow):
+    def launch(cluster, rdzv, bench_dir, sink, follow):
         followed.append(follow.timeout_s)
         return SimpleNamespace(ok=False, timed_out=True, interrupted=False, exit_codes={}, exit_code=124)
 
-    monkeypatch.setattr("fatpipe.ops.run.launch.launch", launch)
+    monkeypatch.setattr("fatpipe.ops.net.check.launch", launch)
     project = load_project(project_dir / "fatpipe.toml")
     with pytest.raises(FatpipeError, match=r"timed out after 42 s \(`netcheck --timeout` or `up --netcheck-timeout`") as e:
-        launch_netbench(project, outputs(), project_dir / "run", NetcheckOptions(timeout_s=42), log=lambda line: None)
+        launch_netbench(Cluster.resolve(project, "demo", outputs()), project_dir / "run", NetcheckOptions(timeout_s=42))
     assert followed == [42] and e.value.exit_code == 124

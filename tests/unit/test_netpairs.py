@@ -11,11 +11,11 @@ import threading
 import pytest
 
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.net.netcheck import NetcheckOptions, netcheck_doc
-from fatpipe.ops.net.netgate import LinkResult, evaluate_gate, link_matrix, shared_node, worst_link
-from fatpipe.trainer.net import netbench as nb
-from fatpipe.trainer.net.netpairs import round_robin
+from fatpipe.ops.net.check import NetcheckOptions, netcheck_doc
+from fatpipe.ops.net.gate import LinkResult, evaluate_gate, link_matrix, shared_node, worst_link
+from fatpipe.trainer.net import bench as nb
 from fatpipe.trainer.net.p2plat import MESSAGE_BYTES, EchoServer, rtt_samples, rtt_stats
+from fatpipe.trainer.net.pairs import round_robin
 
 MiB = 1 << 20
 
@@ -198,11 +198,11 @@ def test_cli_flag_reaches_the_options(run_cli, project_dir, monkeypatch):
     (state / "outputs.json").write_text(json.dumps(outputs().model_dump(mode="json")))
     seen = {}
 
-    def fake(project, outs, run_dir, options, log, sink=None, remote_python=None, refuse_running=False):
+    def fake(cluster, run_dir, options, sink=None, remote_python=None, refuse_running=False):
         seen["options"] = options
         return bench()
 
-    monkeypatch.setattr("fatpipe.ops.net.netcheck.launch_netbench", fake)
+    monkeypatch.setattr("fatpipe.ops.net.check.launch_netbench", fake)
     result = run_cli("netcheck", "n", "--pairs")
     assert result.exit_code == 1 and seen["options"].pairs
     assert "Error: netcheck failed: link n-0 <-> n-1: 0.24 Gbit/s is below" in result.output

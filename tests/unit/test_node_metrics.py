@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.trainer import nodestats
 from fatpipe.trainer.nodestats import (
     SyncWatch,
@@ -181,19 +182,19 @@ def test_top_reads_the_newest_view_and_events(project_dir, run_cli):
     project = load_project()
     run_id, run_dir = new_run(project, "demo")
     nodes = [{"name": f"demo-{i}", "private_ip": f"127.42.0.{10 + i}", "transport": "local"} for i in range(2)]
-    new_rendezvous(project, parse_outputs({"name": "demo", "provider": "sim", "tier_gbps": 1,
-                                            "private_cidr": "10.42.0.0/24", "nodes": nodes}), run_id, run_dir)
+    new_rendezvous(Cluster(project, outputs=parse_outputs({"name": "demo", "provider": "sim", "tier_gbps": 1,
+                                            "private_cidr": "10.42.0.0/24", "nodes": nodes})), run_id, run_dir)
     mark_latest(project, "demo", run_id)
     assert run_cli("top", "--once").exit_code == 1  # no node metrics yet: one line
     first = {"window": 0, "attempt": 1, **cluster_view(ring({}), 1.0)}
     last = {"window": 1, "attempt": 1, **cluster_view(ring({(2, 1): 0.2, (3, 2): 0.2}), 1.0)}
     (run_dir / "nodes.jsonl").write_text(f"{json.dumps(first)}\n{json.dumps(last)}\n{{\"torn")
     (run_dir / "events.jsonl").write_text(json.dumps({"event": "straggler", "node": "n-2"}) + "\n")
-    snap = snapshot(project, "demo")
+    snap = snapshot(Cluster.resolve(project, "demo"))
     assert snap["run"] == run_id and snap["window"]["window"] == 1 and not snap["finished"]
     assert snap["straggler"]["node"] == "n-2" and snap["events"][0]["node"] == "n-2"
     # What an ssh node runs, run here through bash: the same answer.
-    node = node_runs(read_rendezvous(run_dir), project.state_dir("demo"))[0]
+    node = node_runs(read_rendezvous(run_dir), Cluster.resolve(project, "demo"))[0]
     result = node.transport.run(tail_command(node), timeout=30)
     views, events, finished = parse_tail(result.stdout)
     assert views[-1]["straggler"]["node"] == "n-2" and len(events) == 1 and not finished

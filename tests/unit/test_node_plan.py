@@ -139,7 +139,7 @@ def test_each_node_line_says_what_this_machine_knows_it_holds_and_only_a_termina
     import io
     import json
 
-    from fatpipe.cli.options import approve_node_changes
+    from fatpipe.cli.deploying import approve_node_changes
     from fatpipe.infra.project import load_project
 
     (project_dir / "fatpipe.toml").write_text('[clusters.lab]\nprovider = "sim"\nnodes = 2\nisolation = "loopback"\n')
@@ -166,7 +166,7 @@ def test_each_node_line_says_what_this_machine_knows_it_holds_and_only_a_termina
 
 @pytest.mark.parametrize("command", ["deploy", "up"])
 def test_replace_reaches_the_deploy_of_both_commands(command, project_dir, run_cli, monkeypatch):
-    from fatpipe.stacks import engine
+    from fatpipe.cli import deploying
 
     (project_dir / "fatpipe.toml").write_text('[clusters.lab]\nprovider = "sim"\nnodes = 2\nisolation = "loopback"\n')
     answers = []
@@ -175,7 +175,7 @@ def test_replace_reaches_the_deploy_of_both_commands(command, project_dir, run_c
         answers.append(kwargs["approve"]([NodeChange("lab-0", "a", "replace", ("tier 1g -> 10g",))]))
         raise FatpipeError("stop here")
 
-    monkeypatch.setattr(engine, "deploy_cluster", deploy)
+    monkeypatch.setattr(deploying, "deploy_cluster", deploy)  # as the deploy step calls it
     for flags in ([], ["--replace"]):
         result = run_cli(command, "lab", *flags)
         assert "lab-0: replace (tier 1g -> 10g); holds: " in result.output and result.exit_code != 0, result.output

@@ -1,15 +1,14 @@
-"""The node's supervisor (ops/rdzv/supervisor.py), run for real as on a node: its death leaves the
+"""The node's supervisor (node/supervisor.py), run for real as on a node: its death leaves the
 node's end readable from the trainer's keeper, no value of the run's becomes shell text, a
-torchrun that handled a signal ends by it, and the node programs stay standard-library Python 3.8.
+torchrun that handled a signal ends by it (that node programs are standard-library Python 3.8:
+test_architecture.py).
 """
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import json
 import os
-import re
 import shlex
 import signal
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from fatpipe.ops.rdzv import runproc
+from fatpipe.node import runproc
 from fatpipe.ops.rdzv.nodefiles import node_script_text
 from fatpipe.ops.rdzv.noderun import SUPERVISOR, NodeRun
 from fatpipe.ops.run.launch import stop_nodes
@@ -28,7 +27,6 @@ from .test_noderun_restart import alive, node, run_to_end
 
 pytestmark = pytest.mark.timeout(120)
 
-RDZV = Path(runproc.__file__).parent
 # The attempt waits for a `go` file, then ends with status 3.
 WAITS = 'while [ ! -e go ]; do sleep 0.05; done\nexit 3'
 
@@ -161,13 +159,3 @@ def test_a_torchrun_that_handled_a_signal_ends_by_it(tmp_path):
         if agent.poll() is None:
             os.killpg(agent.pid, signal.SIGKILL)
             agent.wait()
-
-
-@pytest.mark.parametrize("program", ["supervisor.py", "runproc.py"])
-def test_the_node_programs_are_standard_library_python_3_8(program):
-    source = (RDZV / program).read_text()
-    tree = ast.parse(source, feature_version=(3, 8))
-    imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
-    imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
-    assert imported - {"__future__", "runproc"} <= set(sys.stdlib_module_names), imported
-    assert not re.search(r"\.removeprefix\(|\.removesuffix\(|\bmatch \w+:", source)

@@ -1,4 +1,4 @@
-"""The order in which node venvs are built from one download (ops/env/nodewheels.py): node 0 downloads,
+"""The order in which node venvs are built from one download (ops/env/venvs.py): node 0 downloads,
 serves, and then installs its own venv at the same time as the other nodes install theirs, so
 its install is no longer a wait the others sit through (bench/first_step.py measured it)."""
 
@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from fatpipe.infra.nodevenv import NodeVenv
-from fatpipe.ops.env.nodewheels import build_node_envs
+from fatpipe.ops.env.venvs import build_node_envs
 from fatpipe.ops.rdzv.noderun import NodeRun
 from fatpipe.ops.rdzv.rendezvous import NodePlan, Rendezvous
 from fatpipe.ops.reach.transport import Result, Transport

@@ -9,7 +9,7 @@ import subprocess
 
 import pytest
 
-from fatpipe.ops.env.nodewheels import serve_command
+from fatpipe.ops.env.venvs import serve_command
 
 pytestmark = pytest.mark.timeout(200)
 

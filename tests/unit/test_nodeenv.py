@@ -13,7 +13,7 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.nodevenv import TORCHFT, TORCHFT_MARKER, node_venv, venv_stamp
 from fatpipe.infra.project import Project, parse_project
 from fatpipe.ops.env.nodeenv import ENV_FILE, check_node_envs, differences
-from fatpipe.ops.env.nodewheels import fetch_command, peer_command
+from fatpipe.ops.env.venvs import fetch_command, peer_command
 from fatpipe.ops.rdzv.noderun import NodeRun
 from fatpipe.ops.rdzv.rendezvous import NodePlan, Rendezvous
 from fatpipe.ops.reach.transport import LocalTransport
@@ -167,7 +167,7 @@ def test_the_wheel_server_leaves_the_command_and_is_its_own_process_group(tmp_pa
     import signal
     import subprocess
 
-    from fatpipe.ops.env.nodewheels import serve_command
+    from fatpipe.ops.env.venvs import serve_command
 
     (tmp_path / ".fatpipe" / "wheels" / "abc").mkdir(parents=True)
     (tmp_path / ".fatpipe" / "wheels" / "abc" / "x-1-py3-none-any.whl").write_bytes(b"w")

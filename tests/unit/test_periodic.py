@@ -12,16 +12,13 @@ from pydantic import ValidationError
 
 from fatpipe.infra.clusters import SimCluster
 from fatpipe.infra.trainspec import TrainSpec
-from fatpipe.trainer.comm.autocomm import LinkEstimate
-from fatpipe.trainer.comm.decision import CommDecision
+from fatpipe.trainer.comm.costmodel import MAX_SYNC_EVERY, MIN_AUTO_SYNC_EVERY, predict_periodic
+from fatpipe.trainer.comm.decision import CommDecision, LinkEstimate
 from fatpipe.trainer.comm.periodic import (
-    MAX_SYNC_EVERY,
-    MIN_AUTO_SYNC_EVERY,
     OUTER_LR,
     OUTER_MOMENTUM,
     DiLoCo,
     LocalSGD,
-    predict_periodic,
     sync_interval,
 )
 from fatpipe.trainer.config import ConfigError, TrainConfig, parse_config
@@ -53,7 +50,7 @@ def test_interval_is_at_least_two_and_capped():
 
 
 def test_auto_weighs_the_periodic_methods_after_the_hooks():
-    from fatpipe.trainer.comm.autocomm import GradTraffic, HookCost, choose_comm
+    from fatpipe.trainer.comm.costmodel import GradTraffic, HookCost, choose_comm
     from fatpipe.trainer.config import HOOK_NAMES, PERIODIC_NAMES
 
     traffic = GradTraffic(10_000_000, buckets=1, powersgd_bytes=2_000_000, powersgd_buckets=1)

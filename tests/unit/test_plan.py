@@ -3,6 +3,10 @@ and the method from the trainer's own comm=auto model (real catalogs, real choos
 
 from __future__ import annotations
 
+import json
+import subprocess
+import sys
+
 import pytest
 
 from fatpipe.infra.catalog import MachineType, load_catalog
@@ -17,7 +21,9 @@ from fatpipe.infra.jobmodel import (
     ring_allreduce_bytes,
 )
 from fatpipe.ops.plan import plan as planner
-from fatpipe.trainer.comm import autocomm
+from fatpipe.trainer.comm import costmodel
+from fatpipe.trainer.config import PRESETS
+from fatpipe.trainer.gptconfig import parameter_shapes, preset_config
 
 AWS = load_catalog("aws")
 DO = load_catalog("digitalocean")
@@ -89,6 +95,41 @@ def test_model_sizes_come_from_the_trainers_presets_or_a_count():
     assert planner.model_traffic("1.5B").params == 1_500_000_000
 
 
+def test_a_presets_traffic_is_the_gpts_own_counted_without_torch():
+    """The plan counts a preset's parameters from `gptconfig.parameter_shapes`: the shapes the
+    trainer's GPT builds, in its order (so PowerSGD's bytes are the run's too)."""
+    import torch
+
+    from fatpipe.trainer.model import GPT
+
+    for preset in PRESETS:
+        cfg = preset_config(preset, block_size=1024)
+        with torch.device("meta"):
+            model = GPT(cfg)
+        assert parameter_shapes(cfg) == [tuple(p.shape) for p in model.parameters()]
+        assert planner.model_traffic(preset).params == model.num_params()
+
+
+def test_fatpipe_plan_runs_without_torch(tmp_path):
+    """`fatpipe plan` acts on no cluster: the trainer's comm model it prices with is torch-free
+    (`trainer.comm.costmodel`), so the command neither imports nor needs torch, across regions
+    included (a fresh interpreter: this one has torch loaded already; in a folder without
+    fatpipe.toml, so on the embedded cluster file)."""
+    code = ("import json, sys\n"
+            "import fatpipe.cli.plan, fatpipe.ops.plan.plan, fatpipe.ops.plan.regionplan\n"
+            "from fatpipe.cli.main import cli\n"
+            "for span in ('region', 'regions'):\n"
+            "    cli(['plan', '--nodes', '2-3', '--span', span, '--auto-periodic', '--json'],\n"
+            "        standalone_mode=False)\n"
+            "print(json.dumps(sorted(m for m in sys.modules if m.split('.')[0] == 'torch')),\n"
+            "      file=sys.stderr)\n")
+    done = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stderr.splitlines()[-1]) == []
+    assert '"method"' in done.stdout
+
+
 def seed_candidate(gbps: float) -> planner.Candidate:
     return planner.Candidate("digitalocean", machine(f"{gbps:g}g", gbps, gbps, gpus=1), "1g", 8)
 
@@ -103,7 +144,7 @@ def test_the_seeds_job_on_1_and_10_gbit_links_uses_comm_autos_own_choice(monkeyp
     assert slow.method != "none" and slow.step_s < slow.plain_step_s / 5
     # The method is whatever the trainer's choose_comm says for that link.
     seen = []
-    real = autocomm.choose_comm
+    real = costmodel.choose_comm
 
     def spy(link, *args, **kwargs):
         decision = real(link, *args, **kwargs)

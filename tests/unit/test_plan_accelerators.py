@@ -28,7 +28,7 @@ from fatpipe.infra.jobmodel import (
     ring_allreduce_bytes,
 )
 from fatpipe.ops.plan import plan as planner
-from fatpipe.trainer.comm import autocomm
+from fatpipe.trainer.comm import costmodel
 
 AWS = load_catalog("aws")
 JOB = Job(REFERENCE_PARAMS, 10**10)
@@ -199,7 +199,7 @@ def test_a_catalog_from_before_kinds_were_recorded_still_loads_and_says_so(proje
 
 def test_a_multi_gpu_node_sums_inside_and_the_link_carries_the_ring_across_nodes(monkeypatch):
     seen = []
-    real = autocomm.choose_comm
+    real = costmodel.choose_comm
 
     def spy(link, compute_s, grad_accum, traffic, world_size, **kwargs):
         seen.append(world_size)
@@ -216,8 +216,8 @@ def test_a_multi_gpu_node_sums_inside_and_the_link_carries_the_ring_across_nodes
     assert eight.compute_s == pytest.approx(one.compute_s / 8)
     # The ring's time is the gradient over the link, whatever the node's GPU count.
     plain = eight.link.gbps * 1e9 / 8
-    none = real(autocomm.LinkEstimate(eight.link.gbps, 2 * planner.HOP_LATENCY_S, "x"),
-                eight.compute_s, 1, autocomm.GradTraffic(grad, 1, TRAFFIC.powersgd_bytes), 2)
+    none = real(costmodel.LinkEstimate(eight.link.gbps, 2 * planner.HOP_LATENCY_S, "x"),
+                eight.compute_s, 1, costmodel.GradTraffic(grad, 1, TRAFFIC.powersgd_bytes), 2)
     assert none.predicted["none"]["comm_s"] == pytest.approx(2 * planner.HOP_LATENCY_S + grad / plain, rel=1e-6)
 
 

@@ -16,6 +16,7 @@ import pytest
 
 from fatpipe.infra.node import PUSH_RECORD
 from fatpipe.ops.env.projectsync import plan_push, push_project
+from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.ops.reach.transport import LocalTransport, Result
 
 from .test_runsync import write
@@ -220,9 +221,9 @@ def test_the_project_push_through_prepare_keeps_runs_pulled_paths_and_data(tmp_p
     node_run = SimpleNamespace(name="n0", transport=node, plan=SimpleNamespace(workdir="proj"),
                                rdzv=SimpleNamespace(run_rel=run_rel, cluster="c"))
     declared = SimpleNamespace(root=project, project_id="0a1b2c3d",
-                               spec=SimpleNamespace(run=SimpleNamespace(pull=["out"])))
+                               spec=SimpleNamespace(run=SimpleNamespace(pull=["out"]), clusters={}))
     said = []
-    prepare_node(declared, node_run, project / run_rel, 0, said.append)
+    prepare_node(Cluster(declared, SimpleNamespace(name="c"), log=said.append), node_run, project / run_rel, 0)
     assert (there / "train.py").read_text() == "new code"
     assert not (there / run_rel / "rendezvous.json").exists()  # the run folder travels by push_run
     assert (there / run_rel / "checkpoints" / "step-00000005.pt").read_text() == "the node's checkpoint"
@@ -233,14 +234,14 @@ def test_the_project_push_through_prepare_keeps_runs_pulled_paths_and_data(tmp_p
 
 
 def test_the_node_program_deletes_nothing_outside_its_folder_whatever_it_is_told(tmp_path, monkeypatch):
-    from fatpipe.ops.env import node_pushed
+    from fatpipe.node import pushed
 
-    assert node_pushed.RECORD == PUSH_RECORD
+    assert pushed.RECORD == PUSH_RECORD
     folder, outside = tmp_path / "proj", write(tmp_path / "x.txt", "outside")
     folder.mkdir()
     monkeypatch.chdir(folder)
-    sig = node_pushed.signature(str(outside))
-    done = node_pushed.commit({}, {"../x.txt": [sig], str(outside): [sig]})
+    sig = pushed.signature(str(outside))
+    done = pushed.commit({}, {"../x.txt": [sig], str(outside): [sig]})
     assert done == {"deleted": [], "kept": ["../x.txt", str(outside)]} and outside.read_text() == "outside"
     assert json.loads((folder / PUSH_RECORD).read_text()) == {"version": 1, "files": {}}
 

@@ -9,8 +9,8 @@ import json
 from click.testing import CliRunner
 
 from fatpipe.ops.plan.regionplan import predict_levels, traffic_of
-from fatpipe.trainer.comm.autocomm import HookCost, LinkEstimate, choose_comm
-from fatpipe.trainer.comm.quant import wire_bytes
+from fatpipe.trainer.comm.costmodel import HookCost, choose_comm, int8_wire_bytes
+from fatpipe.trainer.comm.decision import LinkEstimate
 
 PARAMS = 124_000_000
 
@@ -22,7 +22,7 @@ def test_a_slow_link_between_regions_syncs_every_h_steps_on_int8():
     levels = predict_levels(intra, cross, 1.2, traffic, 4, 2, cost)
     assert levels.sync_every >= 50 and levels.usable
     # H is the smallest within the 5% budget: the int8 exchange over the link, per H steps.
-    exchange = 0.07 + wire_bytes(PARAMS) * 8 / 1e9
+    exchange = 0.07 + int8_wire_bytes(PARAMS) * 8 / 1e9
     assert exchange / levels.sync_every <= 0.05 / 0.95 * levels.step_s + 1e-9
     assert levels.outer_share <= 0.05 and levels.method.endswith(f"diloco/{levels.sync_every} int8")
     flat = choose_comm(cross, 1.2, 1, traffic, 4, cost=cost)

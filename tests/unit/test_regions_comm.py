@@ -14,7 +14,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from fatpipe.trainer.comm.quant import CHUNK, ErrorFeedback, dequantize, quantize, wire_bytes
+from fatpipe.trainer.comm.costmodel import int8_wire_bytes
+from fatpipe.trainer.comm.quant import CHUNK, ErrorFeedback, dequantize, quantize
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -27,7 +28,7 @@ def test_int8_chunks_round_to_within_half_a_step_of_each_chunks_scale():
     error = (dequantize(q, scales) - values).abs()
     step = scales.repeat_interleave(CHUNK)[:values.numel()]
     assert torch.all(error <= step / 2 + 1e-7)
-    assert wire_bytes(values.numel()) == values.numel() + 16  # 1 byte a value, 4 per chunk
+    assert int8_wire_bytes(values.numel()) == values.numel() + 16  # 1 byte a value, 4 per chunk
 
 
 def test_error_feedback_carries_what_rounding_dropped_into_the_next_exchange():
@@ -56,7 +57,7 @@ def test_a_value_that_is_not_finite_sends_its_chunk_as_zeros_and_leaves_no_resid
     assert torch.isfinite(scales).all() and torch.isfinite(feedback.residual).all()
 
 
-def _worker(rank: int, labels: list[str], port: int, queue) -> None:
+def _worker(rank: int, labels: list[str], port: int, queue, read) -> None:
     from fatpipe.trainer.comm.regions import CrossExchange, region_layout
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
@@ -69,6 +70,7 @@ def _worker(rank: int, labels: list[str], port: int, queue) -> None:
     exchange = CrossExchange(layout, torch.device("cpu"))
     mean = exchange.mean(flat.clone())
     queue.put((rank, labels[rank], layout.shard, len(layout.cross_groups), mean, flat, exchange.sent_bytes))
+    read.wait(150)  # a queued tensor is a file descriptor this process serves until it was read
     dist.barrier()
     dist.destroy_process_group()
 
@@ -84,10 +86,12 @@ def test_the_int8_mean_between_regions_is_the_exact_mean_within_rounding(labels)
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_worker, args=(r, labels, port, queue)) for r in range(len(labels))]
+    read = ctx.Event()
+    procs = [ctx.Process(target=_worker, args=(r, labels, port, queue, read)) for r in range(len(labels))]
     for p in procs:
         p.start()
     results = sorted(queue.get(timeout=150) for _ in procs)
+    read.set()
     for p in procs:
         p.join(30)
     by_region = {label: flat for _, label, _, _, _, flat, _ in results}
@@ -101,10 +105,11 @@ def test_the_int8_mean_between_regions_is_the_exact_mean_within_rounding(labels)
     assert all(streams == 2 for _, _, _, streams, _, _, _ in results)
     # Each rank sent its shard (half of its region's tensor) to the other region, as int8.
     half = -(-len(exact) // 2)
-    assert sorted(sent for *_, sent in results) == sorted([wire_bytes(half)] * 2 + [wire_bytes(len(exact) - half)] * 2)
+    assert sorted(sent for *_, sent in results) == sorted(
+        [int8_wire_bytes(half)] * 2 + [int8_wire_bytes(len(exact) - half)] * 2)
 
 
-def _nonfinite_worker(rank: int, port: int, queue) -> None:
+def _nonfinite_worker(rank: int, port: int, queue, read) -> None:
     """Two regions of one rank each; region r0's pseudo-gradient holds a NaN in chunk 1 and an
     inf in chunk 3 at the first exchange, every value finite at the second."""
     from fatpipe.trainer.comm.regions import CrossExchange, region_layout
@@ -121,6 +126,7 @@ def _nonfinite_worker(rank: int, port: int, queue) -> None:
     residual = exchange.feedback.residual.clone()
     means.append(exchange.mean(second.clone()))
     queue.put((rank, first, second, means, residual, exchange.dropped_chunks))
+    read.wait(150)
     dist.barrier()
     dist.destroy_process_group()
 
@@ -129,10 +135,12 @@ def test_a_chunk_that_is_not_finite_is_dropped_alike_everywhere_and_its_residual
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     port = _free_port()
-    procs = [ctx.Process(target=_nonfinite_worker, args=(r, port, queue)) for r in range(2)]
+    read = ctx.Event()
+    procs = [ctx.Process(target=_nonfinite_worker, args=(r, port, queue, read)) for r in range(2)]
     for p in procs:
         p.start()
     results = sorted(queue.get(timeout=150) for _ in procs)
+    read.set()
     for p in procs:
         p.join(30)
     (_, first0, second0, means0, residual0, dropped0), (_, first1, second1, means1, residual1, dropped1) = results

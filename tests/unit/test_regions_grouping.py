@@ -11,8 +11,8 @@ import json
 import pytest
 
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.ops.net.netcheck import NetcheckOptions, netcheck_doc
-from fatpipe.ops.net.netgate import LinkResult, PairResult, evaluate_gate
+from fatpipe.ops.net.check import NetcheckOptions, netcheck_doc
+from fatpipe.ops.net.gate import LinkResult, PairResult, evaluate_gate
 from fatpipe.ops.net.regions import (
     REGION_GAP,
     CrossRegions,
@@ -20,7 +20,7 @@ from fatpipe.ops.net.regions import (
     measured_regions,
 )
 from fatpipe.ops.rdzv.regionenv import regions_from_doc
-from fatpipe.trainer.net import netbench as nb
+from fatpipe.trainer.net import bench as nb
 
 MiB = 1 << 20
 
@@ -134,7 +134,7 @@ def test_the_gate_holds_cross_pairs_to_the_declared_cross_region_rate():
     # Against the tier every cross link fails; against a declared 1 Gbit/s between regions none does.
     assert len(evaluate_gate(10, 0.95, 256 * MiB, [], links=links).reasons) == 5  # 4 links and busbw
     gate = evaluate_gate(10, 0.95, 256 * MiB, [], links=links, regions=crossing(1.0))
-    # A flat ring across regions is reported, not judged (netgate.Bars.ring).
+    # A flat ring across regions is reported, not judged (gate.Bars.ring).
     assert gate.passed and gate.notes == ["all-reduce busbw 0.95 Gbit/s crosses regions: a flat ring, not judged"]
     slow = matrix([0, 0, 1, 1], 9.5, 0.9, odd={(1, 3): 0.5})
     gate = evaluate_gate(10, 0.95, 256 * MiB, [], links=slow, regions=crossing(1.0))

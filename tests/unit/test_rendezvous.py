@@ -19,6 +19,7 @@ from fatpipe.ops.rdzv.rendezvous import (
     read_rendezvous,
     remote_dir,
 )
+from fatpipe.ops.reach.cluster import Cluster
 
 
 def sim_outputs(n=2, port=29400):
@@ -45,7 +46,7 @@ def test_files_for_loopback_nodes(project_dir):
     outputs = parse_outputs(sim_outputs(3))
     run_id, run_dir = new_run(project, "demo")
     restart = project.train.model_copy(update={"fault_tolerance": "restart"})
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir, train=restart,
+    rdzv = new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir, train=restart,
                           options=RunOptions(max_restarts=2))
 
     doc = json.loads((run_dir / "rendezvous.json").read_text())
@@ -78,7 +79,7 @@ def test_live_nodes_each_host_their_own_store_lighthouse_and_relay(project_dir):
     outputs = parse_outputs(sim_outputs(3, port=29500))
     run_id, run_dir = new_run(project, "demo")
     train = project.train.model_copy(update={"fault_tolerance": "live"})
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir, train=train)
+    rdzv = new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir, train=train)
     assert rdzv.live and rdzv.lighthouse == "127.42.0.10:29501" and rdzv.min_replicas == 2
     assert rdzv.lighthouses == ["127.42.0.10:29501", "127.42.0.11:29504", "127.42.0.12:29507"]
     assert read_rendezvous(run_dir) == rdzv
@@ -95,15 +96,15 @@ def test_live_nodes_each_host_their_own_store_lighthouse_and_relay(project_dir):
         assert lighthouse_args(rdzv, rank) == [
             "--relay-port", str(port + 2), "--lighthouses", ",".join(rdzv.lighthouses),
             "--host", f"127.42.0.{10 + rank}", "--port", str(port + 1), "--min-replicas", "2"]
-    two = new_rendezvous(project, parse_outputs(sim_outputs(2, port=29500)),
+    two = new_rendezvous(Cluster(project, outputs=parse_outputs(sim_outputs(2, port=29500))),
                          *new_run(project, "demo"), train=train)
     # Two nodes: no majority survives a loss, so node 0's Lighthouse alone, asking for one.
     assert two.lighthouses == ["127.42.0.10:29501"] and two.min_replicas == 1
     assert lighthouse_args(two, 1) == ["--relay-port", "29505", "--lighthouses", "127.42.0.10:29501"]
     with pytest.raises(FatpipeError, match="not a torchrun entry of its own"):
-        new_rendezvous(project, outputs, *new_run(project, "demo"), train=train, entry=["-m", "x"])
+        new_rendezvous(Cluster(project, outputs=outputs), *new_run(project, "demo"), train=train, entry=["-m", "x"])
     with pytest.raises(FatpipeError, match="leaves no room for 3 nodes' stores, Lighthouses"):
-        new_rendezvous(project, parse_outputs(sim_outputs(3, port=65528)), *new_run(project, "demo"),
+        new_rendezvous(Cluster(project, outputs=parse_outputs(sim_outputs(3, port=65528))), *new_run(project, "demo"),
                        train=train)
 
 
@@ -111,7 +112,7 @@ def test_an_older_runs_rendezvous_still_reads(project_dir):
     """rendezvous.json of a run from before `ships_trainer` was dropped (always true then)."""
     project = load_project()
     run_id, run_dir = new_run(project, "demo")
-    rdzv = new_rendezvous(project, parse_outputs(sim_outputs()), run_id, run_dir)
+    rdzv = new_rendezvous(Cluster(project, outputs=parse_outputs(sim_outputs())), run_id, run_dir)
     path = run_dir / "rendezvous.json"
     path.write_text(json.dumps(json.loads(path.read_text()) | {"ships_trainer": True}))
     assert read_rendezvous(run_dir) == rdzv
@@ -122,7 +123,7 @@ def test_ssh_nodes_get_remote_paths(project_dir, monkeypatch):
     project = load_project()
     outputs = parse_outputs(ssh_outputs())
     run_id, run_dir = new_run(project, "demo")
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir)
+    rdzv = new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir)
     assert rdzv.nproc_per_node == 2 and rdzv.nodes[1].ssh_user == "ubuntu"
     assert rdzv.nodes[0].workdir == "fatpipe/demo" and rdzv.nodes[0].python == ".fatpipe/venv/bin/python"
     script = (run_dir / "node-1.sh").read_text()
@@ -133,13 +134,13 @@ def test_ssh_nodes_get_remote_paths(project_dir, monkeypatch):
         remote_dir("c", "c-1", "{where}")
 
     # A given interpreter replaces the venv; a script outside the project cannot be shipped.
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir, options=RunOptions(remote_python="/opt/py/bin/python"))
+    rdzv = new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir, options=RunOptions(remote_python="/opt/py/bin/python"))
     assert rdzv.nodes[0].python == "/opt/py/bin/python"
     outside = project_dir.parent / f"{project_dir.name}-elsewhere.py"
     outside.write_text("")
     try:
         with pytest.raises(FatpipeError, match="outside the project folder"):
-            new_rendezvous(project, outputs, run_id, run_dir, script=[str(outside)])
+            new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir, script=[str(outside)])
     finally:
         outside.unlink()
 
@@ -193,6 +194,6 @@ def test_sim_nodes_over_ssh_share_this_machines_cores_too(project_dir):
     for node in outputs["nodes"]:
         node |= {"transport": "ssh", "public_ip": node["private_ip"], "netns": f"ns-{node['name']}"}
     run_id, run_dir = new_run(project, "demo")
-    new_rendezvous(project, parse_outputs(outputs | {"ssh_user": "root"}), run_id, run_dir)
+    new_rendezvous(Cluster(project, outputs=parse_outputs(outputs | {"ssh_user": "root"})), run_id, run_dir)
     env = (run_dir / "node-1.env").read_text()
     assert "\nOMP_NUM_THREADS=" in env and "NCCL_SHM_DISABLE=1" in env

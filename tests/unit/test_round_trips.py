@@ -73,9 +73,13 @@ class HomeNode(LocalTransport):
 
 
 def two_home_nodes(tmp_path: Path):
-    """Two nodes with homes of their own under `tmp_path` (one run, rendezvous r1) and a project."""
+    """Two nodes with homes of their own under `tmp_path` (one run, rendezvous r1), a project, and
+    the command's cluster `c`, whose node answers the nodes' transports share."""
+    from types import SimpleNamespace
+
     from fatpipe.ops.rdzv.noderun import NodeRun
     from fatpipe.ops.rdzv.rendezvous import NodePlan, Rendezvous
+    from fatpipe.ops.reach.cluster import Cluster
 
     project_root = tmp_path / "project"
     project_root.mkdir()
@@ -88,11 +92,14 @@ def two_home_nodes(tmp_path: Path):
     rdzv = Rendezvous(run_id="r1", cluster="c", provider="ssh", nnodes=2, nproc_per_node=1, rdzv_backend="c10d",
                       rdzv_endpoint="10.42.0.10:1", max_restarts=0, join_timeout_s=10, run_rel=".fatpipe/c/runs/r1",
                       entry=[], builtin_trainer=False, tier_gbps=1, created="", nodes=plans)
-    nodes = [NodeRun(rdzv, plan, HomeNode(plan.name, home)) for plan, home in zip(plans, homes, strict=True)]
     project = type("Project", (), {"root": project_root, "project_id": "0a1b2c3d",
-                                   "spec": type("Spec", (), {"run": type("Run", (), {"pull": []})()})(),
+                                   "spec": type("Spec", (), {"run": type("Run", (), {"pull": []})(), "clusters": {}})(),
                                    "state_dir": lambda self, name: tmp_path / "state"})()
-    return nodes, project
+    cluster = Cluster(project, SimpleNamespace(name="c"), SimpleNamespace(firewall=None))
+    nodes = [NodeRun(rdzv, plan, HomeNode(plan.name, home)) for plan, home in zip(plans, homes, strict=True)]
+    for node in nodes:
+        node.transport.answers = cluster.answers  # as the cluster's transports have them
+    return nodes, cluster
 
 
 def test_a_launchs_checks_of_a_node_are_one_call(tmp_path, counted, monkeypatch):
@@ -100,48 +107,45 @@ def test_a_launchs_checks_of_a_node_are_one_call(tmp_path, counted, monkeypatch)
     versions: one remote command per node, whichever stage reads them."""
     from fatpipe.ops.env.nodeenv import check_node_envs
     from fatpipe.ops.env.projectsync import ProjectPush
-    from fatpipe.ops.reach.nodecall import forget_all
     from fatpipe.ops.reach.projectdir import claim_project_dir
-    from fatpipe.ops.run import runchecks
+    from fatpipe.ops.run import checks
+    from fatpipe.ops.run.guard import run_going
     from fatpipe.ops.run.prepare import push_excludes, pushed_folders
-    from fatpipe.ops.run.runguard import run_going
 
-    nodes, project = two_home_nodes(tmp_path)
-    project_root, rdzv = project.root, nodes[0].rdzv
-    # No firewall is asked for: on this machine it would refuse the claim (the firewall listing
-    # travels in the same call: test_claim_behind_firewall.py, tests/system/test_firewall.py).
-    outputs = type("Outputs", (), {"firewall": None})()
-    monkeypatch.setattr(runchecks, "node_runs", lambda r, state_dir: nodes)
+    nodes, cluster = two_home_nodes(tmp_path)
+    project_root = cluster.project.root
+    # No firewall is asked for (the cluster's outputs say none): on this machine it would refuse
+    # the claim (the listing travels in the same call: test_claim_behind_firewall.py, tests/system/test_firewall.py).
     monkeypatch.setattr("fatpipe.ops.run.prepare.data_excludes", lambda *args: ())
     try:
-        runchecks.ask_launch_checks(project, outputs, rdzv, previous=nodes)
-        assert run_going(project, "c", nodes) is None
+        checks.ask_launch_checks(cluster, nodes, previous=nodes)
+        assert run_going(cluster, nodes) is None
         for node in nodes:
             assert claim_project_dir(node.transport, "proj", "c", "0a1b2c3d", pushed_folders(node)) == "made"
-            ProjectPush(node.transport, project_root, "proj", push_excludes(project, node), made=True).look(
+            ProjectPush(node.transport, project_root, "proj", push_excludes(cluster, node), made=True).look(
                 ["train.py"])
         check_node_envs(nodes, tmp_path / "run")
     finally:
-        forget_all()
+        cluster.answers.forget_all()
     assert dict(counted) == {"n0": 1, "n1": 1}
     assert all((tmp_path / f"home-{i}" / "proj" / ".fatpipe/c/runs/r1").is_dir() for i in range(2))  # with the claim
 
 
 def test_the_node_programs_names_are_the_models():
-    """node_checks.py is sent alone (standard library only): its marker name is infra's."""
+    """node/callsteps.py is sent alone (standard library only): its marker name is infra's."""
     from fatpipe.infra.node import PROJECT_MARKER
-    from fatpipe.ops.reach import node_checks
+    from fatpipe.node import callsteps
 
-    assert node_checks.PROJECT_MARKER == PROJECT_MARKER
+    assert callsteps.PROJECT_MARKER == PROJECT_MARKER
 
 
 def test_a_failing_step_is_its_own_answer_and_the_others_still_run(tmp_path):
-    from fatpipe.ops.reach.nodecall import Step, ask
+    from fatpipe.ops.reach.asknode import Step, ask
     from fatpipe.ops.reach.projectdir import NODE_CHECKS
 
     (tmp_path / "f.txt").write_text("first line\nsecond\n")
     answers = ask(LocalTransport("n"), [Step("read_line", ("f.txt",), str(tmp_path)),
-                                        Step("node_checks.claim", ("x", "c", "p"), str(tmp_path / "absent"),
+                                        Step("callsteps.claim", ("x", "c", "p"), str(tmp_path / "absent"),
                                              NODE_CHECKS),
                                         Step("read_from", ("f.txt", 6), str(tmp_path))])
     assert answers[0] == {"ok": "first line"} and answers[2] == {"ok": "line\nsecond\n"}
@@ -170,27 +174,27 @@ def test_wait_reads_the_marker_below_the_nodes_own_root(tmp_path, monkeypatch):
 
 
 def test_ups_training_launch_takes_the_versions_netchecks_launch_read(tmp_path, counted, monkeypatch):
-    """Within one `fatpipe up` (nodecall.keeping) the environment is read once: the training's
+    """Within one `fatpipe up` (its cluster's answers.keeping) the environment is read once: the training's
     launch asks no version probe while nothing was built or copied on a node; one that was is
     asked again, and outside `up` every launch asks."""
     from fatpipe.ops.env.nodeenv import check_node_envs, probe_step
-    from fatpipe.ops.reach.nodecall import drop_kept, forget_all, keeping
-    from fatpipe.ops.run.runchecks import launch_steps
+    from fatpipe.ops.reach.asknode import drop_kept
+    from fatpipe.ops.run.checks import launch_steps
 
-    nodes, project = two_home_nodes(tmp_path)
+    nodes, cluster = two_home_nodes(tmp_path)
     monkeypatch.setattr("fatpipe.ops.run.prepare.data_excludes", lambda *args: ())
     for i in range(2):
         (tmp_path / f"home-{i}" / "proj").mkdir()
-    with keeping():
+    with cluster.answers.keeping():
         reports = []
         for run in ("netcheck", "train"):
             counted.clear()
             reports.append(check_node_envs(nodes, tmp_path / run))
-            forget_all()  # a launch's end
+            cluster.answers.forget_all()  # a launch's end
             assert (tmp_path / run / "env.json").is_file()
         assert dict(counted) == {}, dict(counted)  # the training's: nothing asked
         assert reports[0] == reports[1]
-        assert all(probe_step(n) not in launch_steps(n, project, False, None) for n in nodes)
+        assert all(probe_step(n) not in launch_steps(n, cluster, False, None) for n in nodes)
         drop_kept(nodes[0].transport)  # its project folder got new files
         counted.clear()
         check_node_envs(nodes, tmp_path / "again")
@@ -198,4 +202,4 @@ def test_ups_training_launch_takes_the_versions_netchecks_launch_read(tmp_path, 
     counted.clear()
     check_node_envs(nodes, tmp_path / "outside")
     assert dict(counted) == {"n0": 1, "n1": 1}
-    assert all(probe_step(n) in launch_steps(n, project, False, None) for n in nodes)
+    assert all(probe_step(n) in launch_steps(n, cluster, False, None) for n in nodes)

@@ -1,11 +1,11 @@
 """How `fatpipe logs` tells an ended run: recorded exits first, then the nodes asked; a run
-fatpipe stopped is no failure (ops.run.runend)."""
+fatpipe stopped is no failure (ops.run.end)."""
 
 from __future__ import annotations
 
 from types import SimpleNamespace
 
-from fatpipe.ops.run.runend import ended_result, node_exits, stopped_by_fatpipe
+from fatpipe.ops.run.end import ended_result, node_exits, stopped_by_fatpipe
 
 
 def node(rank: int, state: str = "running", live: bool = False):

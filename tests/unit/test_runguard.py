@@ -1,6 +1,6 @@
 """A node out of reach may be running the cluster's run: every command that asks "is a run going on"
 (deploy, data push, launch, netcheck) refuses in one line naming it, and `--force` goes on; a node
-no longer deployed as the run knew it holds no run (ops/run/runguard.py).
+no longer deployed as the run knew it holds no run (ops/run/guard.py).
 
 The nodes are real ssh transports to a closed port of this machine: out of reach at once."""
 
@@ -17,7 +17,8 @@ from fatpipe.infra.outputs import parse_outputs
 from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import mark_latest, new_run
 from fatpipe.ops.rdzv.rendezvous import new_rendezvous
-from fatpipe.ops.run.runguard import refuse_if_running, run_going, still_deployed
+from fatpipe.ops.reach.cluster import Cluster
+from fatpipe.ops.run.guard import refuse_if_running, run_going, still_deployed
 
 
 def closed_port() -> int:
@@ -37,7 +38,7 @@ def cut_off_run(project_dir, port: int):
     path.write_text(json.dumps(doc))
     project, outputs = load_project(), parse_outputs(doc)
     run_id, run_dir = new_run(project, "demo")
-    new_rendezvous(project, outputs, run_id, run_dir)
+    new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir)
     mark_latest(project, "demo", run_id)
     return project, outputs, run_id
 
@@ -67,15 +68,15 @@ def test_force_goes_on_past_a_node_out_of_reach(project_dir, run_cli):
 def test_a_node_no_longer_deployed_holds_no_run(project_dir):
     project, outputs, run_id = cut_off_run(project_dir, closed_port())
     with pytest.raises(FatpipeError, match="may still be going there"):
-        refuse_if_running(project, "demo")
-    going = run_going(project, "demo")
+        refuse_if_running(Cluster.resolve(project, "demo"))
+    going = run_going(Cluster.resolve(project, "demo"))
     assert going.run_id == run_id and going.running == [] and list(going.unreachable) == ["demo-0", "demo-1"]
     # Made again elsewhere (a new address), or destroyed: nothing of the run can be there.
     moved = outputs.model_copy(update={"nodes": [n.model_copy(update={"ssh_port": n.ssh_port + 1})
                                                  for n in outputs.nodes]})
-    assert refuse_if_running(project, "demo", outputs=moved) is None
+    assert refuse_if_running(Cluster.resolve(project, "demo", moved)) is None
     (project_dir / ".fatpipe" / "demo" / "outputs.json").unlink()
-    assert run_going(project, "demo") is None
+    assert run_going(Cluster.resolve(project, "demo")) is None
 
 
 def test_a_netns_node_whose_namespace_is_gone_holds_no_run(project_dir):
@@ -86,7 +87,7 @@ def test_a_netns_node_whose_namespace_is_gone_holds_no_run(project_dir):
 
 
 def test_a_node_that_answers_without_the_runs_folder_holds_no_run():
-    from fatpipe.ops.run.runguard import holds_no_run
+    from fatpipe.ops.run.guard import holds_no_run
 
     # A rendezvous made but never launched: the node answers, its run folder is not there.
     assert holds_no_run("unreadable: FileNotFoundError: [Errno 2] No such file or directory: 'p/demo-0'")

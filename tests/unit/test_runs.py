@@ -13,6 +13,7 @@ from fatpipe.infra.project import load_project
 from fatpipe.infra.runinfo import list_runs, prune_runs, run_info
 from fatpipe.infra.runs import find_run, latest_run_id, mark_latest, new_run
 from fatpipe.ops.rdzv.rendezvous import new_rendezvous
+from fatpipe.ops.reach.cluster import Cluster
 
 
 @pytest.fixture(autouse=True)
@@ -39,7 +40,7 @@ def outputs(transport: str = "local"):
 
 def a_run(project, transport: str = "local", exits=(), steps: int = 0, summary: dict | None = None):
     run_id, run_dir = new_run(project, "demo")
-    new_rendezvous(project, outputs(transport), run_id, run_dir)
+    new_rendezvous(Cluster(project, outputs=outputs(transport)), run_id, run_dir)
     for rank, code in enumerate(exits):
         (run_dir / f"node-{rank}.log").write_text(f"node {rank} says hi\n")
         (run_dir / f"node-{rank}.exit").write_text(f"{code}\n")

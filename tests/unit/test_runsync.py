@@ -14,7 +14,7 @@ from types import SimpleNamespace
 import pytest
 
 from fatpipe.ops.reach.transport import LocalTransport, Result, SshTransport, only_filters
-from fatpipe.ops.run import runsync
+from fatpipe.ops.run import sync
 
 RUN_REL = ".fatpipe/c/runs/r1"
 
@@ -81,7 +81,7 @@ def cluster(tmp_path):
 
 def test_a_pull_places_each_nodes_own_files_and_leaves_checkpoints_on_the_nodes(cluster):
     nodes = [node("c-0", 0, cluster.homes[0]), node("c-1", 1, cluster.homes[1])]
-    pulled = runsync.pull_runs(nodes, cluster.local)
+    pulled = sync.pull_runs(nodes, cluster.local)
     assert pulled.ok and set(pulled.placed) == {"c-0", "c-1"}
     local = cluster.local
     assert (local / "node-0.log").read_text() == "log of node 0"
@@ -95,7 +95,7 @@ def test_a_pull_places_each_nodes_own_files_and_leaves_checkpoints_on_the_nodes(
 
 def test_a_pull_with_checkpoints_brings_every_ranks_part(cluster):
     nodes = [node("c-0", 0, cluster.homes[0]), node("c-1", 1, cluster.homes[1])]
-    assert runsync.pull_runs(nodes, cluster.local, checkpoints=True).ok
+    assert sync.pull_runs(nodes, cluster.local, checkpoints=True).ok
     ckpt = cluster.local / "checkpoints"
     assert (ckpt / "step-00000030.pt").read_text() == "shared part"
     assert (ckpt / "rank-0" / "step-00000030.pt").read_text() == "rank 0 part"
@@ -106,7 +106,7 @@ def test_a_failed_pull_is_named_and_changes_nothing_here(cluster):
     write(cluster.local / "node-1.log", "the log pulled last time")
     nodes = [node("c-0", 0, cluster.homes[0]),
              node("c-1", 1, cluster.homes[1], fail="rsync error: some files could not be transferred")]
-    pulled = runsync.pull_runs(nodes, cluster.local)
+    pulled = sync.pull_runs(nodes, cluster.local)
     [line] = pulled.failed
     assert line.startswith("c-1 (local): could not pull run r1 (rsync error") and "\n" not in line
     assert (cluster.local / "node-1.log").read_text() == "the log pulled last time"
@@ -116,7 +116,7 @@ def test_a_failed_pull_is_named_and_changes_nothing_here(cluster):
 
 def test_a_pull_without_the_nodes_log_is_a_failure(cluster):
     (cluster.homes[1] / "proj" / RUN_REL / "node-1.log").unlink()
-    pulled = runsync.pull_runs([node("c-1", 1, cluster.homes[1])], cluster.local)
+    pulled = sync.pull_runs([node("c-1", 1, cluster.homes[1])], cluster.local)
     assert pulled.failed == ["c-1 (local): could not pull run r1 (node-1.log is missing there); "
                              "its files stay on the node"]
     assert not (cluster.local / "node-1.exit").exists()
@@ -130,13 +130,13 @@ def test_a_pull_without_the_nodes_log_is_a_failure(cluster):
     ("tb/events.out.tfevents.1.host.1.0", 0, False), ("summary.json", 0, False),
 ])
 def test_what_a_node_brings(rel, rank, elsewhere):
-    assert runsync.belongs_elsewhere(Path(rel), rank) is elsewhere
+    assert sync.belongs_elsewhere(Path(rel), rank) is elsewhere
 
 
 def test_checkpoint_sizes_are_measured_on_the_node(cluster):
     nodes = [node("c-0", 0, cluster.homes[0]), node("c-1", 1, cluster.homes[1])]
     shutil.rmtree(cluster.homes[1] / "proj" / RUN_REL / "checkpoints")
-    sizes = runsync.checkpoint_sizes(nodes)
+    sizes = sync.checkpoint_sizes(nodes)
     assert sizes["c-0"] >= len("shared part") + len("rank 0 part") and sizes["c-1"] == 0
 
 
@@ -157,7 +157,7 @@ def test_the_push_filters_send_inputs_only_and_delete_nothing(tmp_path):
     write(there / "metrics.jsonl", "the node's metrics")
     write(there / "node-0.log", "the node's log")
     write(there / "checkpoints" / "step-00000050.pt", "the node's checkpoint")
-    subprocess.run(["rsync", "-a", *only_filters(runsync.RUN_INPUTS), f"{here}/", f"{there}/"], check=True)
+    subprocess.run(["rsync", "-a", *only_filters(sync.RUN_INPUTS), f"{here}/", f"{there}/"], check=True)
     assert (there / "rendezvous.json").read_text() == "new rendezvous.json"
     assert (there / "node-1.sh").read_text() == "new node-1.sh"
     assert (there / "netcheck.json").read_text() == "new netcheck.json"
@@ -170,7 +170,7 @@ def test_a_run_push_over_ssh_never_deletes(tmp_path, monkeypatch):
     calls = []
     monkeypatch.setattr("fatpipe.ops.reach.transport._run", lambda argv, timeout, stdin_text=None: calls.append(argv) or Result(0, "", ""))
     t = SshTransport("n0", "10.0.0.5", tmp_path / "known_hosts", config="/dev/null")
-    assert t.push_files(tmp_path, "proj/run", runsync.RUN_INPUTS).ok
+    assert t.push_files(tmp_path, "proj/run", sync.RUN_INPUTS).ok
     rsync = calls[-1]
     assert rsync[0] == "rsync" and "--delete" not in rsync
     assert "--exclude=*" in rsync and rsync[-2:] == [f"{tmp_path}/", "10.0.0.5:proj/run/"]
@@ -194,7 +194,7 @@ def test_a_live_runs_pull_makes_its_record_from_every_nodes_whole(tmp_path):
     write(runs[1] / "node-1.log", "log of node 1")
     local = tmp_path / "local" / RUN_REL
     nodes = [node("c-0", 0, homes[0], live=True), node("c-1", 1, homes[1], live=True)]
-    assert runsync.pull_runs(nodes, local).ok
+    assert sync.pull_runs(nodes, local).ok
     steps = [json.loads(line) for line in (local / "metrics.jsonl").read_text().splitlines()]
     assert [(r["step"], r["recorded_by"]) for r in steps] == [
         (1, 0), (2, 0), (3, 0), (4, 1), (5, 1), (6, 1), (7, 0), (8, 0)]

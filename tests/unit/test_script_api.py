@@ -20,6 +20,7 @@ from fatpipe.infra.project import load_project
 from fatpipe.infra.runs import new_run
 from fatpipe.infra.trainspec import TrainSpec
 from fatpipe.ops.rdzv.rendezvous import new_rendezvous
+from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.ops.run.summary import run_summary
 from fatpipe.trainer import api
 
@@ -92,7 +93,7 @@ def test_a_script_run_tells_every_node_where_its_run_is(project_dir):
                   for i in range(2)]})
     (project_dir / "train.py").write_text("print('hi')\n")
     run_id, run_dir = new_run(project, "demo")
-    rdzv = new_rendezvous(project, outputs, run_id, run_dir, train=TrainSpec(comm="fp16"),
+    rdzv = new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir, train=TrainSpec(comm="fp16"),
                            script=["train.py", "--steps", "3"])
     for node in rdzv.nodes:
         assert node.env[api.RUN_DIR_ENV] == rdzv.run_rel
@@ -111,7 +112,7 @@ def test_ssh_nodes_running_a_script_can_import_the_api(project_dir):
                    "private_ip": f"10.42.0.{10 + i}", "transport": "ssh"} for i in range(2)]})
     (project_dir / "train.py").write_text("print('hi')\n")
     run_id, run_dir = new_run(project, "demo")
-    new_rendezvous(project, outputs, run_id, run_dir, script=["train.py"])
+    new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir, script=["train.py"])
     assert 'export PYTHONPATH="$PWD/' in (run_dir / "node-1.sh").read_text()
 
 

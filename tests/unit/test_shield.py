@@ -15,7 +15,8 @@ import time
 import pytest
 
 from fatpipe.cli import signals as steps
-from fatpipe.stacks.shield import hold_signals, shield_cdk_runtime, stream
+from fatpipe.cli.ending import interrupted_status
+from fatpipe.stacks.shield import GROUP_WAIT_S, hold_signals, shield_cdk_runtime, stream
 
 # Stands in for terraform: its own session, stops gracefully on the first SIGINT, leaves a child
 # of its group running a little longer (what a killed provisioner's command does).
@@ -49,8 +50,9 @@ def test_an_interrupt_is_passed_on_once_and_waited_for(tmp_path):
         stream([sys.executable, "-c", ENGINE, str(made)], tmp_path, log, dict(os.environ))
     assert "session True" in lines and "stopping gracefully" in lines
     assert any("interrupted" in line for line in lines)
-    # The group's straggler finished before stream returned: its result exists for a teardown.
-    assert made.read_text() == "made" and time.monotonic() - started < 10
+    # The group's straggler finished before stream returned: its result exists for a teardown,
+    # and the wait for the group ended with it, not at the wait's own bound.
+    assert made.read_text() == "made" and time.monotonic() - started < GROUP_WAIT_S
 
 
 def test_a_log_that_breaks_does_not_break_the_process(tmp_path):
@@ -144,7 +146,7 @@ def test_a_termination_lets_go_of_a_run_unless_asked_to_stop_it(project_dir, sig
 
     heard = changing_hears(signum)  # a shutdown, a logout, a closed terminal, a CI cancel
     assert type(heard) is Detach and heard.why == signal.Signals(signum).name
-    assert not steps.HEARD.stop and steps.interrupted_status() == 128 + signum
+    assert not steps.HEARD.stop and interrupted_status() == 128 + signum
     heard = changing_hears(signum, "stop")  # --on-signal stop: taken like Ctrl-C
     assert type(heard) is steps.Terminated and steps.HEARD.stop
 
@@ -175,7 +177,7 @@ def test_only_a_ctrl_c_typed_at_the_terminal_stops(project_dir, monkeypatch):
                            "`fatpipe stop demo` stops it"), line
     monkeypatch.setattr(steps, "typed_at_the_terminal", lambda: True)
     heard = changing_hears(signal.SIGINT)
-    assert type(heard) is KeyboardInterrupt and steps.HEARD.stop and steps.interrupted_status() == 130
+    assert type(heard) is KeyboardInterrupt and steps.HEARD.stop and interrupted_status() == 130
 
 
 TYPED = "from fatpipe.cli.signals import typed_at_the_terminal as t; print(t(), flush=True)"

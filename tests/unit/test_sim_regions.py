@@ -9,7 +9,7 @@ from pydantic import ValidationError
 
 from fatpipe.infra.clusters import SimCluster
 from fatpipe.stacks.providers.sim_stack import node_command, node_input
-from fatpipe.stacks.simregions import FLOW_CLASSES, shaping_batch
+from fatpipe.stacks.sim.regions import FLOW_CLASSES, shaping_batch
 
 
 def sim(**keys) -> SimCluster:

@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
+from fatpipe.node.runproc import AGENT_TAG_ENV, proc_stat
 from fatpipe.ops.rdzv.noderun import NodeRun
-from fatpipe.ops.rdzv.runproc import AGENT_TAG_ENV, proc_stat
 from fatpipe.ops.run.launch import stop_nodes
 
 from .test_noderun_restart import alive, node

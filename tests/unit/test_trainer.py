@@ -9,12 +9,8 @@ import pytest
 import torch
 
 from fatpipe.trainer.checkpoint import list_checkpoints, load_checkpoint, save_checkpoint
-from fatpipe.trainer.comm.autocomm import (
-    GradTraffic,
-    LinkEstimate,
-    choose_comm,
-    powersgd_wire_elements,
-)
+from fatpipe.trainer.comm.costmodel import GradTraffic, choose_comm, powersgd_wire_elements
+from fatpipe.trainer.comm.decision import LinkEstimate
 from fatpipe.trainer.config import ConfigError, TrainConfig, build_parser, parse_config
 from fatpipe.trainer.data import DataCursor, ShardedBatches, load_corpus, stdlib_corpus
 from fatpipe.trainer.metrics import summarize

@@ -11,7 +11,7 @@ import yaml
 
 from fatpipe.infra.errors import ConfigError, FatpipeError
 from fatpipe.infra.outputs import parse_outputs
-from fatpipe.stacks.vmseed import (
+from fatpipe.stacks.vm.seed import (
     PEER_RTT_SCRIPT,
     kernel_sysctls_command,
     peer_delay_args,

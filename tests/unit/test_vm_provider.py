@@ -8,7 +8,7 @@ import pytest
 
 from fatpipe.infra.errors import ConfigError, FatpipeError
 from fatpipe.infra.project import Project, parse_project
-from fatpipe.stacks import vmimage
+from fatpipe.stacks.vm import image as vmimage
 
 
 def project(tmp_path, extra: str = "") -> Project:
@@ -129,7 +129,7 @@ def test_a_vm_whose_qemu_is_gone_is_vanished(tmp_path):
     from pathlib import Path
 
     from fatpipe.infra.outputs import parse_outputs
-    from fatpipe.stacks.vmnode import vanished_vms
+    from fatpipe.stacks.vm.node import vanished_vms
 
     outputs = parse_outputs({"name": "v", "provider": "vm", "tier_gbps": 1, "private_cidr": "10.93.0.0/24",
                              "nodes": [{"name": f"v-{i}", "private_ip": f"10.93.0.{10 + i}", "transport": "ssh",
@@ -155,8 +155,8 @@ def test_the_seed_mounts_the_wheel_disk_and_points_pip_at_it_alone(tmp_path, clo
     import yaml
 
     from fatpipe.stacks.providers import provider_for
-    from fatpipe.stacks.vmseed import SITECUSTOMIZE, SITECUSTOMIZE_TEXT, vendor_data
-    from fatpipe.stacks.vmwheels import DISK_LABEL, MOUNT_POINT
+    from fatpipe.stacks.vm.seed import SITECUSTOMIZE, SITECUSTOMIZE_TEXT, vendor_data
+    from fatpipe.stacks.vm.wheels import DISK_LABEL, MOUNT_POINT
 
     text = vendor_data(True, "52:54:00:00:00:01", 0)
     config = yaml.safe_load(text)
@@ -171,7 +171,7 @@ def test_the_seed_mounts_the_wheel_disk_and_points_pip_at_it_alone(tmp_path, clo
 
 
 def test_the_wheel_disk_is_keyed_by_the_wheels_bytes(tmp_path):
-    from fatpipe.stacks.vmwheels import contents_key
+    from fatpipe.stacks.vm.wheels import contents_key
 
     (tmp_path / "a-1.whl").write_bytes(b"one")
     first = contents_key(tmp_path)
@@ -183,7 +183,7 @@ def test_the_wheel_disk_is_keyed_by_the_wheels_bytes(tmp_path):
 def test_rtt_is_half_the_round_trip_per_vm_passed_as_arguments_and_bounded(tmp_path):
     import yaml
 
-    from fatpipe.stacks.vmseed import RTT_SCRIPT, vendor_data
+    from fatpipe.stacks.vm.seed import RTT_SCRIPT, vendor_data
 
     rtt, _snapshot = yaml.safe_load(vendor_data(False, "52:54:00:00:00:01", 40))["bootcmd"]
     assert rtt == ["sh", "-c", RTT_SCRIPT, "fatpipe-rtt", "52:54:00:00:00:01", "20ms"]
@@ -199,8 +199,8 @@ def test_a_venv_sees_the_disks_packages_after_its_own_and_the_system_python_does
     import subprocess
     import sys
 
-    from fatpipe.stacks.vmseed import SITECUSTOMIZE_TEXT
-    from fatpipe.stacks.vmwheels import SITE_PACKAGES
+    from fatpipe.stacks.vm.seed import SITECUSTOMIZE_TEXT
+    from fatpipe.stacks.vm.wheels import SITE_PACKAGES
 
     show = SITECUSTOMIZE_TEXT + "print(sys.path[-1] == " + repr(SITE_PACKAGES) + ")\n"
     subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(tmp_path / "venv")], check=True)
@@ -216,7 +216,7 @@ def test_node_down_refuses_a_folder_that_is_no_nodes_own(monkeypatch, tmp_path, 
     from click.testing import CliRunner
 
     from fatpipe.cli.main import cli
-    from fatpipe.stacks.providers.vm_stack import NODE_KEYS, VM_ENV_PREFIX
+    from fatpipe.stacks.vm.inputs import NODE_KEYS, VM_ENV_PREFIX
 
     for key in NODE_KEYS:
         monkeypatch.setenv(f"{VM_ENV_PREFIX}{key.upper()}", "1")
@@ -237,7 +237,7 @@ def test_the_seed_snapshots_the_kernels_tcp_settings_once_with_values_as_argumen
     import yaml
 
     from fatpipe.infra.tiers import normalize_sysctl, tier_profile
-    from fatpipe.stacks.vmseed import KERNEL_SYSCTLS, kernel_sysctls_command, vendor_data
+    from fatpipe.stacks.vm.seed import KERNEL_SYSCTLS, kernel_sysctls_command, vendor_data
 
     command = yaml.safe_load(vendor_data(True, "52:54:00:00:00:01", 0))["bootcmd"][-1]
     assert command == kernel_sysctls_command("52:54:00:00:00:01")
@@ -265,7 +265,7 @@ def test_the_snapshot_skips_a_nic_that_vanishes_while_listed(tmp_path):
     The script runs as the seed runs it, its sysfs folder swapped for one with such a NIC."""
     import subprocess
 
-    from fatpipe.stacks.vmseed import kernel_sysctls_command
+    from fatpipe.stacks.vm.seed import kernel_sysctls_command
 
     net = tmp_path / "class-net"
     (net / "gone" / "address").mkdir(parents=True)  # reading it fails as a vanished NIC's does

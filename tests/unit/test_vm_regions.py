@@ -13,7 +13,7 @@ import yaml
 
 from fatpipe.infra.errors import ConfigError, FatpipeError
 from fatpipe.infra.project import Project, parse_project
-from fatpipe.stacks.vmseed import (
+from fatpipe.stacks.vm.seed import (
     PEER_RTT_SCRIPT,
     RTT_SCRIPT,
     kernel_sysctls_command,
@@ -82,7 +82,7 @@ tc qdisc replace dev fprtt0 root netem delay "$2" limit 100000
 
 def node_env(monkeypatch, node_input: dict) -> None:
     """node-up's environment as the stack's provisioner gives it (terraform passes strings)."""
-    from fatpipe.stacks.providers.vm_stack import BOOT_KEYS, NODE_KEYS, VM_ENV_PREFIX
+    from fatpipe.stacks.vm.inputs import BOOT_KEYS, NODE_KEYS, VM_ENV_PREFIX
 
     for key in (*NODE_KEYS, *BOOT_KEYS):
         monkeypatch.setenv(f"{VM_ENV_PREFIX}{key.upper()}", str(node_input[key]))

@@ -13,11 +13,12 @@ run's committed steps and reads its data by its shard (`livescript` says why):
 
 `wrap` returns torch's own DistributedDataParallel with one comm hook registered (or `attach`
 registers it on a DDP model you built): the comm the run asks for (`[train] comm`, `--comm`),
-comm=auto's choice from the run's netcheck.json and the script's own first steps (re-decided
-mid-run when the steps drift off its prediction: `comm.redecide`), or a named hook. The periodic methods (diloco, localsgd) change what the optimizer step means, so they run
-only with `allow_periodic=True`. `step` records the step into the run folder as the built-in
-trainer does (metrics.jsonl, nodes.jsonl, events.jsonl, faults.json; summary.json at the end),
-which `fatpipe top`, `fatpipe report` and the run's summary read.
+comm=auto's choice from the run's netcheck.json and the script's own first steps (re-decided mid-run
+when the steps drift off its prediction: `comm.redecide`), or a named hook. The periodic methods
+(diloco, localsgd) change what the optimizer step means, so they run only with
+`allow_periodic=True`. `step` records the step into the run folder as the built-in trainer does
+(metrics.jsonl, nodes.jsonl, events.jsonl, faults.json; summary.json at the end), which `fatpipe
+top`, `fatpipe report` and the run's summary read.
 
 The run is found through what `fatpipe launch` puts in every node's environment
 (FATPIPE_RUN_DIR, FATPIPE_TRAIN_ARGS: ops.rdzv.rendezvous). Outside fatpipe (plain torchrun) `wrap`
@@ -41,17 +42,19 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
+# The script API's names for the run's variables (fatpipe.node.env defines them).
+from fatpipe.node.env import RUN_DIR as RUN_DIR_ENV
+from fatpipe.node.env import TRAIN_ARGS as TRAIN_ARGS_ENV
+
 from ..comm.hooks import powersgd_available
 from ..config import TrainConfig, build_parser
-from ..distenv import DistEnv, join_counter
+from ..distenv import DistEnv, join_counter, read_env
+from ..distenv import init_process_group as join_group
 from ..live.manager import settings_from_env
 from .ddpcomm import one_bucket_cap_mb
 from .livescript import live_config
 from .runoptimizer import RunOptimizer
 from .scriptrun import ScriptRun
-
-RUN_DIR_ENV = "FATPIPE_RUN_DIR"  # the run folder, relative to the project folder on the node
-TRAIN_ARGS_ENV = "FATPIPE_TRAIN_ARGS"  # the run's [train] settings, as the trainer's flags
 
 log = logging.getLogger(__name__)
 _run: ScriptRun | None = None
@@ -66,10 +69,7 @@ def init_process_group(timeout_s: float = 1800.0) -> None:
     (`distenv.init_process_group`), which keeps each torchrun attempt's rendezvous apart, so the
     group forms again after a restart (a plain init may read the killed attempt's addresses)."""
     global _group
-    from ..distenv import init_process_group as join
-    from ..distenv import read_env
-
-    _group = join(read_env(), timeout_s)
+    _group = join_group(read_env(), timeout_s)
 
 
 def run_config(run_dir: str | os.PathLike | None = None, steps: int | None = None,

@@ -5,7 +5,7 @@ groups in the run's first step and carried to a group that joins later (docs/ARC
 Every group measures its compute and each hook's own cost (once, no network), and in each
 attempt at step 1 the link between the groups (timed all-reduces through torchft's Manager,
 which is what the hook will use); the numbers are then averaged over the groups with the same
-all-reduce, so each applies comm=auto's model (`comm.autocomm`) to equal inputs and takes the
+all-reduce, so each applies comm=auto's model (`comm.costmodel`) to equal inputs and takes the
 same hook. The candidates are the hooks whose state is the gradient alone (none, bf16):
 PowerSGD's per-replica state is not something a joining group can be handed mid-step, so it
 runs under live only when named.

@@ -1,8 +1,9 @@
 """The trainer's comm hook choice at setup: --comm as given, the checkpoint's, or comm=auto's.
 
 comm=auto measures one step's compute and each hook's own cost here, and takes the link from
-netcheck.json (else a short probe); `autocomm` holds the model that turns those numbers into a
-hook. `redecide_comm` runs the same model again mid-run with a fresh link probe (`redecide`).
+netcheck.json (else a short probe, `linkprobe`); `costmodel` holds the model that turns those
+numbers into a hook. `redecide_comm` runs the same model again mid-run with a fresh link probe
+(`redecide`).
 """
 
 from __future__ import annotations
@@ -20,19 +21,11 @@ from ..config import HOOK_NAMES, PERIODIC_NAMES, TrainConfig
 from ..distenv import DistEnv
 from ..torchstate import autocast, fork_rng
 from .allreduce import slowest, sync
-from .autocomm import (
-    GradTraffic,
-    HookCost,
-    choose_comm,
-    powersgd_wire_elements,
-    probe_half_rates,
-    probe_link,
-    probe_size,
-    read_netcheck,
-)
+from .costmodel import GradTraffic, HookCost, choose_comm, powersgd_wire_elements
 from .decision import CommDecision, DecisionUnreadable, LinkEstimate, read_decision
 from .hookcost import measure_hook_costs
 from .hooks import powersgd_available
+from .linkprobe import probe_half_rates, probe_link, probe_size, read_netcheck
 
 log = logging.getLogger(__name__)
 

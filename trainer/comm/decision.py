@@ -1,7 +1,7 @@
 """The comm decision as one typed record: the hook chosen, the numbers it was chosen on, and what
 the run changed since.
 
-A decision is made once (`autocomm.choose_comm`, a named --comm in `commsetup`) and never grows:
+A decision is made once (`costmodel.choose_comm`, a named --comm in `commsetup`) and never grows:
 a mid-run re-decision (`redecide`) makes a new record with `dataclasses.replace`. One function
 writes it as a plain dict (`decision_payload`: the checkpoint's `comm_decision`, which loads with
 `weights_only=True`, and summary.json's), and one reads it back (`read_decision`), from every
@@ -82,7 +82,7 @@ class CommDecision:
     world_size: int = 1
     # candidate -> its predicted step: compute_s, hook_s, wire_bytes, comm_s, exposed_s, step_s,
     # run_step_s (over the steps left), share; a periodic method's also sync_every,
-    # sync_every_needed, sync_s and usable (autocomm's docstring, periodic.predict_periodic)
+    # sync_every_needed, sync_s and usable (costmodel's docstring and its predict_periodic)
     predicted: Mapping[str, Mapping[str, float]] = field(default_factory=dict)
     since_step: int = 0  # the step after which this comm took over (0: from the start)
     switches: tuple[Switch, ...] = ()  # mid-run switches so far, oldest first

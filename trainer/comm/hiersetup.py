@@ -19,6 +19,7 @@ from ..config import PERIODIC_NAMES, ConfigError, TrainConfig
 from ..distenv import DistEnv
 from .allreduce import measure_allreduce
 from .commsetup import Measured, candidate_hooks, decide_comm, decide_from, measure_compute
+from .costmodel import OUTER_BUDGET
 from .decision import CommDecision, LinkEstimate
 from .hookcost import measure_hook_costs
 from .regiondiloco import RegionDiLoCo, decide_outer
@@ -26,9 +27,6 @@ from .regions import RegionLayout, cross_streams, read_region, region_layout
 
 log = logging.getLogger(__name__)
 
-# The share of a step the exchange between regions may leave exposed: INTELLECT-1 kept 96%
-# compute utilization inside the US with DiLoCo between sites.
-OUTER_BUDGET = 0.05
 _PROBE_SMALL, _PROBE_LARGE = 4 << 10, 4 << 20
 
 
@@ -79,24 +77,26 @@ def decide_inner(cfg: TrainConfig, env: DistEnv, model: torch.nn.Module, grad_by
                        hooks=candidate_hooks())
 
 
-def make_region_diloco(trainer, layout: RegionLayout, ckpt: dict | None, mine: dict | None) -> RegionDiLoCo:
-    """DiLoCo between regions at comm=auto's H (kept from a checkpoint) or --sync-every's."""
-    cfg, decision = trainer.cfg, trainer.decision
+def make_region_diloco(cfg: TrainConfig, env: DistEnv, decision: CommDecision,
+                       model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                       layout: RegionLayout, ckpt: dict | None, mine: dict | None) -> RegionDiLoCo:
+    """DiLoCo between regions at comm=auto's H (kept from a checkpoint) or --sync-every's, on the
+    built-in trainer's model and inner optimizer; `decision` is the hook inside the regions."""
     shared = ckpt.get("periodic") if ckpt else None
     if shared and shared.get("outer_decision"):
         outer = dict(shared["outer_decision"])
     elif cfg.cross_comm == "auto":
         step_s = (decision.chosen or {}).get("step_s") or decision.compute_s
-        params = sum(p.numel() for p in trainer.model.parameters())
-        outer = decide_outer(layout, step_s, params, cfg, trainer.device, OUTER_BUDGET)
+        params = sum(p.numel() for p in model.parameters())
+        outer = decide_outer(layout, step_s, params, cfg, env.device, OUTER_BUDGET)
     else:
         outer = {"method": "diloco", "quantized": "int8", "sync_every": cfg.sync_every,
                  "why": "set by --cross-comm diloco (--sync-every)"}
-    method = RegionDiLoCo(trainer.model, trainer.optimizer, int(outer["sync_every"]), cfg.steps,
-                          trainer.device, layout=layout, start_step=ckpt["step"] if ckpt else 0)
+    method = RegionDiLoCo(model, optimizer, int(outer["sync_every"]), cfg.steps, env.device,
+                          layout=layout, start_step=ckpt["step"] if ckpt else 0)
     method.outer_decision = outer
     method.restore(shared, mine.get("periodic") if mine else None)
-    if trainer.env.is_main:
+    if env.is_main:
         log.info("%s", describe_levels(layout, decision, outer))
     return method
 

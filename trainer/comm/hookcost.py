@@ -1,6 +1,6 @@
 """What each comm hook costs on this node by itself: torch's hook run against a one-rank group.
 
-comm=auto prices a hook by its bytes on the wire (`autocomm`) plus this: the hook's own work
+comm=auto prices a hook by its bytes on the wire (`costmodel`) plus this: the hook's own work
 per step (bf16's casts, PowerSGD's matrix products, orthogonalisation and error feedback) timed
 here on gradients of the model's real shapes, with every rank measuring at once (so a node's
 ranks share its cores as they will in training) and the slowest rank's time kept. The group
@@ -16,6 +16,7 @@ import time
 import torch
 import torch.distributed as dist
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
+from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from .allreduce import slowest, sync
 from .hooks import make_powersgd_state
@@ -66,8 +67,6 @@ def solo_group():
 
 def _run(name: str, group, state, bucket: _Bucket) -> None:
     if name == "powersgd":
-        from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
-
         fut = psgd.powerSGD_hook(state, bucket)
     elif name in ("bf16", "fp16"):
         hook = default_hooks.bf16_compress_hook if name == "bf16" else \

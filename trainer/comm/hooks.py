@@ -22,12 +22,13 @@ from torch.distributed.algorithms.ddp_comm_hooks import powerSGD_hook as psgd
 
 from ..config import HOOK_NAMES
 from ..faults import ISSUED
+from ..lazy import load
 
 
 def powersgd_available() -> bool:
     """torch's PowerSGDState draws its random seeds from numpy, which torch does not require."""
     try:
-        import numpy  # noqa: F401
+        load("numpy")
     except ImportError:
         return False
     return True

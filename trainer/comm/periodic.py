@@ -28,7 +28,6 @@ rank's own (`rank_state`) besides what they share (`shared_state`): resume is ex
 from __future__ import annotations
 
 import logging
-import math
 import time
 
 import torch
@@ -38,22 +37,16 @@ from torch.distributed.algorithms.model_averaging.utils import (
     average_parameters_or_parameter_groups,
 )
 
-from ..bandwidth import bus_factor
-from ..config import PERIODIC_NAMES
+from ..config import PERIODIC_NAMES, TrainConfig
+from ..distenv import DistEnv
 from .allreduce import sync
 from .decision import CommDecision
 from .hooks import StepComm
 
 log = logging.getLogger(__name__)
 
-OUTER_LR = 0.7
+OUTER_LR = 0.7  # tuned for H near 500 (costmodel.MIN_AUTO_SYNC_EVERY)
 OUTER_MOMENTUM = 0.9
-# The longest interval comm=auto picks: DiLoCo's own runs use H = 500 (its paper's default).
-MAX_SYNC_EVERY = 500
-# The shortest interval comm=auto picks (and only with [train] auto_periodic = true): the outer
-# learning rate and momentum above were tuned for H near 500, and 50 is the smallest interval
-# the DiLoCo paper studies. A shorter one is the user's to ask for (--comm diloco --sync-every).
-MIN_AUTO_SYNC_EVERY = 50
 
 
 class Periodic:
@@ -199,46 +192,22 @@ def periodic_method(comm: str, every: int, model, optimizer, steps: int, device:
     return kind(model, optimizer, every, steps, device, start_step=start_step)
 
 
-def make_periodic(trainer, ckpt: dict | None, mine: dict | None) -> Periodic | None:
-    """The trainer's periodic method (None for a per-step comm hook), resumed from `ckpt`."""
-    comm, cfg = trainer.comm, trainer.cfg
+def make_periodic(cfg: TrainConfig, env: DistEnv, decision: CommDecision, model: torch.nn.Module,
+                  optimizer: torch.optim.Optimizer, ckpt: dict | None,
+                  mine: dict | None) -> Periodic | None:
+    """The built-in trainer's periodic method for `decision` (None for a per-step comm hook), on
+    its model and inner optimizer, resumed from `ckpt` and this rank's part `mine`."""
+    comm = decision.comm
     if comm not in PERIODIC_NAMES:
         return None
-    h = sync_interval(trainer.decision, cfg.sync_every)
-    method = periodic_method(comm, h, trainer.model, trainer.optimizer, cfg.steps, trainer.device,
+    h = sync_interval(decision, cfg.sync_every)
+    method = periodic_method(comm, h, model, optimizer, cfg.steps, env.device,
                              ckpt["step"] if ckpt else 0)
     method.restore(ckpt.get("periodic") if ckpt else None, mine.get("periodic") if mine else None)
-    if trainer.env.is_main:
+    if env.is_main:
         what = (f"outer SGD lr {OUTER_LR} Nesterov momentum {OUTER_MOMENTUM}"
                 if comm == "diloco" else "parameter averaging")
         log.info("%s: sync every %d steps (%s), %.1f MB per sync, %.2f MB per step on average",
                  comm, h, what, method.param_bytes / 1e6, method.param_bytes / h / 1e6)
     return method
 
-
-def predict_periodic(link, compute_s: float, param_bytes: int, world_size: int,
-                     budget: float, steps_left: int = 0, min_every: int = 2) -> dict[str, dict]:
-    """comm=auto's model for the periodic methods: one prediction per name in PERIODIC_NAMES.
-
-    `link` has busbw_gbps and latency_s (autocomm.LinkEstimate). One sync all-reduces the
-    parameters and overlaps nothing: sync_s = latency + bytes x 2(n-1)/n / busbw, all of it
-    exposed, once per H steps. H is the smallest interval (>= 2) whose exposed time per step,
-    sync_s / H, stays within `budget` of the step: H >= sync_s (1 - budget) / (budget x
-    compute_s) (`sync_every_needed`), raised to `min_every`, at most MAX_SYNC_EVERY. `usable`
-    is false when the steps left are fewer than two such intervals: the run would be replicas
-    trained apart and averaged once, not periodic training (H is then shown at half the steps
-    left). The other keys are the hooks'.
-    """
-    bytes_per_s = max(link.busbw_gbps, 1e-9) * 1e9 / 8
-    sync_s = link.latency_s + param_bytes * bus_factor(world_size) / bytes_per_s
-    need = max(2, math.ceil(sync_s * (1 - budget) / (budget * max(compute_s, 1e-9)) - 1e-9))
-    wanted = min(max(need, min_every), MAX_SYNC_EVERY)
-    h = max(2, min(wanted, steps_left // 2)) if steps_left else wanted
-    exposed = sync_s / h
-    step = compute_s + exposed
-    share = exposed / step if step else 0.0
-    entry = {"wire_bytes": param_bytes // h, "compute_s": compute_s, "hook_s": 0.0,
-             "comm_s": exposed, "exposed_s": exposed, "step_s": step, "run_step_s": step,
-             "share": share, "sync_every": h, "sync_every_needed": need, "sync_s": sync_s,
-             "usable": h == wanted}
-    return {name: dict(entry) for name in PERIODIC_NAMES}

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 import torch
 
-CHUNK = 4096
+from .costmodel import CHUNK  # the bytes it sends are priced there: `int8_wire_bytes`
+
 _LEVELS = 127
 
 
@@ -46,11 +47,6 @@ def kept_chunks(every_scales: list[torch.Tensor]) -> torch.Tensor:
     """Which chunks every region sent finite (one bool a chunk): the same on every rank that
     holds the same gathered scales. A chunk dropped anywhere counts zero from every region."""
     return torch.isfinite(torch.stack(every_scales)).all(dim=0)
-
-
-def wire_bytes(numel: int) -> int:
-    """Bytes one quantized tensor of `numel` values takes: the values and the scales."""
-    return numel + 4 * -(-numel // CHUNK)
 
 
 class ErrorFeedback:

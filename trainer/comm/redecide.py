@@ -10,8 +10,9 @@ users below). If another hook then wins by MARGIN over the steps left, every ran
 The built-in trainer (`at_checkpoint`) asks at its checkpoint boundaries and switches before the
 checkpoint is written, so the checkpoint carries the new decision and a restart from it
 continues exactly as the uninterrupted run does (`commsetup.decide_comm` keeps a checkpoint's
-decision). It rebuilds DDP as a resume would (bucket layout, layout warm-up, the hook with a
-fresh PowerSGD state): PowerSGD on gloo needs one bucket, the other hooks DDP's own layout.
+decision). The trainer's own callback (`train.Trainer.rebuild_ddp`) rebuilds its DDP as a resume
+would (bucket layout, layout warm-up, the hook with a fresh PowerSGD state): PowerSGD on gloo
+needs one bucket, the other hooks DDP's own layout.
 
 A user's script (`trainer.api`, `at_step`) has no checkpoint boundary fatpipe knows, and its DDP
 is the script's: it asks every `every` steps, a number that follows from the decision every
@@ -27,7 +28,6 @@ MAX_SWITCHES times.
 
 from __future__ import annotations
 
-import gc
 import logging
 import math
 import time
@@ -39,10 +39,9 @@ from ..collectives import broadcast_flag
 from ..config import HOOK_NAMES, TrainConfig
 from ..distenv import DistEnv
 from ..metrics import percentile
-from .autocomm import EXPOSED_BUDGET  # a less lossy hook within it may replace a faster one
 from .commsetup import plain_steps, redecide_comm
+from .costmodel import EXPOSED_BUDGET  # a less lossy hook within it may replace a faster one
 from .decision import CommDecision, Switch, SwitchRefused
-from .layout import settle_layout
 
 log = logging.getLogger(__name__)
 
@@ -121,14 +120,17 @@ class AutoComm:
         """Collective: rank 0's `off` verdict, the same on every rank."""
         return broadcast_flag(self.off() if self.env.is_main else None, 0, self.env.device)
 
-    def at_checkpoint(self, trainer, step: int) -> None:
+    def at_checkpoint(self, step: int, model, rebuild: Callable[[CommDecision], None]
+                      ) -> CommDecision:
         """The built-in trainer, collective at a checkpoint boundary before the last: re-probe if
-        rank 0 saw the step stay off, and switch by rebuilding DDP if another hook now wins."""
+        rank 0 saw the step stay off, and switch if another hook now wins (`rebuild(new
+        decision)`: the trainer's DDP rebuilt for it, `train.Trainer.rebuild_ddp`). Returns the
+        decision the run goes on with."""
         if not self.enabled or step >= self.cfg.steps or self.decision.comm not in HOOK_NAMES:
-            return  # a periodic method (local SGD, DiLoCo) keeps the state it was set up with
+            return self.decision  # a periodic method keeps the state it was set up with
         if self.agreed_off():
-            trainer.decision = self.reprobe(trainer.model, step,
-                                            lambda new: _rebuild_ddp(trainer, new))
+            return self.reprobe(model, step, rebuild)
+        return self.decision
 
     def at_step(self, step: int, model, apply: Callable[[CommDecision], None],
                 refuse: Callable[[str], str | None]) -> None:
@@ -201,17 +203,3 @@ class AutoComm:
             "comm_reprobes": self.decision.reprobes,
         }
 
-
-def _rebuild_ddp(trainer, new: CommDecision) -> None:
-    """The built-in trainer's switch: DDP rebuilt exactly as setup does on a resume from this
-    checkpoint (its bucket layout for the new hook, the layout warm-up, a fresh hook state)."""
-    if trainer.meter.state is not None:
-        norm = sum(float(e.norm()) ** 2 for e in trainer.meter.state.error_dict.values())
-        log.info("leaving powersgd: its error feedback (norm %.3g) is dropped", norm ** 0.5)
-    trainer.decision, trainer.comm = new, new.comm
-    trainer.ddp = trainer.forward = trainer.meter = None
-    gc.collect()  # the old reducer unregisters its autograd hooks when it is freed
-    trainer._wrap_ddp(init_sync=False)  # the replicas are equal: nothing to broadcast
-    settle_layout(trainer.forward, trainer.ddp, trainer.meter, trainer.cfg.batch_size,
-                  trainer.cfg.seq_len)
-    trainer._install_hook(None)

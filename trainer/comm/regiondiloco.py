@@ -7,7 +7,7 @@ one tensor its ranks share: each exchanges a shard of it with the same-numbered 
 other region (`regions.CrossExchange`), as int8 with a scale per chunk and error feedback, and
 the region's ranks then put the shards together over the fast links.
 
-comm=auto picks H the way it picks it for DiLoCo over one link (`periodic.predict_periodic`):
+comm=auto picks H the way it picks it for DiLoCo over one link (`costmodel.predict_periodic`):
 the smallest interval whose exchange, measured between the regions now, stays within the loss
 budget's share of the step, at least MIN_AUTO_SYNC_EVERY.
 """
@@ -21,10 +21,10 @@ import torch
 import torch.distributed as dist
 
 from ..bandwidth import bus_factor
+from .costmodel import MIN_AUTO_SYNC_EVERY, int8_wire_bytes, predict_periodic
 from .decision import LinkEstimate
 from .hooks import StepComm
-from .periodic import MIN_AUTO_SYNC_EVERY, DiLoCo, predict_periodic
-from .quant import wire_bytes
+from .periodic import DiLoCo
 from .regions import CrossExchange, RegionLayout
 
 log = logging.getLogger(__name__)
@@ -119,7 +119,7 @@ def decide_outer(layout: RegionLayout, compute_s: float, params: int, cfg, devic
     """comm=auto's level between regions: H and the predicted share of the exchange, from the
     link measured now. The bytes are one region's int8 pseudo-gradient, split over its shards."""
     link = probe_cross(layout, device)
-    crossing = wire_bytes(params)
+    crossing = int8_wire_bytes(params)
     predicted = predict_periodic(link, compute_s, crossing, layout.count, budget,
                                  steps_left=cfg.steps, min_every=MIN_AUTO_SYNC_EVERY)["diloco"]
     return {"method": "diloco", "quantized": "int8", "link_gbps": link.busbw_gbps,

@@ -21,11 +21,12 @@ from dataclasses import dataclass
 import torch
 import torch.distributed as dist
 
-from ..collectives import all_gather_objects
-from .quant import ErrorFeedback, dequantize, kept_chunks, wire_bytes
+from fatpipe.node import env as node_env
 
-REGION_ENV = "FATPIPE_REGION"
-STREAMS_ENV = "FATPIPE_CROSS_STREAMS"
+from ..collectives import all_gather_objects
+from .costmodel import int8_wire_bytes
+from .quant import ErrorFeedback, dequantize, kept_chunks
+
 MAX_STREAMS = 8
 
 
@@ -45,12 +46,12 @@ class RegionLayout:
 
 
 def read_region(env: dict[str, str] | None = None) -> str:
-    return (os.environ if env is None else env).get(REGION_ENV, "")
+    return (os.environ if env is None else env).get(node_env.REGION, "")
 
 
 def cross_streams(env: dict[str, str] | None = None) -> int:
     """Parallel connections per shard between regions (the launch's, from netcheck's per-flow rate)."""
-    raw = (os.environ if env is None else env).get(STREAMS_ENV, "1")
+    raw = (os.environ if env is None else env).get(node_env.CROSS_STREAMS, "1")
     return max(1, min(MAX_STREAMS, int(raw))) if raw.isdigit() else 1
 
 
@@ -117,7 +118,7 @@ class CrossExchange:
         works.append(dist.all_gather(every_scales, scales, group=groups[0], async_op=True))
         for work in works:
             work.wait()
-        self.sent_bytes += wire_bytes(q.numel()) * (self.layout.count - 1)
+        self.sent_bytes += int8_wire_bytes(q.numel()) * (self.layout.count - 1)
         # A chunk some region could not send counts zero from all: the same outer step everywhere.
         dropped = ~kept_chunks(every_scales)
         self.feedback.drop(dropped)

@@ -13,12 +13,15 @@ no torch: it starts in a second.
 from __future__ import annotations
 
 import argparse
-import ipaddress
 import logging
 import os
 import signal
 import sys
 import threading
+
+from ..lazy import load
+from .quorum import address, bind_address
+from .relay import run_relay
 
 # A replica that misses heartbeats this long is out of the next quorum. The managers beat every
 # 100 ms; 3 s rides out a loaded machine's stalls (1 s made false leaves under the test suite).
@@ -26,50 +29,6 @@ HEARTBEAT_TIMEOUT_MS = 3000
 # How long a quorum waits for a replica that beats but has not asked to join: a returning node
 # is let in at most this late, and only when it started its step in that time.
 JOIN_TIMEOUT_MS = 10000
-
-
-def bind_address(host: str, port: int) -> str:
-    """host:port as the Lighthouse binds it; an IPv6 address in brackets. ValueError names a
-    host that is no IP address or not one machine's (every interface, a group)."""
-    ip = one_host_ip(host)
-    return f"[{ip}]:{port}" if ip.version == 6 else f"{ip}:{port}"
-
-
-def one_host_ip(text: str) -> ipaddress.IPv4Address | ipaddress.IPv6Address:
-    """`text` as one machine's IP address; ValueError says why it is not (infra.hostvalues'
-    rule: the trainer imports nothing of fatpipe's beyond itself, a unit test ties the two)."""
-    try:
-        ip = ipaddress.ip_address(text)
-    except ValueError:
-        raise ValueError(f"{text!r} is not an IP address") from None
-    if ip.is_unspecified:
-        raise ValueError(f"{ip} is the unspecified address: a server bound to it listens on every interface")
-    if ip.is_multicast:
-        raise ValueError(f"{ip} is a multicast address, not one machine's")
-    if ip.version == 4 and ip.is_reserved:
-        raise ValueError(f"{ip} is a reserved address (the broadcast address among them), not one machine's")
-    return ip
-
-
-# From this many nodes on, a majority is left when one is lost: every node runs a Lighthouse
-# and a quorum needs a majority (`majority`); below it, node 0's Lighthouse alone, asking for 1.
-STANDBY_MIN_NODES = 3
-
-
-def majority(nodes: int) -> int:
-    """The replica groups a quorum (and a commit) needs: a majority of the cluster's nodes from
-    STANDBY_MIN_NODES on (two Lighthouses may each form a quorum, but a step commits only after
-    an all-reduce across its whole quorum, and two majorities share a node); 1 below that."""
-    return nodes // 2 + 1 if nodes >= STANDBY_MIN_NODES else 1
-
-
-def address(text: str) -> tuple[str, int]:
-    """IP:PORT (an IPv6 address in brackets) as (ip, port); ValueError names a bad one."""
-    host, _, port = text.rpartition(":")
-    ip = one_host_ip(host.strip("[]"))
-    if not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"{text!r} has no port 1-65535")
-    return str(ip), int(port)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -98,8 +57,6 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(format="%(message)s", level=logging.INFO, stream=sys.stdout)
     server = _serve(bind, args) if bind else None
     if args.relay_port is not None:
-        from .relay import run_relay  # asyncio: not for the launch path that imports `majority`
-
         threading.Thread(target=run_relay, args=(("127.0.0.1", args.relay_port), lighthouses),
                          daemon=True, name="relay").start()
         print(f"lighthouse: relay on 127.0.0.1:{args.relay_port} to {args.lighthouses}", flush=True)
@@ -136,11 +93,9 @@ def _serve(bind: str, args: argparse.Namespace):
     # Warnings only: at info torchft's Lighthouse logs every quorum request and status, about ten
     # lines a step; the trainers log each change of the quorum (RUST_LOG set on the node wins).
     os.environ.setdefault("RUST_LOG", "warn")
-    from torchft._torchft import LighthouseServer
-
-    server = LighthouseServer(bind=bind, min_replicas=args.min_replicas,
-                              join_timeout_ms=args.join_timeout_ms,
-                              heartbeat_timeout_ms=args.heartbeat_timeout_ms)
+    server = load("torchft._torchft").LighthouseServer(bind=bind, min_replicas=args.min_replicas,
+                                                       join_timeout_ms=args.join_timeout_ms,
+                                                       heartbeat_timeout_ms=args.heartbeat_timeout_ms)
     print(f"lighthouse: serving on {bind} (min replicas {args.min_replicas}, heartbeat timeout "
           f"{args.heartbeat_timeout_ms} ms, join timeout {args.join_timeout_ms} ms)", flush=True)
     return server

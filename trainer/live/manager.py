@@ -4,7 +4,7 @@ torchft advertises `socket.gethostname()` and binds every interface: its manager
 `[::]`, its checkpoint server (which hands the live weights to a returning replica) on `""`.
 Sim nodes share one hostname and DigitalOcean maps it to 127.0.1.1, and the training ports must
 be reachable from the nodes only (docs/security.md). So both are bound to, and advertised as,
-the node's private address (never one of every interface: `lighthouse.one_host_ip`), on an
+the node's private address (never one of every interface: `quorum.one_host_ip`), on an
 ephemeral port the node firewall keeps for the nodes; and a returning replica loads the weights
 it is sent with `weights_only=True`, never unpickling what a peer serves.
 """
@@ -17,20 +17,19 @@ import logging
 import os
 import re
 import socket
+import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
 
+from fatpipe.node import env as node_env
+
 from ..config import ConfigError
+from ..lazy import load
 from .epochs import EpochClient
-from .lighthouse import one_host_ip
+from .quorum import one_host_ip
 from .timeouts import HealTimeouts
 
-LIGHTHOUSE_ENV = "FATPIPE_LIVE_LIGHTHOUSE"  # host:port of the run's Lighthouse
-MANAGER_PORT_ENV = "FATPIPE_LIVE_PORT"  # the replica group's manager server port (0: any)
-NODES_ENV = "FATPIPE_NODES"  # the cluster's node count: the data stream is cut for all of them
-MIN_REPLICAS_ENV = "FATPIPE_LIVE_MIN_REPLICAS"  # replica groups a quorum needs (lighthouse.majority)
-TIER_ENV = "FATPIPE_TIER_GBPS"  # the cluster's declared link rate: a heal's timeouts (live.timeouts)
 _NODE_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
 # How long a collective across replica groups may take before the group counts the step as
@@ -68,35 +67,36 @@ class LiveSettings:
 def settings_from_env(env: Mapping[str, str] | None = None) -> LiveSettings:
     """The settings the launch path puts in every node's environment; ConfigError names a bad one."""
     env = os.environ if env is None else env
-    lighthouse = env.get(LIGHTHOUSE_ENV, "")
+    lighthouse = env.get(node_env.LIVE_LIGHTHOUSE, "")
     host, _, port = lighthouse.rpartition(":")
     problem = _ip_problem(host.strip("[]"))
     if problem or not _is_port(port):
-        raise ConfigError(f"{LIGHTHOUSE_ENV} must be IP:PORT of the run's Lighthouse, "
+        raise ConfigError(f"{node_env.LIVE_LIGHTHOUSE} must be IP:PORT of the run's Lighthouse, "
                           f"got {lighthouse!r}" + (f": {problem}" if host and problem else ""))
-    private_ip = env.get("FATPIPE_PRIVATE_IP", "")
+    private_ip = env.get(node_env.PRIVATE_IP, "")
     problem = _ip_problem(private_ip)
     if problem:
-        raise ConfigError(f"FATPIPE_PRIVATE_IP must be this node's private IP address, "
+        raise ConfigError(f"{node_env.PRIVATE_IP} must be this node's private IP address, "
                           f"got {private_ip!r}: {problem}")
-    name = env.get("FATPIPE_NODE_NAME") or socket.gethostname()
+    name = env.get(node_env.NODE_NAME) or socket.gethostname()
     if not _NODE_NAME.match(name):
-        raise ConfigError(f"FATPIPE_NODE_NAME {name!r}: letters, digits, '.', '_' and '-' only")
+        raise ConfigError(f"{node_env.NODE_NAME} {name!r}: letters, digits, '.', '_' and '-' only")
     store_port = env.get("MASTER_PORT", "")
-    manager_port = env.get(MANAGER_PORT_ENV, "0")
+    manager_port = env.get(node_env.LIVE_PORT, "0")
     if not _is_port(store_port) or not (manager_port == "0" or _is_port(manager_port)):
-        raise ConfigError(f"MASTER_PORT ({store_port!r}) and {MANAGER_PORT_ENV} "
+        raise ConfigError(f"MASTER_PORT ({store_port!r}) and {node_env.LIVE_PORT} "
                           f"({manager_port!r}) must be ports")
-    node_rank, nodes = env.get("FATPIPE_NODE_RANK", "0"), env.get(NODES_ENV, "1")
+    node_rank, nodes = env.get(node_env.NODE_RANK, "0"), env.get(node_env.NODES, "1")
     if not (node_rank.isdigit() and nodes.isdigit() and int(node_rank) < int(nodes)):
-        raise ConfigError(f"FATPIPE_NODE_RANK ({node_rank!r}) must be a node index below "
-                          f"{NODES_ENV} ({nodes!r})")
-    min_replicas = env.get(MIN_REPLICAS_ENV, "1")
+        raise ConfigError(f"{node_env.NODE_RANK} ({node_rank!r}) must be a node index below "
+                          f"{node_env.NODES} ({nodes!r})")
+    min_replicas = env.get(node_env.LIVE_MIN_REPLICAS, "1")
     if not (min_replicas.isdigit() and 1 <= int(min_replicas) <= int(nodes)):
-        raise ConfigError(f"{MIN_REPLICAS_ENV} ({min_replicas!r}) must be 1 to {NODES_ENV} ({nodes})")
-    tier = env.get(TIER_ENV)
+        raise ConfigError(f"{node_env.LIVE_MIN_REPLICAS} ({min_replicas!r}) must be 1 to "
+                          f"{node_env.NODES} ({nodes})")
+    tier = env.get(node_env.TIER_GBPS)
     if tier is not None and not _is_rate(tier):
-        raise ConfigError(f"{TIER_ENV} must be a link rate in Gbit/s above 0, got {tier!r}")
+        raise ConfigError(f"{node_env.TIER_GBPS} must be a link rate in Gbit/s above 0, got {tier!r}")
     return LiveSettings(lighthouse=lighthouse, private_ip=private_ip, replica_id=name,
                         store_port=int(store_port), node_rank=int(node_rank), nodes=int(nodes),
                         manager_port=int(manager_port), min_replicas=int(min_replicas),
@@ -112,7 +112,7 @@ def _is_rate(text: str) -> bool:
 
 def _ip_problem(text: str) -> str | None:
     """Why `text` is not one machine's IP address (none that binds every interface, nor a
-    group's: lighthouse.one_host_ip); None when it is."""
+    group's: quorum.one_host_ip); None when it is."""
     try:
         one_host_ip(text)
     except ValueError as e:
@@ -132,9 +132,8 @@ def host_in_url(ip: str) -> str:
 def _private_servers(ip: str, port: int) -> Iterator[None]:
     """While torchft builds its servers: the manager server and the checkpoint server bind
     `ip` (the manager server on `port`) instead of every interface."""
-    from torchft import manager as tf_manager
-    from torchft.checkpointing import http_transport
-
+    tf_manager = load("torchft.manager")
+    http_transport = load("torchft.checkpointing.http_transport")
     family = socket.AF_INET6 if ipaddress.ip_address(ip).version == 6 else socket.AF_INET
     plain_server = http_transport._IPv6HTTPServer
 
@@ -165,19 +164,16 @@ def _private_servers(ip: str, port: int) -> Iterator[None]:
 
 def _private_transport(ip: str, timeout: timedelta):
     """torchft's HTTP checkpoint transport, advertising `ip` and loading with weights_only."""
-    from torchft.checkpointing._serialization import _streaming_load
-    from torchft.checkpointing.http_transport import HTTPTransport
+    streaming_load = load("torchft.checkpointing._serialization")._streaming_load
 
-    class PrivateHTTPTransport(HTTPTransport):
+    class PrivateHTTPTransport(load("torchft.checkpointing.http_transport").HTTPTransport):
         def address(self) -> str:
             return f"http://{host_in_url(ip)}:{self._server.socket.getsockname()[1]}/checkpoint/"
 
         @classmethod
         def _load_from_address(cls, address: str, timeout: timedelta) -> object:
-            import urllib.request
-
             with urllib.request.urlopen(address, timeout=timeout.total_seconds()) as f:
-                return _streaming_load(f, weights_only=True)
+                return streaming_load(f, weights_only=True)
 
     return PrivateHTTPTransport(timeout=timeout, num_chunks=0)
 
@@ -185,9 +181,7 @@ def _private_transport(ip: str, timeout: timedelta):
 def _gloo_group(timeout: timedelta):
     """torchft's reconfigurable gloo group, each collective under the group's timeout of the
     moment (`live.timeouts` sets it at each quorum), not only the one it was configured with."""
-    from torchft.process_group import ProcessGroupGloo
-
-    class PerCallTimeoutGloo(ProcessGroupGloo):
+    class PerCallTimeoutGloo(load("torchft.process_group").ProcessGroupGloo):
         def _opts_hook(self, opts):
             if hasattr(opts, "timeout"):
                 opts.timeout = self._timeout
@@ -208,12 +202,10 @@ def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
     # messages with `extra`, for its OpenTelemetry export) at info.
     for name in ("torchft", "torchft_quorums", "torchft_commits", "torchft_errors"):
         logging.getLogger(name).setLevel(logging.WARNING)
-    from torchft import Manager
-
     timeout = timedelta(seconds=settings.timeout_s)
     with _private_servers(settings.private_ip, settings.manager_port):
         transport = _private_transport(settings.private_ip, timeout)
-        manager = Manager(
+        manager = load("torchft").Manager(
             pg=_gloo_group(timeout), min_replica_size=settings.min_replicas,
             state_dict=state_dict, load_state_dict=load_state_dict,
             timeout=timeout, quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),

@@ -34,7 +34,8 @@ class Files:
         return self.open[f]
 
     def read(self, task, into: memoryview) -> None:
-        """A chunk this rank holds (`task`: a `stage.Task`): from its open partial copy, else from the file (or its partial copy)."""
+        """A chunk this rank holds (`task`: a `stage.Task`): from its open partial copy, else from
+        the file (or its partial copy)."""
         handle = self.open.get(task.file)
         if handle is None:
             target = file_target(self.manifest, self.root, self.manifest["files"][task.file]["name"])

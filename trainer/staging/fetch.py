@@ -3,17 +3,17 @@
     python -m fatpipe.trainer.staging.fetch SPEC PROJECT_FOLDER [--own]
 
 SPEC is the JSON `ops.data.fetch` ships (source, path, chunk_size and the source's keys, a
-`ca_bundle` relative to SPEC's folder; never a credential). The node lists the source (S3: every object under the prefix; https: the one file)
-with sizes and ETags, keeps a file whose size and ETag match its last fetch and whose sha256 still
-matches, and streams the others 1 MiB at a time into `<file>.fatpipe-partial`, renamed when
-complete. A partial copy whose ETag (kept in `<file>.fatpipe-partial.etag`) still matches is
-resumed from its end (a Range request, an S3 ranged GET); a dropped connection is retried the
-same way. A file fatpipe did not stage where a file lands stops the fetch before anything is
-written, and only what fatpipe staged there goes when the source no longer lists it (`record`;
-`--own`: the project folder is fatpipe's, an ssh node's). The node then hashes every file and
-writes the manifest beside the data (docs/ARCHITECTURE.md, "The data contract"). Prints
-`FETCH_PROGRESS <held> <total> <fetched>` as it goes, then `FETCH_JSON <manifest>`, or
-`FETCH_ERROR <one line>` and exits 1.
+`ca_bundle` relative to SPEC's folder; never a credential). The node lists the source (S3: every
+object under the prefix; https: the one file) with sizes and ETags, keeps a file whose size and ETag
+match its last fetch and whose sha256 still matches, and streams the others 1 MiB at a time into
+`<file>.fatpipe-partial`, renamed when complete. A partial copy whose ETag (kept in
+`<file>.fatpipe-partial.etag`) still matches is resumed from its end (a Range request, an S3 ranged
+GET); a dropped connection is retried the same way. A file fatpipe did not stage where a file lands
+stops the fetch before anything is written, and only what fatpipe staged there goes when the source
+no longer lists it (`record`; `--own`: the project folder is fatpipe's, an ssh node's). The node
+then hashes every file and writes the manifest beside the data (docs/ARCHITECTURE.md, "The data
+contract"). Prints `FETCH_PROGRESS <held> <total> <fetched>` as it goes, then `FETCH_JSON
+<manifest>`, or `FETCH_ERROR <one line>` and exits 1.
 """
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from .fetch_http import HttpSource
+from .fetch_s3 import S3Source
 from .fetch_types import FetchError, Remote
 from .manifest import (
     PARTIAL_SUFFIX,
@@ -65,9 +67,7 @@ class Progress:
 
 def open_source(spec: dict, root: Path):
     if spec["source"].startswith("s3://"):
-        from .fetch_s3 import S3Source
         return S3Source(spec, root)
-    from .fetch_http import HttpSource
     return HttpSource(spec, root)
 
 

@@ -11,20 +11,20 @@ import sys
 from pathlib import Path
 from urllib.parse import urlsplit
 
+from ..lazy import load
 from .fetch_types import READ_SIZE, FetchError, Remote
 
 
 def s3_client(spec: dict, root: Path):
-    try:
-        import boto3
-        from botocore import UNSIGNED
-        from botocore.config import Config
+    try:  # boto3 is optional on the node, and loads only for an s3:// source
+        boto3, botocore = load("boto3"), load("botocore")
+        config_type = load("botocore.config").Config
     except ImportError:
         raise FetchError(f"boto3 is not installed for {sys.executable}: add \"boto3\" to [node] packages "
                          "(the node venv) or install it for that Python") from None
-    config = Config(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=30, read_timeout=60)
+    config = config_type(retries={"max_attempts": 5, "mode": "standard"}, connect_timeout=30, read_timeout=60)
     if spec.get("anonymous"):
-        config = config.merge(Config(signature_version=UNSIGNED))
+        config = config.merge(config_type(signature_version=botocore.UNSIGNED))
     ca = spec.get("ca_bundle")
     # A session of its own: the default one keeps the credentials it found first.
     return boto3.session.Session().client("s3", endpoint_url=spec.get("endpoint_url"),
@@ -39,14 +39,13 @@ class S3Source:
         self.client = s3_client(spec, root)
 
     def _call(self, what: str, fn, **kwargs):
-        from botocore.exceptions import ClientError, NoCredentialsError
-
+        errors = load("botocore.exceptions")
         try:
             return fn(Bucket=self.bucket, **kwargs)
-        except NoCredentialsError:
+        except errors.NoCredentialsError:
             raise FetchError("no AWS credentials on this node (its environment, ~/.aws or an instance role); "
                              "a public bucket: set anonymous = true") from None
-        except ClientError as e:
+        except errors.ClientError as e:
             error = e.response.get("Error", {})
             raise FetchError(f"{what}: {error.get('Code', '?')} ({error.get('Message', '').strip()})") from None
 

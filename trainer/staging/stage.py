@@ -3,21 +3,23 @@
     python3 -m fatpipe.trainer.staging.stage --manifest M --place P --nodes N [--listen A] [--next A]
 
 The operator starts it on every node at once (`ops.data.chain`, the modules sent with the command,
-so a node needs no venv and nothing installed), naming each node's place in the chain (the
-cluster's node order: place 0 holds the uplink's copy), the address it listens on and the next
-node's; the push's token comes in the environment (`chainlink.TOKEN_ENV`). Every node first
-hashes what it holds (a file, else its partial copy); what each holds travels up the chain to place
-0 and back down, so every node plans the same moves. A chunk travels from the nearest node before its first taker that holds it, the node at place p
-receiving it from p - 1 and forwarding it to p + 1 while it already receives the next pieces
-(`chainlink.move`). A chunk travels in pieces of PIECE_SIZE, so a node forwards the start of a chunk
-before the rest arrives (the chain's time hardly grows with its length) and holds BUFFERS pieces
-at most (memory stays bounded whatever the data and chunk size). Only chunks some node lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
+so a node needs no venv and nothing installed), naming each node's place in the chain (the cluster's
+node order: place 0 holds the uplink's copy), the address it listens on and the next node's; the
+push's token comes in the environment (`chainlink.TOKEN_ENV`). Every node first hashes what it holds
+(a file, else its partial copy); what each holds travels up the chain to place 0 and back down, so
+every node plans the same moves. A chunk travels from the nearest node before its first taker that
+holds it, the node at place p receiving it from p - 1 and forwarding it to p + 1 while it already
+receives the next pieces (`chainlink.move`). A chunk travels in pieces of PIECE_SIZE, so a node
+forwards the start of a chunk before the rest arrives (the chain's time hardly grows with its
+length) and holds BUFFERS pieces at most (memory stays bounded whatever the data and chunk size).
+Only chunks some node lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
 every chunk's sha256, checked as its pieces arrive, matches the manifest (no second read), so an
 interrupted push leaves only partial files, whose right chunks the next push keeps. A file held
 wrong is copied into a new partial file and patched there, never written in place: a trainer that
 maps the old file keeps reading the old inode. Every name is checked (`names`) before anything is
-written, and no write or read goes through a link in the dataset folder. Place 0 prints the outcome on one `STAGE_JSON ` line; every node
-prints `STAGE_PROGRESS <place> <received> <to receive>` as it goes.
+written, and no write or read goes through a link in the dataset folder. Place 0 prints the outcome
+on one `STAGE_JSON ` line; every node prints `STAGE_PROGRESS <place> <received> <to receive>` as it
+goes.
 """
 
 from __future__ import annotations
