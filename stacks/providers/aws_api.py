@@ -208,7 +208,8 @@ def fetch_aws_types(region: str, client=None, types: tuple[str, ...] = (),
     """The instance types offered in `region` (those of `types`/`families` when given), as
     catalog records; both EC2 calls paginated."""
     if client is None:
-        client = load("boto3").client("ec2", region_name=region)
+        # A session of its own: boto3's default one keeps the credentials it found first.
+        client = load("boto3").session.Session(region_name=region).client("ec2", region_name=region)
     wanted = select(sorted(offered_types(client, "region", region)), types, families)
     records: dict[str, dict] = {}
     for start in range(0, len(wanted), 100):  # DescribeInstanceTypes takes 100 names a call
