@@ -78,11 +78,15 @@ def check_went_on(launch, victim: int) -> None:
     assert len({s["param_digests"][0] for s in summaries}) == 1, summaries
     events = [m["event"] for m in summaries[0]["membership"]]
     if "leave" not in events:
-        # Back before the others' next quorum left it out (a loaded machine slows their
-        # failed exchange more than its restart): no step went without it, and it was sent
-        # the live state.
-        assert any(r.get("healed") for r in node_steps(launch, victim)), (
-            summaries[0]["membership"], launch.node_log(victim)[-3000:])
+        # Back before the others' next quorum left it out (a loaded machine slows their failed
+        # exchange more than its restart): the fault still cost an attempt, no step went
+        # without the node, and it took every step after its return, from the live state or
+        # from its checkpoint at the quorum's own step (the digests above agree).
+        records = launch.metrics()
+        assert any(r.get("attempts", 1) > 1 for r in records), records
+        assert all(r["participants"] == 3 for r in records), records
+        assert [r["step"] for r in node_steps(launch, victim)][-1] == STEPS, (
+            launch.node_log(victim)[-3000:])
         return
     assert "join" in events, (summaries[0]["membership"], launch.node_log(victim)[-3000:])
     leave = next(m for m in summaries[0]["membership"] if m["event"] == "leave")
