@@ -201,13 +201,15 @@ def keep(settings, tag, n, supervisor):
         returncode = subprocess.Popen(["bash", files["script"]], stdin=subprocess.DEVNULL, stdout=out,
                                       stderr=subprocess.STDOUT, env=env).wait()
     code = shell_status(returncode)
-    _write(files["keeper"], f"{head} {code} {'signal' if returncode < 0 else 'exit'}\n")
-    if os.getppid() != supervisor:  # reparented: the supervisor died while the attempt ran
+    orphaned = os.getppid() != supervisor  # reparented: the supervisor died while the attempt ran
+    if orphaned:  # the node's end is whole (log, exit file) before any reader can see the status
         note(files["log"], f"the node's supervisor is gone: torchrun's status {code} is the "
                            "node's end (not started again)")
+        _write(files["exit"], f"{code}\n")
+    _write(files["keeper"], f"{head} {code} {'signal' if returncode < 0 else 'exit'}\n")
+    if orphaned:
         kill_tagged(tag + LIGHTHOUSE_TAG, signal.SIGTERM)
         kill_tagged(tag + LIGHTHOUSE_TAG)
-        _write(files["exit"], f"{code}\n")
 
 
 def leads(group_rank_file):
