@@ -128,7 +128,7 @@ def each_node_from_index(folder: Path, outputs, index_url: str) -> None:
     from fatpipe.infra.project import load_project
 
     project = load_project(folder / "fatpipe.toml")
-    venv = node_venv(project, NAME, gpus=0)
+    venv = node_venv(project, project.clusters.get(NAME), gpus=0)
     stamp, host = venv_stamp(project.root, venv), index_url.split("/")[2]
     py = f"{REMOTE_VENV}/bin/python"
     command = (f"export PIP_CONFIG_FILE=/dev/null; set -e; python3 -m venv --clear {REMOTE_VENV}; "

@@ -17,22 +17,9 @@ from fatpipe.stacks.providers import provider_for
 from .options import console, pass_project
 
 
-@click.command()
-@click.argument("provider", type=click.Choice(["aws", "digitalocean"]))
-@click.option("--region", help="Refresh the catalog for this region (AWS: required to refresh).")
-@click.option("--types", "types", metavar="T1,T2", default="", help="Refresh only these types.")
-@click.option("--families", metavar="F1,F2", default="", help="Refresh only these families (c7gn, m7i, ...).")
-@click.option("--offline", is_flag=True, help="Only show the catalog in use; call no API.")
-@click.option("--top", type=int, default=3, show_default=True, help="Types shown per tier.")
 @pass_project
 def catalog(project, provider: str, region: str | None, types: str, families: str, offline: bool, top: int):
-    """Show the cheapest machine types per tier (judged on baseline bandwidth).
-
-    `aws --region R` first refreshes the catalog from DescribeInstanceTypes (boto3, your AWS
-    credentials) into .fatpipe/catalog/aws-R.json; `digitalocean` from the sizes API when
-    DIGITALOCEAN_TOKEN is set (into digitalocean.json, or digitalocean-R.json with --region).
-    A refreshed catalog takes precedence; the lines it prints say what changed.
-    """
+    """The body of `fatpipe catalog`; its options and help are declared in cluster_commands.py."""
     out = console()
     wanted = _names(types), _names(families)
     if _should_refresh(provider, region, offline, any(wanted)):

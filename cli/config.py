@@ -13,16 +13,12 @@ from fatpipe.infra.nodespec import cluster_node
 from fatpipe.infra.project import train_warnings
 from fatpipe.stacks.toolkit import report
 
-from .options import cluster_argument, console, pass_project
+from .options import console, pass_project
 
 
-@click.command()
-@cluster_argument
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @pass_project
 def config(project, cluster: str | None, as_json: bool):
-    """Show the resolved cluster and train settings (all clusters when none is named), and what
-    looks valid but surely is not meant."""
+    """The body of `fatpipe config`; its options and help are declared in cluster_commands.py."""
     toolkit = report()  # from package metadata: nothing is imported
     clusters = [project.cluster(cluster)] if cluster else list(project.clusters.values())
     resolved = {c.name: _resolved(project, c) for c in clusters}

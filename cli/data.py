@@ -1,13 +1,12 @@
 """`fatpipe data prepare|push|verify`: text into token shards (`dataprep.py`); stage the declared
 dataset on every node, check it there.
 
-The group loads its subcommands lazily, like the root group: a subcommand is a module with a
-click command and one line in `SUBCOMMANDS` (`prepare` lives in a module of its own).
+The group (run_commands.py) loads its subcommands lazily, like the root group: a subcommand is a
+module with a click command and one line in `SUBCOMMANDS` (`prepare` lives in a module of its own).
 """
 
 from __future__ import annotations
 
-import importlib
 import sys
 import time
 
@@ -23,46 +22,10 @@ from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.ops.run.guard import refuse_if_running
 from fatpipe.trainer.staging.tidy import describe_removed
 
-from .options import (
-    cluster_argument,
-    console,
-    force_option,
-    outputs_option,
-    pass_project,
-    pass_request,
-    remote_python_option,
-)
+from .declare import cluster_argument, force_option, outputs_option, remote_python_option
+from .options import console, pass_project, pass_request
 from .render import note
 from .signals import changing
-
-# name -> ("module:attribute", one-line help): add a data subcommand here.
-SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "prepare": ("fatpipe.cli.dataprep:prepare", "Text into token shards the trainer reads (llm.c format)."),
-    "push": ("fatpipe.cli.data:push", "Stage [data] on every node: once over the uplink, then node to node "
-                                      "(a remote source: each node fetches it)."),
-    "verify": ("fatpipe.cli.data:verify", "Check every node's data against the manifest."),
-}
-
-
-class LazyData(click.Group):
-    def list_commands(self, ctx):
-        return list(SUBCOMMANDS)
-
-    def get_command(self, ctx, name):
-        if name not in SUBCOMMANDS:
-            return None
-        module, attr = SUBCOMMANDS[name][0].split(":")
-        return getattr(importlib.import_module(module), attr)
-
-    def format_commands(self, ctx, formatter):
-        with formatter.section("Commands"):
-            formatter.write_dl([(name, help_text) for name, (_, help_text) in SUBCOMMANDS.items()])
-
-
-@click.group(cls=LazyData)
-def data():
-    """Your dataset: prepared as token shards, staged on every node over the private links,
-    verified by hash."""
 
 
 @click.command()
@@ -143,7 +106,7 @@ def verify(project, cluster, outputs_file, remote_python):
     name = cluster.name
     declared_data(cluster)
     cluster = cluster.deployed(load_outputs(project, name, outputs_file))
-    manifest = read_local_manifest(project, name)
+    manifest = read_local_manifest(cluster)
     if manifest is None:
         raise FatpipeError(f"nothing staged on cluster {name} yet: run `fatpipe data push {name}`")
     out = console()

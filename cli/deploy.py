@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import click
-
 from fatpipe.infra.runs import outputs_file
 from fatpipe.ops.env.preflight import wheel_preflight
 from fatpipe.ops.reach.cluster import Cluster
@@ -11,31 +9,14 @@ from fatpipe.ops.run.guard import refuse_if_running
 from fatpipe.stacks.providers import provider_for
 
 from .deploying import deploy_outputs
-from .options import (
-    cluster_argument,
-    console,
-    engine_option,
-    force_option,
-    pass_project,
-    pass_request,
-    replace_option,
-    verbose_option,
-    yes_option,
-)
+from .options import console, pass_project, pass_request
 from .signals import changing
 
 
-@click.command()
-@cluster_argument
-@engine_option
-@yes_option
-@replace_option
-@verbose_option
-@force_option
 @pass_project
 @pass_request
 def deploy(project, request, cluster: str | None, engine: str, yes: bool, replace: bool, verbose: bool):
-    """Create the cluster's nodes and write its outputs (the input of every later command)."""
+    """The body of `fatpipe deploy`; its options and help are declared in cluster_commands.py."""
     out = console()
     cluster = Cluster.resolve(project, cluster)
     name = cluster.name
@@ -48,7 +29,7 @@ def deploy(project, request, cluster: str | None, engine: str, yes: bool, replac
         spec = cluster.spec
         provider = provider_for(spec.provider)
         if provider.paid:  # before anything is paid for
-            out.print(wheel_preflight(project, spec, provider.image_python(spec)))
+            out.print(wheel_preflight(cluster, provider.image_python(spec)))
         try:
             outputs = deploy_outputs(cluster, engine, yes, verbose, replace)
         except KeyboardInterrupt:

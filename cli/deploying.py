@@ -11,6 +11,7 @@ import click
 from rich.markup import escape
 
 from fatpipe.ops.data.nodeholdings import change_lines
+from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.ops.reach.hostkeys import deploy_forgetting_recreated
 from fatpipe.stacks.engine import deploy_cluster
 
@@ -30,25 +31,24 @@ def terraform_log(verbose: bool):
     return log
 
 
-def approve_node_changes(project, name: str, changes, replace: bool) -> bool:
+def approve_node_changes(cluster: Cluster, changes, replace: bool) -> bool:
     """`replace_option`'s question: one line per node the plan would replace, destroy or stop and
     start (stacks.nodeplan), then yes with --replace, else the user's answer on a terminal alone."""
     out = console()
-    for line in change_lines(project, name, changes):
+    for line in change_lines(cluster, changes):
         out.print(f"[yellow]{escape(line)}[/]", soft_wrap=True)
     if replace:
         return True
     if not sys.stdin.isatty():
         return False
-    return click.confirm(f"Apply this to {name}? What these nodes hold is lost", default=False, err=True)
+    return click.confirm(f"Apply this to {cluster.name}? What these nodes hold is lost", default=False, err=True)
 
 
 def deploy_outputs(cluster, engine: str, yes: bool, verbose: bool, replace: bool = False):
     """Apply the cluster's stack, asking on the terminal before paid resources and before existing
     nodes are replaced, destroyed or stopped (unless `replace`); its outputs. The host keys of the
     nodes it recreated are forgotten (`ops.reach.hostkeys`)."""
-    project, name = cluster.project, cluster.name
-    return deploy_forgetting_recreated(project, name, lambda: deploy_cluster(
-        project, cluster.spec, engine=engine, yes=yes,
+    return deploy_forgetting_recreated(cluster, lambda: deploy_cluster(
+        cluster.project, cluster.spec, engine=engine, yes=yes,
         confirm=lambda question: click.confirm(question, default=False, err=True),
-        log=terraform_log(verbose), approve=lambda changes: approve_node_changes(project, name, changes, replace)))
+        log=terraform_log(verbose), approve=lambda changes: approve_node_changes(cluster, changes, replace)))

@@ -4,27 +4,17 @@ from __future__ import annotations
 
 import sys
 
-import click
-
 from fatpipe.stacks.app import OUTDIR
 from fatpipe.stacks.engine import destroy_cluster
 
 from .deploying import terraform_log
-from .options import cluster_argument, console, engine_option, pass_project, verbose_option
+from .options import console, pass_project
 from .signals import TeardownAbandoned, changing, guarded_teardown
 
 
-@click.command()
-@cluster_argument
-@engine_option
-@verbose_option
 @pass_project
 def down(project, cluster: str | None, engine: str, verbose: bool):
-    """Destroy every node of the cluster (a sim cluster's namespaces and bridge too).
-
-    Only this project's resources: a sim namespace of the same name that another project folder
-    deployed is left alone and named. Ctrl-C asks before abandoning the teardown.
-    """
+    """The body of `fatpipe down`; its options and help are declared in cluster_commands.py."""
     name = _known(project, cluster)
     spec = project.cluster(name) if name in project.clusters else None  # None: no longer declared
     out = console()

@@ -16,14 +16,9 @@ from fatpipe.infra.spec import NAME_PATTERN, RESERVED_NAMES
 from fatpipe.infra.templates import TEMPLATES
 
 
-@click.command()
-@click.option("--provider", type=click.Choice(sorted(TEMPLATES)), default="sim", show_default=True)
-@click.option("--force", is_flag=True, help="Overwrite an existing file.")
-@click.option("--add", "add_name", metavar="NAME", default=None,
-              help="Append a cluster NAME of --provider to the existing file instead of writing a new one.")
 @click.pass_context
 def init(ctx: click.Context, provider: str, force: bool, add_name: str | None):
-    """Write a commented fatpipe.toml to start from; with --add, add one more cluster to it."""
+    """The body of `fatpipe init`; its options and help are declared in cluster_commands.py."""
     path = Path((ctx.find_root().obj or {}).get("config_path") or "fatpipe.toml")
     if add_name:
         add_cluster(path, add_name, provider)

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import sys
 
-import click
 from rich.markup import escape
 
 from fatpipe.infra.errors import FatpipeError
@@ -17,30 +16,15 @@ from fatpipe.ops.run.follow import NodesUnreachable, follow_nodes, unfollowed_li
 from fatpipe.ops.run.headline import keep_headline
 from fatpipe.ops.run.liveleave import leave_lines
 
-from .options import cluster_argument, console, pass_project, unreachable_option
+from .options import console, pass_project
 from .render import exit_table, log_sink
 from .results import node_gone, pull_results
 
 
-@click.command()
-@cluster_argument
-@click.option("--run", "run_id", default=None, help="Which run (default: the latest).")
-@click.option("-f", "--follow", is_flag=True, help="Keep printing until every node's process has exited.")
-@click.option("-n", "--node", "node_names", multiple=True, help="Only this node (repeatable).")
-@unreachable_option
-@click.option("-v", "--verbose", is_flag=True,
-              help="Every line (third-party logging; under live, each node's step lines when following).")
 @pass_project
 def logs(project, cluster: str | None, run_id, follow: bool, node_names, unreachable_s: float,
          verbose: bool):
-    """Print every node's log, each line prefixed with the node's name.
-
-    The run is the last one launched (else the newest with logs). With -f, reattach to a running
-    run (Ctrl-C detaches; the run goes on). Once the cluster is down, the logs kept here. A run
-    that has ended closes with how it ended: the failure line `launch` prints, and its exit status.
-    A dropped connection is resumed where it was; a node out of reach past --unreachable-timeout
-    ends the follow with exit 75 (the run goes on).
-    """
+    """The body of `fatpipe logs`; its options and help are declared in run_commands.py."""
     resolved = Cluster.resolve(project, cluster)
     name = resolved.name
     run_id, run_dir, every_node = run_nodes(resolved, run_id)

@@ -19,9 +19,6 @@ from fatpipe.ops.plan.plan import parse_count
 
 from .options import console, pass_project
 
-# infra.accelerators.ACCELERATORS' keys, without importing it (a unit test keeps them equal)
-_ACCELERATORS = ("rtx4090", "t4", "a10g", "l4", "l40s", "a100", "a100-80gb", "h100", "cpu")
-
 
 def parse_nodes(text: str) -> range:
     """`8` or `2-8` (inclusive), at least 2 nodes."""
@@ -34,44 +31,9 @@ def parse_nodes(text: str) -> range:
     return range(low, high + 1)
 
 
-@click.command()
-@click.option("--model", default="124m", show_default=True,
-              help="A trainer preset (tiny, small, 124m) or a parameter count (124M, 1.5B).")
-@click.option("--tokens", help="Tokens to train on (10B, 2.5B, 350000000). Default: --steps x --batch, else 10B.")
-@click.option("--steps", type=int, default=None, help="Optimizer steps (with --batch).")
-@click.option("--batch", help="Tokens per optimizer step, all nodes together. Default 524288.")
-@click.option("--accelerator", "accel", type=click.Choice(_ACCELERATORS), default=None,
-              help="Force one accelerator on every node (sourced tokens/s for GPT-2 124M). Default: "
-              "each machine type's own GPUs; cpu: the types without a GPU.")
-@click.option("--tokens-per-s", type=float,
-              help="Your own tokens/s per GPU (per vCPU with cpu) on GPT-2 124M; without "
-              "--accelerator, for every GPU of every type.")
-@click.option("--catalog", "providers", multiple=True, type=click.Choice(["aws", "digitalocean"]),
-              help="Provider catalogs to rank (repeatable; default: all, none with --link).")
-@click.option("--tier", "tiers", multiple=True, type=click.Choice(["1g", "10g", "25g"]),
-              help="Tiers to consider (repeatable; default: all).")
-@click.option("--link", "links", multiple=True, type=float,
-              help="Also plan nodes outside the catalogs with this link in Gbit/s (repeatable).")
-@click.option("--span", type=click.Choice(["region", "regions", "internet"]), default="region",
-              show_default=True, help="Where the nodes are: one region, several, or reached over the internet "
-              "(AWS caps egress out of a region).")
-@click.option("--nodes", default="2-8", show_default=True, help="Node count or range, e.g. 8 or 2-8.")
-@click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True)
-@click.option("--top", type=int, default=3, show_default=True, help="Rows shown, best first.")
-@click.option("--auto-periodic", is_flag=True, default=None,
-              help="Let comm=auto take DiLoCo/local SGD, as [train] auto_periodic.")
-@click.option("--json", "as_json", is_flag=True, help="Print the ranking as JSON.")
-@click.option("--write", "write_name", metavar="NAME",
-              help="Add the best catalog row to fatpipe.toml as cluster NAME (whole or not at all).")
 @pass_project(clusters_optional=True)
 def plan(project, **opts):
-    """Rank machine types, tiers and node counts by predicted step time or cost.
-
-    Compute comes from each type's own GPUs at their sourced throughput (or the one
-    --accelerator forces), communication from a ring all-reduce across the nodes over each
-    type's baseline bandwidth (capped per flow), and the method from comm=auto's own model. A
-    type whose GPU has no sourced figure is listed, not ranked. Nothing is deployed.
-    """
+    """The body of `fatpipe plan`; its options and help are declared in cluster_commands.py."""
     count = parse_nodes(opts["nodes"])
     if opts["top"] < 1:
         raise ConfigError(f"--top must be 1 or more, not {opts['top']}")

@@ -5,45 +5,27 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import click
-
 from fatpipe.infra.errors import ConfigError
-from fatpipe.infra.runs import load_outputs
 from fatpipe.infra.runspec import pull_path
 from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.ops.run.leader import latest_leader
 from fatpipe.ops.run.pullpaths import ask_sizes, sources_of
 from fatpipe.ops.run.pullpaths import copy_from_node as fetch
 
-from .options import console, outputs_option, pass_project
+from .options import console, pass_project
 
 
-@click.command()
-@click.argument("names", nargs=-1, required=True, metavar="[CLUSTER] PATH...")
-@click.option("--node", "node_names", multiple=True, metavar="NAME",
-              help="Pull from this node (repeatable; default: the node that ran rank 0 in the latest run).")
-@click.option("--all", "all_nodes", is_flag=True, help="Pull from every node, into DIR/<node>/PATH.")
-@click.option("--to", "to", type=click.Path(file_okay=False), default=None,
-              help="Land in DIR/PATH (default: PATH in the local project).")
-@click.option("--force", is_flag=True, help="Replace a local copy that is already there (once the new one is whole).")
-@outputs_option
 @pass_project
 def pull(project, names, node_names, all_nodes, to, force, outputs_file):
-    """Copy PATH (relative to the node's project folder: a file or a folder) from the node that
-    ran rank 0 in the latest run (node 0 before any run), or the named nodes, into the local
-    project over the cluster's own transport.
-
-    The copy lands in a partial folder and is renamed into place only when complete, so a failed
-    pull (one line, exit 1) leaves the local side as it was; the nodes keep their files.
-    """
+    """The body of `fatpipe pull`; its options and help are declared in run_commands.py."""
     cluster, paths = split_cluster(project, names)
     rels = [pull_path(p) for p in paths]
     if all_nodes and node_names:
         raise ConfigError("give --node or --all, not both")
     resolved = Cluster.resolve(project, cluster)
-    outputs = load_outputs(project, resolved.name, outputs_file)
+    outputs = resolved.load_outputs(outputs_file)
     sources = pick_nodes(sources_of(resolved.deployed(outputs)), node_names, all_nodes, outputs.name,
-                         latest_leader(project, outputs.name))
+                         latest_leader(resolved))
     base = Path(to).absolute() if to else project.root
     per_node = all_nodes or len(sources) > 1
     out = console()

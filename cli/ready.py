@@ -26,7 +26,7 @@ def wait_ready(cluster, timeout_s: float, out):
                            "makes them again")
 
     with out.status(f"waiting for {len(outputs.nodes)} node(s)") as status:
-        pin_cluster_keys(cluster.project, outputs, provider_for(outputs.provider).console_output, timeout_s)
+        pin_cluster_keys(cluster, provider_for(outputs.provider).console_output, timeout_s)
         def update(states):
             ready = sum(s.ready for s in states)
             pending = next((f"{s.name}: {s.reason}" for s in states if not s.ready), "")

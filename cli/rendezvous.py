@@ -2,38 +2,18 @@
 
 from __future__ import annotations
 
-import click
-
 from fatpipe.infra.runs import load_outputs, mark_latest
 from fatpipe.ops.rdzv.nodefiles import planned_group_ranks
 from fatpipe.ops.reach.cluster import Cluster
 
 from .newrun import open_run
-from .options import (
-    ScriptCommand,
-    cluster_argument,
-    console,
-    pass_project,
-    pass_request,
-    run_options,
-    train_overrides,
-)
+from .options import console, pass_project, pass_request
 
 
-@click.command(cls=ScriptCommand)
-@cluster_argument
-@train_overrides
-@run_options
 @pass_project
 @pass_request
 def rendezvous(project, request, cluster: str | None, outputs_file):
-    """Write rendezvous.json, node-<rank>.env and node-<rank>.sh for a new run.
-
-    Everything after `--` is your torchrun script and its arguments; without it, the
-    built-in trainer runs with the [train] settings (and the overrides given here). The run
-    becomes the latest (what `launch --run`, status and logs mean): it exists to be launched,
-    by `fatpipe launch --run ID` or by hand on each node.
-    """
+    """The body of `fatpipe rendezvous`; its options and help are declared in train_commands.py."""
     cluster = Cluster.resolve(project, cluster)
     outputs = load_outputs(project, cluster.name, outputs_file)
     rdzv, run_dir = open_run(cluster.deployed(outputs), request)

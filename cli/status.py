@@ -19,20 +19,13 @@ from fatpipe.ops.reach.wait import check_node, declared_sysctls
 from fatpipe.ops.run.checks import ask_status_checks
 from fatpipe.ops.run.progress import with_live_progress
 
-from .options import cluster_argument, console, pass_project
+from .options import console, pass_project
 from .results import node_gone
 
 
-@click.command()
-@cluster_argument
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of tables.")
 @pass_project
 def status(project, cluster: str | None, as_json: bool):
-    """Show the cluster's nodes (and whether each is ready) and the latest run's state.
-
-    The latest run is the last one launched (else the newest with logs); once the cluster is
-    down, its nodes' recorded exit statuses and last step tell how it ended.
-    """
+    """The body of `fatpipe status`; its options and help are declared in run_commands.py."""
     cluster = Cluster.resolve(project, cluster)  # its node answers serve every step below
     spec = cluster.spec
     doc: dict = {"cluster": spec.name, "provider": spec.provider, "tier": spec.tier, "deployed": False}

@@ -11,16 +11,12 @@ from __future__ import annotations
 
 from rich.markup import escape
 
-from fatpipe.infra.node import REMOTE_VENV
-from fatpipe.infra.runs import latest_run_id, mark_latest
-from fatpipe.ops.data.check import require_data
 from fatpipe.ops.data.stage import push_data
-from fatpipe.ops.reach.firewall_check import require_firewall
 from fatpipe.ops.run.detach import detached_line, let_go
 from fatpipe.ops.run.follow import unfollowed_line
 from fatpipe.ops.run.launch import Follow
-from fatpipe.ops.run.launch import launch as launch_run
 from fatpipe.ops.run.leader import leader
+from fatpipe.ops.run.training import launch_training
 from fatpipe.trainer.staging.tidy import describe_removed
 
 from .options import Request
@@ -29,11 +25,9 @@ from .results import show_declared_pulls
 from .signals import HEARD
 
 
-def check_firewall(cluster, out) -> None:
-    """Before the rendezvous port opens: refuse a node without its host firewall, naming it;
-    warn, at every launch, about a cluster that opted out (docs/ARCHITECTURE.md)."""
-    for warning in require_firewall(cluster):
-        out.print(f"[yellow]warning[/]: {escape(warning)}", soft_wrap=True)
+def warn(out):
+    """How a step shows a warning: one line, never wrapped, its text not read as markup."""
+    return lambda line: out.print(f"[yellow]warning[/]: {escape(line)}", soft_wrap=True)
 
 
 def stage_data(cluster, request: Request, phases, out) -> None:
@@ -52,12 +46,6 @@ def stage_data(cluster, request: Request, phases, out) -> None:
         note(out)(f"{node}: {describe_removed(result.manifest, names)}")
 
 
-def _checker_python(nodes) -> str | None:
-    """The interpreter that hashes a node's data: the run's own when one was given, else python3."""
-    python = nodes[0].plan.python if nodes else None
-    return None if python in (None, f"{REMOTE_VENV}/bin/python") else python
-
-
 def train_on_cluster(cluster, nodes, run_dir, out, follow=None, verbose=False):
     """Launch the run of `nodes` (its rendezvous's, ops.rdzv.noderun.node_runs) on the deployed
     `cluster`, print the nodes' logs, then the exit table; returns the LaunchResult. `follow`: how
@@ -65,19 +53,9 @@ def train_on_cluster(cluster, nodes, run_dir, out, follow=None, verbose=False):
     (ops.run.nodelines says what the terminal leaves to the node logs otherwise)."""
     project, name, rdzv = cluster.project, cluster.name, nodes[0].rdzv
     follow = follow or Follow()
-    check_firewall(cluster, out)
-    names = [n.name for n in nodes]
-    require_data(cluster, _checker_python(nodes))  # a node whose data differs: refused, named
-    # The launched run becomes the latest (what status, logs and stop mean); one that never
-    # started (nodes could not be prepared, a start refused) gives the mark back.
-    before = latest_run_id(project, name)
-    mark_latest(project, name, rdzv.run_id)
-    sink = log_sink(out, names, rdzv.live, verbose)
+    sink = log_sink(out, [n.name for n in nodes], rdzv.live, verbose)
     try:
-        result = launch_run(cluster.logging(note(out)), nodes, run_dir, sink=sink, follow=follow)
-    except BaseException:
-        mark_latest(project, name, before)
-        raise
+        result = launch_training(cluster.logging(note(out)), nodes, run_dir, warn(out), sink=sink, follow=follow)
     finally:
         sink.flush()
     if follow.detach:

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import click
-
 from fatpipe.infra.runinfo import run_info
 from fatpipe.infra.runs import outputs_file
 from fatpipe.ops.rdzv.noderun import run_nodes
@@ -12,22 +10,13 @@ from fatpipe.ops.run.headline import keep_headline
 from fatpipe.ops.run.launch import stop_nodes
 from fatpipe.ops.run.leader import leader
 
-from .options import cluster_argument, console, pass_project
+from .options import console, pass_project
 from .results import node_gone, pull_results, show_declared_pulls
 
 
-@click.command()
-@cluster_argument
-@click.option("--run", "run_id", default=None, help="Which run (default: the latest).")
 @pass_project
 def stop(project, cluster: str | None, run_id):
-    """Signal the run's torchrun on every node, wait for it to wind down, kill what is left, and
-    bring back what the nodes wrote (checkpoints stay there: `fatpipe runs pull`) and `[run] pull`'s
-    paths from the node that ran rank 0.
-
-    On a cluster that is down nothing can run: it says so, with how the run ended as its folder
-    recorded it.
-    """
+    """The body of `fatpipe stop`; its options and help are declared in run_commands.py."""
     resolved = Cluster.resolve(project, cluster)
     name = resolved.name
     out = console()

@@ -14,15 +14,12 @@ from fatpipe.stacks.app import synth as synth_stacks
 from fatpipe.stacks.providers import provider_for
 from fatpipe.stacks.toolkit import report
 
-from .options import cluster_argument, console, pass_project
+from .options import console, pass_project
 
 
-@click.command()
-@cluster_argument
-@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
 @pass_project
 def synth(project, cluster: str | None, as_json: bool):
-    """Synthesize the cluster stacks (all when none is named) into cdktf.out/ and summarize them."""
+    """The body of `fatpipe synth`; its options and help are declared in cluster_commands.py."""
     specs = [project.cluster(cluster)] if cluster else list(project.clusters.values())
     # Priced first: a machine type below its tier fails here, before the provider imports.
     estimates = {spec.name: provider_for(spec.provider).estimate(spec, project.root) for spec in specs}

@@ -15,27 +15,14 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.ops.run.top import snapshot
 
-from .options import cluster_argument, console, pass_project
+from .options import console, pass_project
 
 BAR_WIDTH = 10
 
 
-@click.command()
-@cluster_argument
-@click.option("--run", "run_id", default=None, help="Which run (default: the latest).")
-@click.option("--once", is_flag=True, help="Print one view and exit.")
-@click.option("--json", "as_json", is_flag=True, help="Print the view as JSON (one view: implies --once).")
-@click.option("--interval", type=click.FloatRange(min=0.5, max=60), default=1.5, show_default=True,
-              help="Seconds between refreshes.")
 @pass_project
 def top(project, cluster: str | None, run_id, once: bool, as_json: bool, interval: float):
-    """Per node: link use against the tier, tx/rx, step and sync time p50/p95 over the last
-    window, and a mark on the straggler with the reason; the run's newest events below.
-
-    It reads the files the trainer's rank 0 writes every node_metrics_every steps (nodes.jsonl,
-    events.jsonl), on the node of rank 0 over the cluster's transport for ssh and cloud clusters: it
-    never slows training. Ctrl-C leaves; the run goes on.
-    """
+    """The body of `fatpipe top`; its options and help are declared in run_commands.py."""
     resolved = Cluster.resolve(project, cluster)
     if as_json:
         click.echo(json.dumps(snapshot(resolved, run_id), indent=2))

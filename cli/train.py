@@ -8,20 +8,10 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
-
 from fatpipe.infra.errors import ConfigError
 from fatpipe.infra.runs import mark_latest, new_run
 
-from .options import (
-    Request,
-    console,
-    max_restarts_option,
-    pass_project,
-    pass_request,
-    resolve_train,
-    train_overrides,
-)
+from .options import Request, console, pass_project, pass_request, resolve_train
 
 LOCAL = "_local"  # runs of `fatpipe train`: .fatpipe/_local/runs/<run-id>/ (no cluster name starts with _)
 
@@ -38,21 +28,10 @@ def torchrun_command(trainer_args: list[str], run_dir: Path, nproc: int,
             "-m", "fatpipe.trainer", *trainer_args, "--out", str(run_dir)]
 
 
-@click.command()
-@click.option("--nproc-per-node", type=click.IntRange(1, 64), default=None,
-              help="Processes to start (default: one per GPU, else 1).")
-@click.option("--run-dir", type=click.Path(file_okay=False), default=None,
-              help="Run folder (default .fatpipe/_local/runs/<run-id>/ beside the cluster file).")
-@max_restarts_option
-@train_overrides
 @pass_project(clusters_optional=True)
 @pass_request
 def train(project, request: Request, nproc_per_node, run_dir, max_restarts):
-    """Train the built-in GPT here with [train] and the overrides given; exit with torchrun's status.
-
-    Metrics, summary.json and checkpoints land in the run folder; a netcheck.json placed there
-    is what comm = "auto" reads instead of probing the link.
-    """
+    """The body of `fatpipe train`; its options and help are declared in train_commands.py."""
     spec = resolve_train(project, request.overrides)
     if spec.data is not None and not Path(spec.data).exists():
         raise ConfigError(f"--data {spec.data}: no such file or folder")

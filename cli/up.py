@@ -17,18 +17,16 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import click
-
-from fatpipe.infra.defaults import NETCHECK_FILE, NETCHECK_PLOT, WAIT_TIMEOUT_S
+from fatpipe.infra.defaults import NETCHECK_FILE, NETCHECK_PLOT
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.runs import new_run, outputs_file
+from fatpipe.infra.runs import new_run
 from fatpipe.ops.env.preflight import NOTHING_TO_PAY, wheel_preflight
 from fatpipe.ops.net.check import NetcheckOptions
 from fatpipe.ops.plan.report import write_report
 from fatpipe.ops.rdzv.faultmode import declared_regions, refuse_live_across_regions
 from fatpipe.ops.rdzv.noderun import node_runs
 from fatpipe.ops.reach.cluster import Cluster
-from fatpipe.ops.reach.deployment import check_netchecks, ready_deployment, reusable_netcheck
+from fatpipe.ops.reach.deployment import ready_deployment, reusable_netcheck
 from fatpipe.ops.run.detach import DETACHED, let_go
 from fatpipe.ops.run.end import ended_note
 from fatpipe.ops.run.guard import refuse_if_running
@@ -41,23 +39,7 @@ from .deploying import deploy_outputs
 from .downafter import DownAfter
 from .netstep import netcheck_step
 from .newrun import open_run
-from .options import (
-    ScriptCommand,
-    cluster_argument,
-    console,
-    engine_option,
-    force_option,
-    on_signal_option,
-    pass_project,
-    pass_request,
-    replace_option,
-    resolve_train,
-    run_options,
-    train_overrides,
-    unreachable_option,
-    verbose_option,
-    yes_option,
-)
+from .options import console, pass_project, pass_request, resolve_train
 from .ready import require_ready, wait_ready
 from .render import Phases, note, readiness_table, summary_table
 from .signals import changing
@@ -82,39 +64,10 @@ class UpFlags:
     verbose: bool
 
 
-@click.command(cls=ScriptCommand)
-@cluster_argument
-@engine_option
-@yes_option
-@replace_option
-@click.option("--down-after", is_flag=True,
-              help="Destroy the cluster at the end: once every node has recorded its exit (success or "
-                   "failure), or on a stop you ask for (Ctrl-C at the terminal; a termination under "
-                   "--on-signal stop). A run still going on is never destroyed: the cluster stays up.")
-@on_signal_option
-@force_option
-@click.option("--netcheck", "netcheck_mode", type=click.Choice(["full", "quick", "off"]), default="full",
-              show_default=True,
-              help="The link check before training: the full sweep, a quick one (as `netcheck --quick`), or off.")
-@click.option("--no-gate", is_flag=True, help="Train even when netcheck finds the links below the tier.")
-@click.option("--netcheck-timeout", type=click.FloatRange(1), default=None,
-              help="Stop the link check after this many seconds (as `netcheck --timeout`).")
-@click.option("--wait-timeout", type=click.FloatRange(1), default=WAIT_TIMEOUT_S, show_default=True,
-              help="Seconds to wait for the nodes to become ready.")
-@click.option("--timeout", "timeout_s", type=click.FloatRange(1), default=None,
-              help="Stop the training run after this many seconds.")
-@unreachable_option
-@train_overrides
-@run_options
-@verbose_option
 @pass_project
 @pass_request
 def up(project, request, cluster, **flags):
-    """Stand the cluster up, prove its links, train across it and summarize, in one command.
-
-    Everything after `--` is your torchrun script and its arguments; without it the built-in
-    trainer runs with [train] and the overrides given here.
-    """
+    """The body of `fatpipe up`; its options and help are declared in train_commands.py."""
     cluster = Cluster.resolve(project, cluster)  # the one lookup: every phase gets this object
     train = resolve_train(project, request.overrides)
     job = Up(cluster, request, UpFlags(**flags), console())
@@ -152,7 +105,7 @@ class Up(DownAfter):
     def deployment(self):
         """The cluster's outputs and their file: reused when deployed as declared and ready, else made."""
         spec, flags, phases = self.spec, self.flags, self.phases
-        path = Path(flags.outputs_file) if flags.outputs_file else outputs_file(self.project, spec.name)
+        path = Path(flags.outputs_file) if flags.outputs_file else self.cluster.outputs_path
         outputs, why = ready_deployment(self.cluster, path)
         if outputs is not None:
             for phase in ("synth", "wheels", "deploy", "wait"):
@@ -177,20 +130,19 @@ class Up(DownAfter):
 
         states = phases.run("wait", "every node reachable, booted, tuned", wait, spinner=False)
         phases.get("wait").note = f"{len(states)}/{len(states)} ready"
-        return outputs, outputs_file(self.project, spec.name)
+        return outputs, self.cluster.outputs_path
 
     def wheels(self, spec) -> str | None:
         """The wheel preflight's line where the nodes are paid for; None where nothing is."""
         provider = provider_for(spec.provider)
-        return wheel_preflight(self.project, spec, provider.image_python(spec)) if provider.paid else None
+        return wheel_preflight(self.cluster, provider.image_python(spec)) if provider.paid else None
 
     def netcheck(self, outputs_path: Path, run_dir: Path) -> None:
         mode, phases, outputs = self.flags.netcheck_mode, self.phases, self.cluster.outputs
         if mode == "off":
             phases.skip("netcheck", "--netcheck off")
             return
-        check_netchecks(self.project, outputs.name, outputs_path.stat().st_mtime)
-        earlier = reusable_netcheck(self.project, outputs.name, outputs_path.stat().st_mtime)
+        earlier = reusable_netcheck(self.cluster, outputs_path.stat().st_mtime)
         if earlier is not None:
             for name in (NETCHECK_FILE, NETCHECK_PLOT):
                 if (earlier.parent / name).exists():

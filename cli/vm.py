@@ -18,16 +18,8 @@ from fatpipe.stacks.vm.node import node_down as down
 from fatpipe.stacks.vm.node import node_up as up
 
 
-@click.group()
-def vm():
-    """Local QEMU VMs booted with a cloud's own user data (provider = "vm")."""
-
-
-@vm.command("image")
-@click.option("--cache", type=click.Path(file_okay=False, path_type=Path), default=None,
-              help="Folder of cached images (default: FATPIPE_VM_CACHE, else ~/.cache/fatpipe/vm-image).")
 def image(cache):
-    """Build the base image offline from this machine's apt mirror (cached by its recipe's hash)."""
+    """The body of `fatpipe vm image`; `vm`'s commands are declared in cluster_commands.py."""
     built = build_image(cache or default_cache(), log=lambda m: click.echo(m, err=True))
     click.echo(str(built.disk))
 
@@ -84,17 +76,15 @@ def peer_rates(text: str) -> tuple[tuple[str, float], ...]:
     return peer_map(text, "FATPIPE_VM_PEER_GBPS", "rate", "Gbit/s", (0.001, 100))
 
 
-@vm.command("node-up", hidden=True)
 def node_up():
-    """Start one VM (run by the vm stack's provisioner)."""
+    """The body of `fatpipe vm node-up`."""
     node = node_from_env()
     up(node, os.environ.get("FATPIPE_VM_USER_DATA", ""), log=lambda m: click.echo(m, err=True))
     click.echo(f"{node.name}: booting at {node.ip} ({node.tap}, tbf {node.rate_gbit:g} Gbit/s)")
 
 
-@vm.command("node-down", hidden=True)
 def node_down():
-    """Remove one VM and everything it had; succeeds when it is already gone."""
+    """The body of `fatpipe vm node-down`."""
     node = node_from_env()
     down(node, log=lambda m: click.echo(m, err=True))
     click.echo(f"{node.name}: down")

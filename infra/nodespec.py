@@ -83,20 +83,22 @@ class NodeSpec(Strict):
 
 
 def cluster_node(spec, cluster_name: str) -> NodeSpec:
-    """The node environment a cluster's nodes get: the project's `[node]`, with each key its own
-    `[clusters.<name>.node]` sets in place of the project's (a list replaces the list whole)."""
-    own = own_node(spec, cluster_name)
+    """The node environment the named cluster's nodes get (`node_of` its entry)."""
+    return node_of(spec.node, spec.clusters.get(cluster_name))
+
+
+def node_of(project_node: NodeSpec, cluster) -> NodeSpec:
+    """The node environment the nodes of `cluster` (its model, infra.clusters; None: the project's
+    alone) get: the project's `[node]`, with each key its own `[clusters.<name>.node]` sets in
+    place of the project's (a list replaces the list whole)."""
+    own = getattr(cluster, "node", None)
     if own is None:
-        return spec.node
-    return spec.node.model_copy(update={key: getattr(own, key) for key in own.model_fields_set})
+        return project_node
+    return project_node.model_copy(update={key: getattr(own, key) for key in own.model_fields_set})
 
 
-def node_table(spec, cluster_name: str, key: str) -> str:
-    """The table a cluster's value of `key` comes from, as the user wrote it: for error messages."""
-    own = own_node(spec, cluster_name)
-    return f"[clusters.{cluster_name}.node]" if own is not None and key in own.model_fields_set else "[node]"
-
-
-def own_node(spec, cluster_name: str) -> NodeSpec | None:
-    cluster = spec.clusters.get(cluster_name)
-    return getattr(cluster, "node", None) if cluster is not None else None
+def node_table(cluster, key: str) -> str:
+    """The table the value of `key` of `cluster` (its model, or None) comes from, as the user
+    wrote it: for error messages."""
+    own = getattr(cluster, "node", None)
+    return f"[clusters.{cluster.name}.node]" if own is not None and key in own.model_fields_set else "[node]"

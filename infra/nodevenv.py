@@ -17,7 +17,7 @@ from pathlib import Path
 
 from .errors import FatpipeError
 from .node import REMOTE_VENV
-from .nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, cluster_node, node_table, requirement
+from .nodespec import CPU_TORCH_INDEX, DEFAULT_REQUIREMENTS, node_of, node_table, requirement
 
 TORCH_SPEC_ENV = "FATPIPE_TORCH"  # what the node venv installs for torch (default: this torch's version)
 TORCH_INDEX_ENV = "FATPIPE_TORCH_INDEX_URL"
@@ -66,10 +66,11 @@ def torch_spec() -> str:
     return "torch==" + version("torch").split("+")[0]
 
 
-def node_venv(project, cluster: str, gpus: int) -> NodeVenv:
-    """Cluster `cluster`'s node table (`[node]` and its `[clusters.<name>.node]`, infra/nodespec.py)
-    with its defaults filled in for nodes with `gpus` GPUs each."""
-    spec = cluster_node(project.spec, cluster)
+def node_venv(project, cluster, gpus: int) -> NodeVenv:
+    """The node table of `cluster`, the cluster's model its caller holds (`[node]` and its
+    `[clusters.<name>.node]`, infra/nodespec.py; None: `[node]` alone), with its defaults filled
+    in for nodes with `gpus` GPUs each."""
+    spec = node_of(project.spec.node, cluster)
     index = spec.torch_index
     if index is None:
         index = os.environ.get(TORCH_INDEX_ENV, "" if gpus else CPU_TORCH_INDEX)
@@ -77,7 +78,7 @@ def node_venv(project, cluster: str, gpus: int) -> NodeVenv:
     if requirements is None:
         requirements = DEFAULT_REQUIREMENTS if (project.root / DEFAULT_REQUIREMENTS).is_file() else None
     elif not (project.root / requirements).is_file():
-        table = node_table(project.spec, cluster, "requirements")
+        table = node_table(cluster, "requirements")
         raise FatpipeError(f"{table} requirements = {requirements!r}: no such file in {project.root}", exit_code=2)
     return NodeVenv(spec.torch or torch_spec(), index, tuple(spec.packages), requirements)
 

@@ -7,6 +7,7 @@ import shutil
 import signal
 import subprocess
 
+import cpuuse
 import pytest
 from click.testing import CliRunner
 
@@ -17,6 +18,10 @@ IN_CI = bool(os.environ.get("FATPIPE_CI"))
 # cannot hear it. Python's own handler here means each exec'd child starts with the default.
 if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
     signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def pytest_configure(config):
+    cpuuse.register(config)  # each test's CPU-seconds, named at the end of the run
 
 
 def skip_or_fail(reason: str):

@@ -57,29 +57,29 @@ def data_excludes(data: DataSpec | None) -> tuple[str, ...]:
     return (f"/{data.path}", f"/{data.path}.fatpipe-*", f"/{MANIFEST_DIR}")
 
 
-def local_manifest_path(project, cluster: str) -> Path:
-    return project.state_dir(cluster) / "data" / LOCAL_MANIFEST
+def local_manifest_path(cluster: Cluster) -> Path:
+    return cluster.state_dir / "data" / LOCAL_MANIFEST
 
 
-def read_local_manifest(project, cluster: str) -> dict | None:
-    path = local_manifest_path(project, cluster)
+def read_local_manifest(cluster: Cluster) -> dict | None:
+    path = local_manifest_path(cluster)
     try:
         return check_manifest(json.loads(path.read_text()), str(path))
     except FileNotFoundError:
         return None
     except UnsafeName as e:
-        raise FatpipeError(f"{e}; `fatpipe data push {cluster}` writes it again", exit_code=2) from None
+        raise FatpipeError(f"{e}; `fatpipe data push {cluster.name}` writes it again", exit_code=2) from None
     except ValueError:
-        raise FatpipeError(f"{path}: unreadable (not JSON); `fatpipe data push {cluster}` writes it again",
+        raise FatpipeError(f"{path}: unreadable (not JSON); `fatpipe data push {cluster.name}` writes it again",
                            exit_code=2) from None
 
 
-def local_hash_cache(project, cluster: str, chunk_size: int) -> HashCache:
-    return HashCache(local_manifest_path(project, cluster).with_name(LOCAL_HASHES), chunk_size)
+def local_hash_cache(cluster: Cluster, chunk_size: int) -> HashCache:
+    return HashCache(local_manifest_path(cluster).with_name(LOCAL_HASHES), chunk_size)
 
 
-def save_local_manifest(project, cluster: str, manifest: dict) -> Path:
-    return write_json_atomic(local_manifest_path(project, cluster), manifest)
+def save_local_manifest(cluster: Cluster, manifest: dict) -> Path:
+    return write_json_atomic(local_manifest_path(cluster), manifest)
 
 
 def node_workdir(outputs, node) -> str:
@@ -87,14 +87,14 @@ def node_workdir(outputs, node) -> str:
     return node.remote_dir or remote_dir(outputs.name, node.name)
 
 
-def ship_checker(project, cluster: str, t: Transport, workdir: str) -> None:
+def ship_checker(cluster: Cluster, t: Transport, workdir: str) -> None:
     """The trainer package and the manifest folder onto one ssh node, into a project folder
     that is fatpipe's (claimed first, as every push does: docs/ARCHITECTURE.md, "The project
     folder on a node"); a remote source's fetch runs from there."""
-    claim_project_dir(t, workdir, cluster, project.project_id)
+    claim_project_dir(t, workdir, cluster.name, cluster.project.project_id)
     steps = (
         *(("copy the trainer", src, f"{workdir}/{dest}", SYNC_EXCLUDES) for src, dest in shipped_packages()),
-        ("copy the manifest", local_manifest_path(project, cluster).parent, f"{workdir}/{MANIFEST_DIR}",
+        ("copy the manifest", local_manifest_path(cluster).parent, f"{workdir}/{MANIFEST_DIR}",
          (LOCAL_HASHES,)),
     )
     for what, src, dest, excludes in steps:
@@ -115,7 +115,7 @@ def check_node(cluster: Cluster, node, t: Transport, python: str, rehash: bool =
     manifest_rel = f"{MANIFEST_DIR}/{LOCAL_MANIFEST}"
     claim = (workdir, outputs.name, project.project_id)
     line = program_line("fatpipe.trainer.staging.check", ["check", *flags, manifest_rel, "."],
-                        {manifest_rel: local_manifest_path(project, outputs.name).read_text()}, claim=claim)
+                        {manifest_rel: local_manifest_path(cluster).read_text()}, claim=claim)
     done = t.run(boot_command(python), timeout=CHECK_TIMEOUT_S, stdin_text=line)
     said, lines = claimed(done.stdout)
     if said is None:
@@ -164,7 +164,7 @@ def require_data(cluster: Cluster, python: str | None = None) -> dict | None:
     if cluster.data is None:
         return None
     outputs = cluster.outputs
-    manifest = read_local_manifest(cluster.project, outputs.name)
+    manifest = read_local_manifest(cluster)
     if manifest is None:
         raise FatpipeError(f"cluster {outputs.name} declares [data] but none was staged: run "
                            f"`fatpipe data push {outputs.name}`")

@@ -1,7 +1,7 @@
 """`fatpipe data push` for a remote [data] source: every node fetches it over its own link, at once.
 
 This machine writes the fetch spec (the source and its keys, never a credential) and, when one is
-given, the CA bundle into .fatpipe/<cluster>/data/; `datacheck.ship_checker` ships that folder
+given, the CA bundle into .fatpipe/<cluster>/data/; `check.ship_checker` ships that folder
 with the trainer package, and `python -m fatpipe.trainer.staging.fetch` runs on every node in parallel,
 its progress read line by line. The nodes' manifests must agree file by file: the one most nodes
 hold becomes this machine's copy, which `data verify` and `launch` check every node against.
@@ -40,10 +40,10 @@ PICK_PYTHON = f"if [ -x {REMOTE_VENV}/bin/python ]; then echo {REMOTE_VENV}/bin/
 NodeProgress = Callable[[str, int, int, int], None]  # (node, bytes held, bytes in all, bytes fetched)
 
 
-def write_fetch_spec(project, cluster: str, spec) -> Path:
+def write_fetch_spec(cluster: Cluster, spec) -> Path:
     """The spec every node's fetch reads, and the CA bundle beside it; returns the spec's path."""
-    folder = local_manifest_path(project, cluster).parent
-    ca = spec.ca_bundle_path(project.root)
+    folder = local_manifest_path(cluster).parent
+    ca = spec.ca_bundle_path(cluster.project.root)
     if ca is not None:
         if not ca.is_file():
             raise FatpipeError(f"data ca_bundle {spec.ca_bundle}: no such file ({ca})", exit_code=2)
@@ -122,7 +122,7 @@ def fetch_data(cluster: Cluster, spec, remote_python: str | None = None,
     """Every node fetches the remote source; (the agreed manifest, bytes each node fetched, the files
     each node removed because the source no longer lists them)."""
     project, outputs = cluster.project, cluster.outputs
-    spec_path = write_fetch_spec(project, outputs.name, spec)
+    spec_path = write_fetch_spec(cluster, spec)
     transports = cluster.transports()
     names = [node.name for node in outputs.nodes]
     if all(t.shares_fs for t in transports):  # one copy serves them all
@@ -135,11 +135,11 @@ def fetch_data(cluster: Cluster, spec, remote_python: str | None = None,
         def on_node(pair) -> dict:
             node, t = pair
             workdir = node_workdir(outputs, node)
-            ship_checker(project, outputs.name, t, workdir)
+            ship_checker(cluster, t, workdir)
             return run_fetch(t, node.name, workdir, remote_python, f"{MANIFEST_DIR}/{FETCH_SPEC}", progress)
         manifests = fan_out(on_node, list(zip(outputs.nodes, transports, strict=True)))
     reference, odd = agree(names, manifests)
-    save_local_manifest(project, outputs.name, reference)
+    save_local_manifest(cluster, reference)
     if odd:
         raise FatpipeError(f"the nodes fetched different data: {'; '.join(odd)} (did the source change during "
                            f"the push? `fatpipe data push {outputs.name}` fetches it again)")

@@ -10,19 +10,20 @@ from __future__ import annotations
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.runinfo import list_runs
 
+from ..reach.cluster import Cluster
 from .check import read_local_manifest
 
 
-def held_here(project, cluster: str) -> str:
+def held_here(cluster: Cluster) -> str:
     """The runs and staged data this machine knows the cluster's nodes hold; "unknown" when none."""
     parts = []
-    runs = [r for r in list_runs(project, cluster, size=False) if r.kind != "empty"]
+    runs = [r for r in list_runs(cluster.project, cluster.name, size=False) if r.kind != "empty"]
     if runs:
         newest = runs[-1]
         step = f", step {newest.last_step}" if newest.last_step is not None else ""
         parts.append(f"{len(runs)} run folder(s) (newest {newest.id}{step}; checkpoints and outputs on the nodes)")
     try:
-        manifest = read_local_manifest(project, cluster)
+        manifest = read_local_manifest(cluster)
     except FatpipeError:
         manifest = None  # unreadable: say nothing rather than guess
     if isinstance(manifest, dict) and isinstance(manifest.get("total_bytes"), int):
@@ -30,7 +31,7 @@ def held_here(project, cluster: str) -> str:
     return ", ".join(parts) if parts else "unknown (no run or data push recorded here)"
 
 
-def change_lines(project, cluster: str, changes) -> list[str]:
+def change_lines(cluster: Cluster, changes) -> list[str]:
     """One line per node change (stacks.nodeplan.NodeChange): the node, the change, its cause, what it holds."""
-    held = held_here(project, cluster)
+    held = held_here(cluster)
     return [f"{c.node}: {c.describe()}; holds: {held}" for c in changes]

@@ -67,20 +67,20 @@ class PushResult:
 def make_manifest(cluster: Cluster, spec: DataSpec | None = None) -> tuple[dict, Path]:
     """The manifest of the cluster's declared source (`spec`, default its declared [data]; kept in
     .fatpipe/<cluster>/data/), and the source."""
-    spec, project, name = spec or declared_data(cluster), cluster.project, cluster.name
+    spec, project = spec or declared_data(cluster), cluster.project
     refuse_overlap(spec, project.root)
     source = spec.source_path(project.root)
     if not source.exists():
         raise FatpipeError(f"data source {spec.source}: no such file or folder ({source})", exit_code=2)
     if not (source.is_file() or source.is_dir()):
         raise FatpipeError(f"data source {spec.source}: neither a file nor a folder", exit_code=2)
-    cache = local_hash_cache(project, name, spec.chunk_size)
+    cache = local_hash_cache(cluster, spec.chunk_size)
     try:
         manifest = build_manifest(source, spec.chunk_size, spec.path, cache=cache)
     except UnsafeName as e:  # a link, or a name that is no plain path: nothing leaves this machine
         raise FatpipeError(str(e), exit_code=2) from None
     cache.save()
-    save_local_manifest(project, name, manifest)
+    save_local_manifest(cluster, manifest)
     return manifest, source
 
 
@@ -109,7 +109,7 @@ def push_data(cluster: Cluster, *, remote_python: str | None = None, progress: P
     one; `cluster.log` takes the progress lines.
     """
     started = time.monotonic()
-    project, outputs, log = cluster.project, cluster.outputs, cluster.log
+    outputs, log = cluster.outputs, cluster.log
     spec = declared_data(cluster)
     if spec.remote:
         log(f"every node fetches {spec.source} itself")
@@ -126,7 +126,7 @@ def push_data(cluster: Cluster, *, remote_python: str | None = None, progress: P
     if before[0].problem:
         log(f"{outputs.nodes[0].name}: {before[0].problem}: copying over the uplink")
         copy = UplinkCopy(transports[0], node_workdir(outputs, outputs.nodes[0]), source, manifest,
-                          local_manifest_path(project, outputs.name))
+                          local_manifest_path(cluster))
         copy.start(log)
         try:
             if any(v.problem for v in before[1:]):

@@ -13,22 +13,24 @@ from __future__ import annotations
 from fatpipe.infra.catalog import machine_for
 from fatpipe.infra.nodevenv import node_venv
 
+from ..reach.cluster import Cluster
 from .wheelcheck import IndexUnreachable, torch_wheel
 
 NOTHING_TO_PAY = "nothing to pay for: the nodes' environment is checked before launch"
 
 
-def wheel_preflight(project, cluster, python: str | None) -> str:
-    """The wheel the cluster's nodes will install, in one line; `python` is the Python of the
-    image they boot (None: not known to fatpipe).
+def wheel_preflight(cluster: Cluster, python: str | None) -> str:
+    """The wheel the command's cluster's nodes will install, in one line; `python` is the Python
+    of the image they boot (None: not known to fatpipe).
 
     Raises FatpipeError naming the missing wheel (ops/env/wheelcheck.py); an index that does not
     answer (offline) is said in the line, and deploy goes on.
     """
+    spec, project = cluster.spec, cluster.project
     if python is None:
-        return f"torch wheel not checked: the Python of image {cluster.image!r} is not known to fatpipe"
-    machine = machine_for(cluster, project.root).arch
-    venv = node_venv(project, cluster.name, cluster.gpus_per_node)
+        return f"torch wheel not checked: the Python of image {spec.image!r} is not known to fatpipe"
+    machine = machine_for(spec, project.root).arch
+    venv = node_venv(project, spec, spec.gpus_per_node)
     try:
         wheel = torch_wheel(venv, python, machine)
     except IndexUnreachable as e:  # offline here is no proof the nodes lack a wheel: say so, go on

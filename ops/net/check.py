@@ -17,7 +17,7 @@ from pathlib import Path
 from fatpipe.infra.defaults import BENCH_MAX_RESTARTS, NETCHECK_FILE, NETCHECK_PLOT
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_json_atomic
-from fatpipe.infra.runs import new_run_id, runs_dir
+from fatpipe.infra.runs import new_run_id
 
 from ..rdzv.noderun import node_runs
 from ..rdzv.rendezvous import RunOptions, new_rendezvous
@@ -65,10 +65,10 @@ def run_netcheck(cluster: Cluster, *, run_dir: Path | None = None, options: Netc
     """
     preload()
     options = options or NetcheckOptions()
-    project, outputs = cluster.project, cluster.outputs
+    outputs = cluster.outputs
     fresh = run_dir is None
     if fresh:  # a run folder of its own, not marked `latest`: that stays the last training run
-        run_dir = runs_dir(project, outputs.name) / new_run_id()
+        run_dir = cluster.runs_dir / new_run_id()
         run_dir.mkdir(parents=True)
     run_dir = Path(run_dir)
     try:

@@ -8,15 +8,15 @@ from pathlib import Path
 from fatpipe.infra.accelerators import OUTSIDE_CATALOG_GPU
 from fatpipe.infra.catalog import MachineType, load_catalog, machine_for
 from fatpipe.infra.errors import ConfigError
-from fatpipe.infra.runs import runs_dir
 from fatpipe.trainer.comm.decision import LinkEstimate
 
+from ..reach.cluster import Cluster
 from .plan import Candidate
 
 
-def newest_netcheck(project, cluster_name: str) -> tuple[dict, Path] | None:
+def newest_netcheck(cluster: Cluster) -> tuple[dict, Path] | None:
     """The newest run's netcheck.json of a cluster (run ids sort by time), read; None: none."""
-    base = runs_dir(project, cluster_name)
+    base = cluster.runs_dir
     if not base.is_dir():
         return None
     for run in sorted((p for p in base.iterdir() if p.is_dir()), key=lambda p: p.name, reverse=True):
@@ -32,8 +32,8 @@ def newest_netcheck(project, cluster_name: str) -> tuple[dict, Path] | None:
 def measured_candidates(project) -> list[Candidate]:
     """One candidate per declared cluster with a netcheck: its machine, node count and link."""
     found = []
-    for name, cluster in project.clusters.items():
-        read = newest_netcheck(project, name)
+    for name, cluster in project.clusters.items():  # each declared one, as its model: no lookup by name
+        read = newest_netcheck(Cluster(project, cluster))
         if read is None:
             continue
         doc, path = read

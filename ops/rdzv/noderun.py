@@ -17,7 +17,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.node import REMOTE_PKG
-from fatpipe.infra.runs import find_run
 from fatpipe.node import source_file
 
 from ..reach.asknode import NodeCallError, Step, answer_of, ask
@@ -252,7 +251,7 @@ def node_runs(rdzv: Rendezvous, cluster: Cluster) -> list[NodeRun]:
 
 def run_nodes(cluster: Cluster, run_id: str | None = None) -> tuple[str, Path, list[NodeRun]]:
     """(run id, run folder, its nodes) of an existing run of `cluster`, the latest by default."""
-    run_id, run_dir = find_run(cluster.project, cluster.name, run_id)
+    run_id, run_dir = cluster.find_run(run_id)
     return run_id, run_dir, node_runs(read_rendezvous(run_dir), cluster)
 
 

@@ -2,9 +2,10 @@
 
 A command turns its CLUSTER argument into a `Cluster` once (`Cluster.resolve`, the one name
 lookup outside the commands and the stacks' entry points): the project, the cluster's entry of the file,
-its outputs once deployed, its state folder, its dataset, the transports to its nodes, the
-command's node answers (ops/reach/asknode.py) and the command's log. Ops take it in place of
-`(project, outputs, log)` and never look the cluster up by name again.
+its outputs once deployed, its state folder (its outputs file, its runs), its dataset, the
+transports to its nodes, the command's node answers (ops/reach/asknode.py) and the command's log.
+Ops take it in place of `(project, outputs, log)` and never look the cluster up by name again,
+nor derive its files from its name (tests/unit/test_architecture.py holds both).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.dataspec import cluster_data
+from fatpipe.infra.runs import find_run, latest_run_id, load_outputs, mark_latest, outputs_file, runs_dir
 
 from .asknode import NodeAnswers
 from .transport import Transport, transport_for
@@ -47,6 +49,31 @@ class Cluster:
     @property
     def state_dir(self) -> Path:
         return self.project.state_dir(self.name)
+
+    @property
+    def outputs_path(self) -> Path:
+        """Where its deploy writes the outputs (`.fatpipe/<cluster>/outputs.json`)."""
+        return outputs_file(self.project, self.name)
+
+    @property
+    def runs_dir(self) -> Path:
+        return runs_dir(self.project, self.name)
+
+    def load_outputs(self, path=None):
+        """The outputs its deploy wrote, or those of the file `path` (infra.runs.load_outputs)."""
+        return load_outputs(self.project, self.name, path)
+
+    def find_run(self, run_id: str | None = None) -> tuple[str, Path]:
+        """(id, folder) of its run `run_id`, the latest by default (infra.runs.find_run)."""
+        return find_run(self.project, self.name, run_id)
+
+    def latest_run_id(self) -> str | None:
+        """The run its `runs/latest` names, or None."""
+        return latest_run_id(self.project, self.name)
+
+    def mark_latest(self, run_id: str | None) -> None:
+        """Make `run_id` its latest run (None: no run is)."""
+        mark_latest(self.project, self.name, run_id)
 
     @property
     def data(self):

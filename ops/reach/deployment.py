@@ -8,7 +8,7 @@ from pathlib import Path
 from fatpipe.infra.defaults import NETCHECK_FILE
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.outputs import ClusterOutputs, read_outputs
-from fatpipe.infra.runs import json_problem, runs_dir
+from fatpipe.infra.runs import json_problem
 
 from .cluster import Cluster
 from .wait import wait_for_nodes
@@ -53,9 +53,11 @@ def ready_deployment(cluster: Cluster, outputs_path: Path) -> tuple[ClusterOutpu
     return outputs, ""
 
 
-def reusable_netcheck(project, name: str, outputs_mtime: float) -> Path | None:
-    """The newest netcheck.json that passed on the current deployment (written after its outputs)."""
-    base = runs_dir(project, name)
+def reusable_netcheck(cluster: Cluster, outputs_mtime: float) -> Path | None:
+    """The newest netcheck.json that passed on the current deployment (written after its outputs);
+    one of this deployment's that cannot be read is refused (`check_netchecks`)."""
+    check_netchecks(cluster, outputs_mtime)
+    base = cluster.runs_dir
     for path in sorted(base.glob(f"*/{NETCHECK_FILE}"), key=lambda p: p.parent.name, reverse=True):
         try:
             doc = json.loads(path.read_text())
@@ -68,10 +70,10 @@ def reusable_netcheck(project, name: str, outputs_mtime: float) -> Path | None:
     return None
 
 
-def check_netchecks(project, name: str, since: float) -> None:
+def check_netchecks(cluster: Cluster, since: float) -> None:
     """Refuse, exit 2, naming the file, when a netcheck.json that could be reused (written on this
     deployment) is unreadable: reusing it is what `up` is asked to do, so it must not guess."""
-    for path in sorted(runs_dir(project, name).glob(f"*/{NETCHECK_FILE}")):
+    for path in sorted(cluster.runs_dir.glob(f"*/{NETCHECK_FILE}")):
         if path.stat().st_mtime <= since:
             continue
         why = json_problem(path)

@@ -26,7 +26,6 @@ from fatpipe.infra.clusters import model_of
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.files import write_atomic
 from fatpipe.infra.outputs import read_outputs
-from fatpipe.infra.runs import outputs_file
 
 SSH_CONFIG_ENV = "FATPIPE_SSH_CONFIG"  # an ssh_config file used instead of ~/.ssh/config (ssh -F)
 CONSOLE_BLOCK = re.compile(r"-----BEGIN SSH HOST KEY KEYS-----(.*?)-----END SSH HOST KEY KEYS-----", re.S)
@@ -164,24 +163,26 @@ def pin_console_keys(known_hosts: Path, nodes: list, console: Callable[[object],
     return list(pinned)
 
 
-def deploy_forgetting_recreated(project, name: str, deploy: Callable[[], object]):
+def deploy_forgetting_recreated(cluster, deploy: Callable[[], object]):
     """`deploy()` (which returns the new outputs), then forget the host keys of the nodes it
-    recreated: this project made them just now, so their new keys are not a machine in the middle."""
+    recreated in the command's `cluster` (ops/reach/cluster.py): this project made them just now,
+    so their new keys are not a machine in the middle."""
     try:
-        before = read_outputs(outputs_file(project, name), name)
+        before = read_outputs(cluster.outputs_path, cluster.name)
     except FatpipeError:  # none yet, or unreadable: nothing known to forget
         before = None
     after = deploy()
-    forget_recreated(project.state_dir(after.name) / "known_hosts", before, after)
+    forget_recreated(cluster.state_dir / "known_hosts", before, after)
     return after
 
 
-def pin_cluster_keys(project, outputs, console: Callable[[object, object], str | None],
+def pin_cluster_keys(cluster, console: Callable[[object, object], str | None],
                      timeout_s: float = CONSOLE_WAIT_S) -> list[str]:
-    """Before `wait` first connects: a `pinned` cluster's nodes get the keys their consoles show
-    (`console(outputs, node)`, the provider's API); other policies need nothing."""
+    """Before `wait` first connects: the deployed `cluster`'s nodes, when `pinned`, get the keys
+    their consoles show (`console(outputs, node)`, the provider's API); other policies need nothing."""
+    outputs = cluster.outputs
     if policy_for(outputs.provider) != "pinned":
         return []
     nodes = [n for n in outputs.nodes if n.transport == "ssh"]
-    return pin_console_keys(project.state_dir(outputs.name) / "known_hosts", nodes,
+    return pin_console_keys(cluster.state_dir / "known_hosts", nodes,
                             lambda node: console(outputs, node), min(timeout_s, CONSOLE_WAIT_S))

@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
-from fatpipe.infra.runs import find_run, load_outputs
 
 from ..rdzv.noderun import NodeRun, node_states, run_nodes
 from ..rdzv.rendezvous import read_rendezvous
@@ -48,7 +47,7 @@ def run_going(cluster: Cluster, nodes: list[NodeRun] | None = None) -> Going | N
     unknown = [(n, state) for n, state in zip(nodes, states, strict=True)
                if state != "running" and not holds_no_run(state)]
     if unknown:
-        deployed = cluster.outputs if cluster.outputs is not None else _deployed(cluster.project, cluster.name)
+        deployed = cluster.outputs if cluster.outputs is not None else _deployed(cluster)
         unknown = [(n, state) for n, state in unknown if still_deployed(n, deployed)]
     if not running and not unknown:
         return None
@@ -63,9 +62,9 @@ def holds_no_run(state: str) -> bool:
             or (state.startswith("unreadable:") and "FileNotFoundError" in state))
 
 
-def _deployed(project, cluster: str):
+def _deployed(cluster: Cluster):
     try:
-        return load_outputs(project, cluster)
+        return cluster.load_outputs()
     except FatpipeError:  # not deployed (destroyed): none of the run's nodes is there
         return None
 
@@ -92,18 +91,17 @@ def refuse_if_running(cluster: Cluster, nodes: list[NodeRun] | None = None, live
     going = run_going(cluster, nodes)
     if going is None:
         return None
-    project, cluster = cluster.project, cluster.name
-    run_id, names, away = going.run_id, going.running, going.unreachable
-    if live_ok and read_rendezvous(find_run(project, cluster, run_id)[1]).live:
+    name, run_id, names, away = cluster.name, going.run_id, going.running, going.unreachable
+    if live_ok and read_rendezvous(cluster.find_run(run_id)[1]).live:
         where = ", ".join(names + [f"{n} (out of reach)" for n in away])
         return (f"run {run_id} goes on live on {where}: a node made again here joins it "
-                f"with `fatpipe launch {cluster} --rejoin NODE`")
+                f"with `fatpipe launch {name} --rejoin NODE`")
     if names:
         raise FatpipeError(f"run {run_id} is still running on {', '.join(names)}: follow it with "
-                           f"`fatpipe logs {cluster} -f` or end it with `fatpipe stop {cluster}`")
+                           f"`fatpipe logs {name} -f` or end it with `fatpipe stop {name}`")
     maybe = (f"{', '.join(away)} could not be reached ({next(iter(away.values()))}): run {run_id} may "
              "still be going there")
     if force:
         return f"warning: {maybe}; going on (--force)"
-    raise FatpipeError(f"{maybe}; `fatpipe logs {cluster} -f` follows it, `fatpipe stop {cluster}` "
+    raise FatpipeError(f"{maybe}; `fatpipe logs {name} -f` follows it, `fatpipe stop {name}` "
                        "ends it, --force goes on without knowing")

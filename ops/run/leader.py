@@ -15,12 +15,12 @@ from pathlib import Path
 from fatpipe.infra.defaults import GROUP_RANK_FILE
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.runinfo import recorded_exits
-from fatpipe.infra.runs import find_run
 
 from ..rdzv.nodefiles import planned_group_ranks
 from ..rdzv.noderun import NodeRun
 from ..rdzv.record import Rendezvous
 from ..rdzv.rendezvous import read_rendezvous
+from ..reach.cluster import Cluster
 
 
 def recorded_group_rank(run_dir: Path, index: int) -> int | None:
@@ -60,10 +60,10 @@ def leader_first(nodes: list[NodeRun], run_dir: Path) -> list[NodeRun]:
     return [first, *(n for n in nodes if n is not first)]
 
 
-def latest_leader(project, cluster: str) -> str | None:
+def latest_leader(cluster: Cluster) -> str | None:
     """The name of the node that ran rank 0 in the cluster's latest run; None without a run."""
     try:
-        _, run_dir = find_run(project, cluster)
+        _, run_dir = cluster.find_run()
         rdzv = read_rendezvous(run_dir)
     except FatpipeError:
         return None

@@ -95,5 +95,5 @@ def prepare_envs(cluster: Cluster, nodes: list[NodeRun], gpus: int) -> None:
     built = [n for n in nodes if not n.transport.shares_fs and n.plan.python == f"{REMOTE_VENV}/bin/python"]
     if built:
         project, log = cluster.project, cluster.log
-        venv = node_venv(project, built[0].rdzv.cluster, gpus)  # its cluster's [node], resolved
+        venv = node_venv(project, cluster.spec, gpus)  # its cluster's [node], resolved
         build_node_envs(built, venv, venv_stamp(project.root, venv), log)

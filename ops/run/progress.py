@@ -17,7 +17,6 @@ from pathlib import Path
 from fatpipe.infra.defaults import GROUP_RANK_FILE, SUMMARY_FILE
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.runinfo import RunInfo
-from fatpipe.infra.runs import outputs_file
 from fatpipe.node import source_file
 from fatpipe.trainer.live.runplan import node_run_dir  # torch-free
 
@@ -121,7 +120,7 @@ def with_live_latest(cluster: Cluster, runs: list[RunInfo]) -> None:
     leader has it (one bounded read; an undeployed cluster is not asked)."""
     latest = next((r for r in runs if r.latest), None)
     if latest is None or latest.exits or latest.kind != "train" \
-            or not outputs_file(cluster.project, cluster.name).exists():
+            or not cluster.outputs_path.exists():
         return
     try:
         _, _, nodes = run_nodes(cluster, latest.id)

@@ -7,7 +7,7 @@ import json
 import os
 import sys
 
-from fatpipe.infra.nodespec import cluster_node
+from fatpipe.infra.nodespec import node_of
 from fatpipe.infra.nodevenv import TORCH_INDEX_ENV, node_venv
 from fatpipe.stacks.vm.image import default_cache
 from fatpipe.stacks.vm.inputs import BOOT_KEYS, NODE_KEYS, RATE_KEYS, VM_ENV_PREFIX
@@ -32,8 +32,8 @@ def vm_environment(keys: tuple[str, ...]) -> dict[str, str]:
 def wheels_input(project, cluster) -> str:
     """What the wheel disk holds (stacks/vm/wheels.py): the cluster's node venv's requirements and
     torch's index where one is declared, as JSON (pip gets each item as one argument)."""
-    venv = node_venv(project, cluster.name, 0)  # the guests have no GPUs
-    declared = cluster_node(project.spec, cluster.name).torch_index is not None or bool(os.environ.get(TORCH_INDEX_ENV))
+    venv = node_venv(project, cluster, 0)  # the guests have no GPUs
+    declared = node_of(project.spec.node, cluster).torch_index is not None or bool(os.environ.get(TORCH_INDEX_ENV))
     return json.dumps({"requirements": wheel_requirements(venv), "index": index_args(venv, declared)})
 
 

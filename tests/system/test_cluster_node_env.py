@@ -19,6 +19,7 @@ from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.node import PROJECT_MARKER, REMOTE_VENV
 from fatpipe.infra.nodevenv import node_venv, venv_stamp
 from fatpipe.infra.project import Project, load_project, parse_project, project_id_at
+from fatpipe.ops.reach.cluster import Cluster
 
 from .conftest import declared_env_cli, require_ssh_sim, ssh_sim_toml
 from .test_wheel_check import WHEEL, index  # noqa: F401 (the local package index fixture)
@@ -84,7 +85,7 @@ def test_each_cluster_resolves_its_own_node_environment_and_no_user_data_holds_i
         assert not any(word in text for word in ("torch==", "tiktoken", "einops", "triton")), name
 
     def declared(name: str) -> tuple:
-        venv = node_venv(project, name, project.clusters[name].gpus_per_node)
+        venv = node_venv(project, project.clusters[name], project.clusters[name].gpus_per_node)
         requirements = (project.root / venv.requirements).read_text() if venv.requirements else None
         return venv.torch, venv.index, list(venv.packages), requirements
 
@@ -93,7 +94,7 @@ def test_each_cluster_resolves_its_own_node_environment_and_no_user_data_holds_i
     assert declared("gpu") == ("torch==2.12.0", CU128, ["tiktoken"], "triton\n")
     assert declared("ocean") == ("torch==2.13.0", "https://download.pytorch.org/whl/cpu", ["einops>=0.7"],
                                  "numpy\n")
-    stamps = {venv_stamp(project.root, node_venv(project, name, c.gpus_per_node)) for name, c in project.clusters.items()}
+    stamps = {venv_stamp(project.root, node_venv(project, c, c.gpus_per_node)) for c in project.clusters.values()}
     assert len(stamps) == 3
 
 
@@ -110,10 +111,10 @@ def test_the_preflight_asks_for_each_clusters_own_torch(index, tmp_path):  # noq
     text = text.replace('[clusters.cpu]\n', '[clusters.cpu]\ninstance_type = "c5n.2xlarge"\n')
     project = project_at(tmp_path, text)
     cpu, gpu = project.cluster("cpu"), project.cluster("gpu")
-    line = wheel_preflight(project, cpu, provider_for(cpu.provider).image_python(cpu))
+    line = wheel_preflight(Cluster(project, cpu), provider_for(cpu.provider).image_python(cpu))
     assert line == f"torch wheel for Python 3.12 x86_64: {WHEEL} ({index})"
     with pytest.raises(FatpipeError) as missing:
-        wheel_preflight(project, gpu, provider_for(gpu.provider).image_python(gpu))
+        wheel_preflight(Cluster(project, gpu), provider_for(gpu.provider).image_python(gpu))
     assert str(missing.value).startswith(f"no wheel for torch==2.99.0 on Python 3.12 x86_64 at {index}: ")
 
 
@@ -180,7 +181,7 @@ def test_launch_takes_the_venv_its_clusters_own_declaration_stamps(two_clusters)
     launch rebuilds them and stops at the index that refuses connections, before anything starts."""
     folder = two_clusters
     project = load_project(folder / "fatpipe.toml")
-    own, projects = (venv_stamp(folder, node_venv(project, name, gpus=0)) for name in (LAUNCH_NAME, "other"))
+    own, projects = (venv_stamp(folder, node_venv(project, project.clusters.get(name), gpus=0)) for name in (LAUNCH_NAME, "other"))
     assert own != projects
     remote_dirs = place_venvs(folder, own)
     current = fatpipe(folder, "launch", LAUNCH_NAME, "--max-restarts", "0", "--", "hello.py")

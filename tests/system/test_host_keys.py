@@ -20,6 +20,7 @@ import pytest
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.infra.outputs import parse_outputs
+from fatpipe.ops.reach.cluster import Cluster
 from fatpipe.ops.reach.hostkeys import pin_cluster_keys
 from fatpipe.ops.reach.transport import transports_for
 from fatpipe.stacks.providers import provider_for
@@ -107,17 +108,17 @@ def test_an_aws_node_is_reached_only_with_the_key_its_console_shows(sshd, tmp_pa
     instance, console = ec2_instance
     out, aws = outputs("aws", sshd_port(sshd), instance), provider_for("aws")
     console(CONSOLE.format(keys=f"{real_key(sshd)} root@ip-10-42-0-10"))
-    assert pin_cluster_keys(project(tmp_path), out, aws.console_output) == ["aws-0"]
+    assert pin_cluster_keys(Cluster(project(tmp_path), outputs=out), aws.console_output) == ["aws-0"]
     reached = run(tmp_path, out)
     assert reached.ok and "reached" in reached.stdout, reached
-    assert pin_cluster_keys(project(tmp_path), out, aws.console_output) == []  # known: not read again
+    assert pin_cluster_keys(Cluster(project(tmp_path), outputs=out), aws.console_output) == []  # known: not read again
 
 
 def test_an_aws_node_showing_another_key_than_its_console_is_refused(sshd, tmp_path, ec2_instance):
     instance, console = ec2_instance
     out = outputs("aws", sshd_port(sshd), instance)
     console(CONSOLE.format(keys=f"{other_key(tmp_path)} root@ip-10-42-0-10"))  # a machine in the middle
-    pin_cluster_keys(project(tmp_path), out, provider_for("aws").console_output)
+    pin_cluster_keys(Cluster(project(tmp_path), outputs=out), provider_for("aws").console_output)
     refused = run(tmp_path, out)
     assert not refused.ok and "reached" not in refused.stdout, refused
     assert "host key" in refused.stderr.lower() or "identification has changed" in refused.stderr.lower(), refused.stderr
@@ -129,7 +130,7 @@ def test_an_aws_node_whose_console_has_no_keys_is_reported_and_never_reached(ssh
     instance, _ = ec2_instance  # moto's own console text: a boot log without keys
     out = outputs("aws", sshd_port(sshd), instance)
     with pytest.raises(FatpipeError) as e:
-        pin_cluster_keys(project(tmp_path), out, provider_for("aws").console_output, timeout_s=1)
+        pin_cluster_keys(Cluster(project(tmp_path), outputs=out), provider_for("aws").console_output, timeout_s=1)
     assert "aws-0" in str(e.value) and "host keys" in str(e.value) and "\n" not in str(e.value)
     refused = run(tmp_path, out)
     assert not refused.ok and "reached" not in refused.stdout, refused

@@ -81,7 +81,7 @@ def test_a_node_with_another_torch_is_named_before_launch(nodes_over_ssh):
 
     folder = nodes_over_ssh
     project = load_project(folder / "fatpipe.toml")
-    stamp = venv_stamp(folder, node_venv(project, NAME, gpus=0))
+    stamp = venv_stamp(folder, node_venv(project, project.clusters.get(NAME), gpus=0))
     outputs = json.loads((folder / ".fatpipe" / NAME / "outputs.json").read_text())
     remote_dirs = [Path(n["remote_dir"]) for n in outputs["nodes"]]
     for remote_dir in remote_dirs:

@@ -147,7 +147,7 @@ def test_deployment_mismatch_and_netcheck_reuse(project_dir):
     run_id, run_dir = new_run(project, "uplb")
     new_rendezvous(Cluster(project, outputs=outputs), run_id, run_dir)
     (run_dir / "netcheck.json").write_text(json.dumps({"gate": {"passed": False}}))
-    assert reusable_netcheck(project, "uplb", 0) is None
+    assert reusable_netcheck(Cluster(project, spec), 0) is None
     (run_dir / "netcheck.json").write_text(json.dumps({"gate": {"passed": True}}))
-    assert reusable_netcheck(project, "uplb", 0) == run_dir / "netcheck.json"
-    assert reusable_netcheck(project, "uplb", (run_dir / "netcheck.json").stat().st_mtime + 1) is None
+    assert reusable_netcheck(Cluster(project, spec), 0) == run_dir / "netcheck.json"
+    assert reusable_netcheck(Cluster(project, spec), (run_dir / "netcheck.json").stat().st_mtime + 1) is None

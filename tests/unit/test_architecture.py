@@ -43,7 +43,7 @@ OPS_ROOMS = ("reach", "rdzv", "env", "data", "run", "net", "plan")
 # slips in.
 OPS_UPWARD: set[tuple[str, str]] = set()  # none left: the data chain runs without the launch path
 # cli modules every command may use; a command module never imports another command module.
-CLI_SHARED = {"__init__", "__main__", "main", "options", "render", "steps", "deploying", "ready", "netstep", "newrun", "results", "downafter", "signals", "ending"}
+CLI_SHARED = {"__init__", "__main__", "main", "declare", "options", "render", "steps", "deploying", "ready", "netstep", "newrun", "results", "downafter", "signals", "ending"}
 MAX_MODULE_LINES = 300
 MAX_PARAMETERS = 8
 
@@ -328,19 +328,63 @@ def test_a_lazy_load_defers_only_what_is_heavy():
     assert not wrong, "\n".join(wrong)
 
 
+# The modules of a command's bodies (cli/declare.py's BodyCommand names each), its subcommands' too
+# (a lazy group names their modules in `targets`).
+BODIES = ("def bodies(command):\n"
+          "    if hasattr(command, 'targets'):\n"
+          "        return [target.split(':')[0] for target in command.targets.values()]\n"
+          "    if hasattr(command, 'commands'):\n"
+          "        return [b for sub in command.commands.values() for b in bodies(sub)]\n"
+          "    return [getattr(command, 'body', command.callback.__module__ + ':').split(':')[0]]\n")
+# Bodies that still load torch on import: work left, named so no other slips in. `data prepare`
+# reads text files through trainer.data, whose top imports torch.
+TORCH_BODIES = {"fatpipe.cli.dataprep"}
+# The commands whose help lists one --flag per [train] key, so it loads [train]'s model (pydantic).
+TRAIN_FLAGS = ("up", "rendezvous", "launch", "train")
+
+
 def test_fatpipe_help_and_every_command_module_load_no_heavy_package():
     """`fatpipe --help` starts in a tenth of a second, and a command loads torch, the CDK or a
-    cloud SDK only when it uses one: neither the help nor importing any command's module loads them."""
+    cloud SDK only when it uses one: neither the help nor importing any command's declaration and
+    body loads them."""
     probe = ("import importlib, sys\nfrom fatpipe.cli.main import COMMANDS, HIDDEN, cli\n"
              "try:\n    cli(['--help'], prog_name='fatpipe')\nexcept SystemExit:\n    pass\n"
              f"heavy = {HEAVY_AT_START!r}\n"
              "print('help', sorted(m for m in sys.modules if m.split('.')[0] in heavy), file=sys.stderr)\n"
+             f"{BODIES}"
              "for target in [t for t, _ in COMMANDS.values()] + list(HIDDEN.values()):\n"
-             "    importlib.import_module(target.split(':')[0])\n"
+             "    module, attr = target.split(':')\n"
+             "    for body in bodies(getattr(importlib.import_module(module), attr)):\n"
+             f"        if body not in {TORCH_BODIES!r}:\n"
+             "            importlib.import_module(body)\n"
              "print('commands', sorted({m.split('.')[0] for m in sys.modules} & set(heavy)), file=sys.stderr)\n")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == 0, done.stderr
     assert "help []" in done.stderr and "commands []" in done.stderr, done.stderr
+
+
+def test_a_commands_help_loads_its_declaration_not_its_body():
+    """`fatpipe <command> --help` imports the command's declaration (its options and help), not its
+    body: no ops, stacks or rich, no pydantic model but [train]'s where the help lists its keys."""
+    probe = ("import contextlib, io, json, sys\nfrom fatpipe.cli.main import COMMANDS, cli\n"
+             f"{BODIES}"
+             f"train = {TRAIN_FLAGS!r}\n"
+             "found, seen = {}, set(sys.modules)\n"
+             "for name in sorted(COMMANDS, key=lambda n: n in train):  # [train]'s model loads last\n"
+             "    try:\n"
+             "        with contextlib.redirect_stdout(io.StringIO()):\n"
+             "            cli([name, '--help'], prog_name='fatpipe')\n"
+             "    except SystemExit:\n"
+             "        pass\n"
+             "    found[name], seen = sorted(set(sys.modules) - seen), set(sys.modules)\n"
+             "body = {b for t, _ in COMMANDS.values() for b in bodies(getattr(sys.modules[t.split(':')[0]], t.split(':')[1]))}\n"
+             "print(json.dumps({name: [m for m in new if m in body or m.startswith(('fatpipe.ops', 'fatpipe.stacks'))\n"
+             "                         or m.split('.')[0] == 'rich' or (m.split('.')[0] == 'pydantic' and name not in train)]\n"
+             "                  for name, new in found.items()}))\n")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == 0, done.stderr
+    loaded = json.loads(done.stdout)
+    assert {name: modules for name, modules in loaded.items() if modules} == {}
 
 
 # What a command that neither deploys nor launches must not load (its `--help` pays for every import
@@ -348,7 +392,7 @@ def test_fatpipe_help_and_every_command_module_load_no_heavy_package():
 NOT_LOADED = {
     "status": ("fatpipe.stacks.engine", "fatpipe.ops.run.launch"),
     "logs": ("fatpipe.stacks.engine", "fatpipe.ops.run.launch"),
-    "runs": ("fatpipe.stacks.engine", "fatpipe.ops.run.launch"),
+    "runs": ("fatpipe.stacks.engine", "fatpipe.ops.run.launch", "fatpipe.ops.run.pullpaths"),  # pulls: pullrun.py
     "wait": ("fatpipe.stacks.engine", "fatpipe.ops.run.launch", "fatpipe.ops.net.check"),
     "rendezvous": ("fatpipe.stacks.engine", "fatpipe.ops.run.launch"),
     "netcheck": ("fatpipe.stacks.engine",),
@@ -537,28 +581,49 @@ def test_ops_sends_no_program_of_its_own():
 
 # Item "one cluster object per command" (docs/ARCHITECTURE.md, "Inside ops"): a command resolves its
 # cluster once (ops/reach/cluster.py, `Cluster.resolve`) and hands that object on; ops and stacks
-# never look a cluster up by name again. The places that still resolve one, and why:
+# never look a cluster's declaration up by name again (LOOKUPS), and ops never derive its files
+# from its name either (`<project>.state_dir(` and infra/runs.py's helpers taking a project and a
+# cluster name: the Cluster's `state_dir`, `outputs_path`, `runs_dir`, `load_outputs` and
+# `find_run` stand in). The stacks hold no Cluster (they cannot import ops): they derive the state
+# folder from the name of the spec or outputs they were handed, so only LOOKUPS are refused there.
+# `fatpipe plan` resolves no cluster: it hands each declared model on as a Cluster of its own.
+# The places that still resolve one, and why:
 CLUSTER_RESOLVERS = {
-    "ops/reach/cluster.py",  # `Cluster.resolve` and `Cluster.data`: the one lookup a command makes
+    "ops/reach/cluster.py",  # `Cluster.resolve` and its properties: the one lookup a command makes, and its files
 }
+LOOKUPS = ("project.cluster(", "cluster_data(", "cluster_node(")
+
+
+def name_helpers() -> set[str]:
+    """infra/runs.py's functions taking `(project, cluster_name, ...)`: a cluster's files by its name."""
+    tree = ast.parse((REPO / "infra" / "runs.py").read_text())
+    return {f.name for f in tree.body if isinstance(f, ast.FunctionDef)
+            and [a.arg for a in f.args.args[:2]] == ["project", "cluster_name"]}
 
 
 def cluster_lookups(path: Path) -> list[tuple[int, str]]:
-    """(line, what) of every name lookup of a cluster in `path`: `<project>.cluster(...)` and
-    `cluster_data(...)`."""
+    """(line, what) of every name lookup of a cluster in `path`: `<project>.cluster(...)`,
+    `cluster_data(...)` and `cluster_node(...)`; and of its files by its name: `<project>.state_dir(...)`
+    and an infra/runs.py helper given a project and a name, under whatever name it is imported."""
+    tree = ast.parse(path.read_text())
+    helpers = name_helpers()
+    aliases = {a.asname or a.name: a.name for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)
+               and (n.module or "").split(".")[-1] == "runs" for a in n.names}
     found = []
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in ast.walk(tree):
         if not isinstance(node, ast.Call):
             continue
         func = node.func
-        if isinstance(func, ast.Attribute) and func.attr == "cluster":
-            owner = func.value
-            name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
-            if name == "project":
-                found.append((node.lineno, "project.cluster("))
-        elif getattr(func, "id", getattr(func, "attr", None)) == "cluster_data":
-            found.append((node.lineno, "cluster_data("))
-    return found
+        called = getattr(func, "id", getattr(func, "attr", None))
+        owner = func.value if isinstance(func, ast.Attribute) else None
+        owner_name = owner.attr if isinstance(owner, ast.Attribute) else getattr(owner, "id", "")
+        if owner_name == "project" and called in ("cluster", "state_dir"):
+            found.append((node.lineno, f"project.{called}("))
+        elif called in ("cluster_data", "cluster_node"):
+            found.append((node.lineno, f"{called}("))
+        elif aliases.get(called, called) in helpers and len(node.args) + len(node.keywords) >= 2:
+            found.append((node.lineno, f"{aliases.get(called, called)}("))
+    return sorted(found)
 
 
 def test_ops_and_stacks_take_the_commands_cluster_and_look_none_up_by_name():
@@ -566,18 +631,28 @@ def test_ops_and_stacks_take_the_commands_cluster_and_look_none_up_by_name():
     for layer, path in modules():
         rel = path.relative_to(REPO).as_posix()
         if layer in ("ops", "stacks") and rel not in CLUSTER_RESOLVERS:
-            wrong += [f"{rel}:{line} {what}" for line, what in cluster_lookups(path)]
+            wrong += [f"{rel}:{line} {what}" for line, what in cluster_lookups(path)
+                      if layer == "ops" or what in LOOKUPS]
     assert not wrong, "a cluster looked up by name after the command resolved it (take its Cluster):\n" + \
         "\n".join(wrong)
 
 
-def test_the_cluster_lookup_check_catches_both_forms(tmp_path):
+def test_the_cluster_lookup_check_catches_every_form(tmp_path):
+    assert {"outputs_file", "load_outputs", "runs_dir", "find_run"} <= name_helpers()
     bad = tmp_path / "bad.py"
-    bad.write_text("def f(project, self):\n    project.cluster('a')\n    self.project.cluster(None)\n"
+    bad.write_text("from fatpipe.infra.runs import outputs_file as outputs_path, new_run_id\n"
+                   "def f(project, self, cluster):\n    project.cluster('a')\n    self.project.cluster(None)\n"
                    "    cluster_data(project.spec, 'a')\n    infra.dataspec.cluster_data(1, 2)\n"
-                   "    cluster.name\n    other.cluster('a')\n")
-    assert cluster_lookups(bad) == [(2, "project.cluster("), (3, "project.cluster("), (4, "cluster_data("),
-                                    (5, "cluster_data(")]
+                   "    cluster.name\n    other.cluster('a')\n"
+                   "    project.state_dir('a')\n    cluster.project.state_dir(cluster.name)\n"
+                   "    cluster_node(project.spec, 'a')\n    runs_dir(project, 'a')\n"
+                   "    outputs_path(cluster.project, cluster.name)\n    runs.find_run(project, cluster_name='a')\n"
+                   "    cluster.find_run('r')\n    cluster.state_dir\n    cluster.load_outputs(None)\n"
+                   "    new_run_id()\n")
+    assert cluster_lookups(bad) == [(3, "project.cluster("), (4, "project.cluster("), (5, "cluster_data("),
+                                    (6, "cluster_data("), (9, "project.state_dir("), (10, "project.state_dir("),
+                                    (11, "cluster_node("), (12, "runs_dir("), (13, "outputs_file("),
+                                    (14, "find_run(")]
 
 
 def test_a_commands_node_answers_are_its_clusters_not_module_state():

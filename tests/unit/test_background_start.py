@@ -17,11 +17,11 @@ def test_a_child_hears_ctrl_c():
 
 
 def test_the_interrupt_tests_pass_in_a_background_job(tmp_path):
-    """As `nohup make test &` starts them: SIGINT ignored in pytest and everything it starts."""
+    """As `nohup make test &` starts them: SIGINT and SIGHUP ignored in pytest and everything it starts."""
     tests = ["tests/unit/test_shield.py", "tests/unit/test_background_start.py::test_a_child_hears_ctrl_c"]
     done = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--basetemp", str(tmp_path / "t"), *tests],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
-        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        preexec_fn=lambda: [signal.signal(signum, signal.SIG_IGN) for signum in (signal.SIGINT, signal.SIGHUP)],
     )
     assert done.returncode == 0, done.stdout[-3000:]

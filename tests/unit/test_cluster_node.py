@@ -53,7 +53,7 @@ def test_a_cluster_replaces_the_keys_it_sets_and_keeps_the_others(tmp_path):
 def test_the_resolved_venv_of_each_cluster(tmp_path, monkeypatch):
     monkeypatch.delenv("FATPIPE_TORCH_INDEX_URL", raising=False)
     both = project(tmp_path)
-    gpu, cpu = node_venv(both, "gpu", gpus=0), node_venv(both, "cpu", gpus=0)
+    gpu, cpu = node_venv(both, both.clusters.get("gpu"), gpus=0), node_venv(both, both.clusters.get("cpu"), gpus=0)
     assert (gpu.torch, gpu.index, gpu.packages) == ("torch==2.12.0", CU128, ("einops>=0.7", "tiktoken"))
     assert (cpu.torch, cpu.index) == ("torch==2.13.0", "https://download.pytorch.org/whl/cpu")
 
@@ -81,15 +81,15 @@ def test_a_missing_requirements_file_names_the_table_that_declared_it(tmp_path):
     (tmp_path / "base.txt").write_text("einops\n")
     declared = project(tmp_path, '[clusters.gpu.node]\nrequirements = "gpu.txt"\n')
     with pytest.raises(FatpipeError) as caught:
-        node_venv(declared, "gpu", gpus=0)
+        node_venv(declared, declared.clusters.get("gpu"), gpus=0)
     assert str(caught.value).startswith("[clusters.gpu.node] requirements = 'gpu.txt': no such file")
-    assert node_venv(declared, "cpu", gpus=0).requirements is None  # the other cluster is not touched
+    assert node_venv(declared, declared.clusters.get("cpu"), gpus=0).requirements is None  # the other cluster is not touched
 
 
 def test_a_change_to_one_cluster_changes_only_its_stamp(tmp_path):
     def stamps(gpu_node: str) -> tuple[str, str]:
         both = project(tmp_path, gpu_node)
-        return tuple(venv_stamp(tmp_path, node_venv(both, name, gpus=0)) for name in ("cpu", "gpu"))
+        return tuple(venv_stamp(tmp_path, node_venv(both, both.clusters.get(name), gpus=0)) for name in ("cpu", "gpu"))
 
     cpu, gpu = stamps(GPU_NODE)
     assert cpu != gpu
@@ -107,8 +107,8 @@ def test_launch_builds_the_venv_its_cluster_declares(tmp_path, monkeypatch):
     both = project(tmp_path)
     node = SimpleNamespace(rdzv=SimpleNamespace(cluster="gpu"), transport=SimpleNamespace(shares_fs=False),
                            plan=SimpleNamespace(python=f"{REMOTE_VENV}/bin/python"))
-    prepare.prepare_envs(Cluster(both, log=print), [node], 0)
-    assert built["venv"] == node_venv(both, "gpu", gpus=0) and built["venv"].torch == "torch==2.12.0"
+    prepare.prepare_envs(Cluster(both, both.clusters["gpu"], log=print), [node], 0)
+    assert built["venv"] == node_venv(both, both.clusters.get("gpu"), gpus=0) and built["venv"].torch == "torch==2.12.0"
     assert built["stamp"] == venv_stamp(tmp_path, built["venv"])
 
 

@@ -147,7 +147,7 @@ def test_without_the_trainers_word_the_logs_and_exit_codes_tell(tmp_path):
 def test_the_collective_timeout_override_is_not_launchs_own_timeout():
     # launch's --timeout (the whole run) and the [train] override --timeout-s share a name,
     # timeout_s: each must keep its own value.
-    from fatpipe.cli.launch import launch
+    from fatpipe.cli.train_commands import launch
 
     ctx = launch.make_context("launch", ["c", "--timeout", "300", "--timeout-s", "8"])
     assert ctx.params["timeout_s"] == 300 and ctx.meta["train"] == {"timeout_s": 8.0}

@@ -203,7 +203,7 @@ def test_nodes_sharing_this_machines_files_fetch_once_and_check_clean(bucket, no
     assert result.fetched == {"demo-0": result.manifest["total_bytes"], "demo-1": 0}
     assert seen[-1] == ("demo-0", result.manifest["total_bytes"], result.manifest["total_bytes"],
                         result.manifest["total_bytes"])
-    assert read_local_manifest(project, "demo")["fingerprint"] == result.manifest["fingerprint"]
+    assert read_local_manifest(cluster)["fingerprint"] == result.manifest["fingerprint"]
     assert (project_dir / "data/set/train.bin").read_bytes() == OBJECTS["sets/v1/train.bin"]
     assert [v.problem for v in check_data(cluster, result.manifest)] == [None, None]
     spec = json.loads((project_dir / ".fatpipe/demo/data/fetch.json").read_text())

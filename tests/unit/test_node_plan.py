@@ -141,13 +141,15 @@ def test_each_node_line_says_what_this_machine_knows_it_holds_and_only_a_termina
 
     from fatpipe.cli.deploying import approve_node_changes
     from fatpipe.infra.project import load_project
+    from fatpipe.ops.reach.cluster import Cluster
 
     (project_dir / "fatpipe.toml").write_text('[clusters.lab]\nprovider = "sim"\nnodes = 2\nisolation = "loopback"\n')
     project = load_project()
+    lab = Cluster.resolve(project, "lab")
     found = [NodeChange("lab-0", "a", "stop and start", ("instance_type c5n.large -> c5n.xlarge",)),
              NodeChange("lab-1", "b", "destroy", ("no longer declared",))]
     monkeypatch.setattr("sys.stdin", io.StringIO("y\n"))  # piped: never taken for a yes
-    assert approve_node_changes(project, "lab", found, replace=False) is False
+    assert approve_node_changes(lab, found, replace=False) is False
     lines = capsys.readouterr().out.splitlines()
     assert lines == ["lab-0: stop and start (instance_type c5n.large -> c5n.xlarge); holds: unknown (no run or data push recorded here)",
                      "lab-1: destroy (no longer declared); holds: unknown (no run or data push recorded here)"]
@@ -158,7 +160,7 @@ def test_each_node_line_says_what_this_machine_knows_it_holds_and_only_a_termina
     (run / "metrics.jsonl").write_text(json.dumps({"step": 41, "loss": 3.0}) + "\n")
     (project.state_dir("lab") / "data").mkdir()
     (project.state_dir("lab") / "data" / "data-manifest.json").write_text(json.dumps({"path": "tokens", "total_bytes": 2_500_000_000}))
-    assert approve_node_changes(project, "lab", found, replace=True) is True
+    assert approve_node_changes(lab, found, replace=True) is True
     out = capsys.readouterr().out
     assert out.count("holds: 1 run folder(s) (newest 20261203-090000-abcd, step 41; checkpoints and outputs on the nodes), "
                      "staged data tokens (2.50 GB)") == 2, out

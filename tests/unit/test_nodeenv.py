@@ -49,18 +49,18 @@ def test_defaults_follow_this_machine_and_the_nodes_gpus(tmp_path, monkeypatch):
     monkeypatch.delenv("FATPIPE_TORCH_INDEX_URL", raising=False)
     monkeypatch.setenv("FATPIPE_TORCH", "torch==2.11.0")
     plain = project(tmp_path)
-    assert node_venv(plain, "c", gpus=0).torch == "torch==2.11.0"
-    assert node_venv(plain, "c", gpus=0).index == "https://download.pytorch.org/whl/cpu"
-    assert node_venv(plain, "c", gpus=8).index == ""  # PyPI: the CUDA builds
-    assert node_venv(plain, "c", gpus=0).requirements is None
+    assert node_venv(plain, plain.clusters.get("c"), gpus=0).torch == "torch==2.11.0"
+    assert node_venv(plain, plain.clusters.get("c"), gpus=0).index == "https://download.pytorch.org/whl/cpu"
+    assert node_venv(plain, plain.clusters.get("c"), gpus=8).index == ""  # PyPI: the CUDA builds
+    assert node_venv(plain, plain.clusters.get("c"), gpus=0).requirements is None
     (tmp_path / "requirements.txt").write_text("einops\n")
-    assert node_venv(plain, "c", gpus=0).requirements == "requirements.txt"
+    assert node_venv(plain, plain.clusters.get("c"), gpus=0).requirements == "requirements.txt"
     declared = project(tmp_path, '[node]\ntorch = "torch==2.13.0"\nrequirements = "node.txt"\n')
     with pytest.raises(FatpipeError, match="no such file"):
-        node_venv(declared, "c", gpus=0)
+        node_venv(declared, declared.clusters.get("c"), gpus=0)
     monkeypatch.setenv("FATPIPE_TORCH", "torch; echo hi")
     with pytest.raises(FatpipeError, match="FATPIPE_TORCH"):
-        node_venv(plain, "c", gpus=0)
+        node_venv(plain, plain.clusters.get("c"), gpus=0)
 
 
 def test_the_stamp_covers_the_whole_declaration(tmp_path, monkeypatch):
@@ -68,7 +68,7 @@ def test_the_stamp_covers_the_whole_declaration(tmp_path, monkeypatch):
     (tmp_path / "node.txt").write_text("einops\n")
 
     def stamp(table: str) -> str:
-        return venv_stamp(tmp_path, node_venv(project(tmp_path, "[node]\n" + table), "c", gpus=0))
+        return venv_stamp(tmp_path, node_venv(project(tmp_path, "[node]\n" + table), None, gpus=0))
 
     base = stamp('requirements = "node.txt"\n')
     assert base == stamp('requirements = "node.txt"\n')
@@ -82,7 +82,7 @@ def test_the_stamp_covers_the_whole_declaration(tmp_path, monkeypatch):
 def test_the_venv_installs_numpy_with_torch_and_each_requirement_as_one_argument(tmp_path, monkeypatch):
     monkeypatch.setenv("FATPIPE_TORCH", "torch==2.13.0")
     (tmp_path / "my reqs.txt").write_text("einops\n")
-    venv = node_venv(project(tmp_path, '[node]\nrequirements = "my reqs.txt"\npackages = ["a[b]>=1"]\n'), "c", 0)
+    venv = node_venv(project(tmp_path, '[node]\nrequirements = "my reqs.txt"\npackages = ["a[b]>=1"]\n'), None, 0)
     fetch = fetch_command("abc", venv)
     # torch and numpy (PowerSGD needs it) from torch's index, torchft and the project's from PyPI
     torchft = shlex.quote(f"{TORCHFT}; {TORCHFT_MARKER}")

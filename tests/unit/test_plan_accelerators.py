@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from fatpipe.cli.plan import _ACCELERATORS
+from fatpipe.cli.cluster_commands import _ACCELERATORS
 from fatpipe.infra import catalog
 from fatpipe.infra.accelerators import (
     ACCELERATORS,

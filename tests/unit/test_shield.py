@@ -36,6 +36,18 @@ sys.exit(0)
 """
 
 
+@pytest.fixture(autouse=True)
+def terminations_at_their_default():
+    """`nohup make test` starts the suite with SIGHUP ignored; these tests send terminations and
+    check that fatpipe puts back the default, so each starts from it and leaves what it found."""
+    found = {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGHUP)}
+    for signum in found:
+        signal.signal(signum, signal.SIG_DFL)
+    yield
+    for signum, handler in found.items():
+        signal.signal(signum, handler)
+
+
 def test_an_interrupt_is_passed_on_once_and_waited_for(tmp_path):
     made = tmp_path / "made"
     lines: list[str] = []

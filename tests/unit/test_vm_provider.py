@@ -90,7 +90,7 @@ def test_stack_boots_each_vm_with_the_clouds_user_data_and_no_shell(tmp_path, cl
         assert node["input"]["user_data"] == literal(provider_for(cloud).user_data(cluster))
         assert "torch==" not in node["input"]["user_data"]
         wheels = json.loads(node["input"]["wheels"])
-        assert wheels["requirements"][:2] == [node_venv(p, "v", 0).torch, "numpy"] and wheels["index"] == []
+        assert wheels["requirements"][:2] == [node_venv(p, p.clusters.get("v"), 0).torch, "numpy"] and wheels["index"] == []
         assert node["input"]["mtu"] == mtu
         taps.add(node["input"]["tap"])
         up, down = (p["local-exec"] for p in node["provisioner"])
