@@ -1,6 +1,6 @@
-"""`up`'s walk (issue 44, item 1): each phase crosses from cli into ops with the run once, traced by
-a profile hook over a real `fatpipe up` on two local nodes (bench/reentry.py's `PhaseWalk`, which
-reads calls, not imports). A phase that does its work through several ops calls from the command
+"""`up`'s walk (issue 44, item 1): each phase crosses from cli into ops with the run once, and a
+launch's rendezvous and a push's cluster come back to no ops room they left, traced by a profile
+hook over real commands on two local nodes (bench/reentry.py, which reads calls, not imports). A phase that does its work through several ops calls from the command
 (the launch's firewall check, data check and launch, as before `ops/run/training.py`) fails here.
 """
 
@@ -35,6 +35,17 @@ def test_each_phase_of_up_crosses_into_ops_once(project_dir):
     assert walk["before netcheck"] == ["up.py -> run/guard.py:refuse_if_running",
                                        "up.py -> reach/deployment.py:reusable_netcheck"]
     assert work["launch"] == ["steps.py -> run/training.py:launch_training"]
+
+
+def test_a_launchs_rendezvous_and_a_pushs_cluster_come_back_to_no_room(project_dir):
+    """Done-when of item 1: traced through ops, neither steps back into an ops room it had left."""
+    reentry = bench_reentry()
+    reentry.local_cluster(project_dir)
+    pushed = reentry.traced(["data", "push"], reentry.carries_outputs)
+    launched = reentry.traced(["launch", "--", "train.py"], reentry.is_rendezvous)
+    assert pushed["calls"] and launched["calls"]
+    assert (pushed["rooms"]["re_entries"], launched["rooms"]["re_entries"]) == (0, 0), (pushed["path"],
+                                                                                        launched["path"])
 
 
 def test_the_walk_sees_a_phase_that_crosses_twice():
