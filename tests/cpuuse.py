@@ -22,6 +22,13 @@ def own_group() -> Path | None:
     """A cpuacct cgroup holding this process from now on; None where none can be made."""
     if os.geteuid() != 0 or not (CPUACCT / "cgroup.procs").exists():
         return None
+    for stale in CPUACCT.glob("fatpipe-tests-*"):  # an earlier run's, left while a child still ended
+        pid = stale.name.rsplit("-", 1)[-1]
+        if not (pid.isdigit() and Path(f"/proc/{pid}").exists()):
+            try:
+                stale.rmdir()  # only an empty group goes
+            except OSError:
+                pass
     group = CPUACCT / f"fatpipe-tests-{os.getpid()}"
     try:
         group.mkdir(exist_ok=True)
