@@ -66,14 +66,16 @@ NO_TORCHFT = ('echo "fatpipe: no torchft wheel for this node: fault_tolerance = 
 
 def install_line(stamp: str, venv: NodeVenv, find_links: str) -> str:
     """A venv from empty, installed from `find_links` alone (torchft when it is there), then
-    stamped."""
+    stamped. --no-compile: byte-compiling all of torch's several thousand modules costs a node
+    more CPU than the install itself; the trainer's imports compile the few hundred it uses on
+    first start, into the venv's own caches."""
     py = f"{REMOTE_VENV}/bin/python"
+    pip = f"{py} -m pip install -q --no-index --no-compile"
     source = shlex.join(["--find-links", find_links, *trusted(find_links)])
     torchft = shlex.quote(f"{TORCHFT}; {TORCHFT_MARKER}")
     return (f"python3 -m venv --clear {REMOTE_VENV}; "
-            f"{py} -m pip install -q --no-index {source} "
-            f"{shlex.join(base_requirements(venv))}; "
-            f"{py} -m pip install -q --no-index {source} {torchft} 2>/dev/null || {NO_TORCHFT}; "
+            f"{pip} {source} {shlex.join(base_requirements(venv))}; "
+            f"{pip} {source} {torchft} 2>/dev/null || {NO_TORCHFT}; "
             f"echo {stamp} > {STAMP_FILE}")
 
 

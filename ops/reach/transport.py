@@ -22,6 +22,7 @@ from typing import TypeVar
 from fatpipe.infra.errors import FatpipeError
 
 from .hostkeys import known_hosts_options, policy_for, ssh_config
+from .keepalive import alive_options
 
 CONTROL_DIR_ENV = "FATPIPE_SSH_CONTROL_DIR"
 CONNECT_TIMEOUT_S = 10
@@ -172,8 +173,7 @@ class SshTransport(Transport):
             "-o", "BatchMode=yes",
             *known_hosts_options(self.host_keys, self.known_hosts, self.config, self.host, self.port),
             "-o", f"ConnectTimeout={CONNECT_TIMEOUT_S}",
-            "-o", "ServerAliveInterval=15",
-            "-o", "ServerAliveCountMax=4",
+            *alive_options(),
             "-o", "ControlMaster=auto",
             "-o", f"ControlPath={control_dir()}/%C",
             "-o", f"ControlPersist={CONTROL_PERSIST_S}",

@@ -2,14 +2,24 @@
 hashicorp/aws provider, against moto's server (an AWS API emulator) on 127.0.0.1; one cluster in
 one region, one across three (moto serves every region from one endpoint).
 
+The one-region cluster also shows that changing the project never replaces a node without asking
+(real plans, real applies): a version bump, new requirements and another torch deploy with no change
+to any instance; a machine type change (an in-place stop and start) is refused without `--replace`,
+one line per node, the state untouched; `--replace` goes through, the same instances now of the new
+type. (One cluster for both: each apply with the real provider costs minutes on a loaded machine. A
+replace and a node made again after it is gone are read from real plans in
+tests/system/test_deploy_replace.py's sim test and in tests/unit/test_node_plan.py.)
+
 What moto does not implement is swapped out by an override file in these tests alone, and each
 test asserts exactly what was swapped; everything else of the stack is created and destroyed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import subprocess
 import sys
 from itertools import combinations
@@ -56,6 +66,15 @@ def emulator_override(endpoint: str, aws_version: str, regions: list[str] | None
     return doc
 
 
+# moto reads a member rule's group back as "<account>/sg-..." and without its description, so every
+# plan after the first would modify the rule, which moto answers 400: ignored where a test plans
+# again. (It reads no instance's security groups back either: each plan adds them again in place,
+# an update that stops nothing, so it is applied without a question.)
+MOTO_DRIFT = ("referenced_security_group_id", "description")
+MEMBER_RULES = ("aws_vpc_security_group_ingress_rule.in_from_members",
+                "aws_vpc_security_group_egress_rule.out_to_members")
+
+
 @pytest.fixture
 def moto_server():
     port = free_port()
@@ -69,10 +88,10 @@ def moto_server():
     proc.wait(10)
 
 
-def fatpipe(folder: Path, env: dict, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    proc = subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env,
+def fatpipe(folder: Path, env: dict, *args: str, timeout: float = 900, stdin=None) -> subprocess.CompletedProcess:
+    """`fatpipe ARGS`; with `stdin=subprocess.DEVNULL` no terminal answers: a question is a refusal."""
+    return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, stdin=stdin,
                           capture_output=True, text=True, timeout=timeout)
-    return proc
 
 
 def fatpipe_left(ec2, cluster: str = CLUSTER) -> dict[str, list[str]]:
@@ -127,12 +146,39 @@ def missing_resources(folder: Path, cluster: str, state: list[str]) -> set[str]:
     return declared - {address.split("[")[0] for address in state if not address.startswith("data.")}
 
 
+def instances(ec2, cluster: str = CLUSTER) -> dict[str, tuple[str, str]]:
+    """{node name: (instance id, type)} of the cluster's live instances in the emulator."""
+    tagged = [{"Name": "tag:fatpipe:cluster", "Values": [cluster]}]
+    found = {}
+    for reservation in ec2.describe_instances(Filters=tagged)["Reservations"]:
+        for i in reservation["Instances"]:
+            if i["State"]["Name"] != "terminated":
+                name = next(t["Value"] for t in i["Tags"] if t["Key"] == "Name")
+                found[name] = (i["InstanceId"], i["InstanceType"])
+    return found
+
+
+def digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
 @pytest.mark.slow
-def test_aws_stack_deploys_and_destroys_against_the_emulator(aws_mirror, moto_server, tmp_path, monkeypatch):
+@pytest.mark.timeout(1800)  # five terraform steps with the real provider, a stop and start of each node
+def test_aws_stack_deploys_changes_only_when_asked_and_destroys_against_the_emulator(aws_mirror, moto_server,
+                                                                                     tmp_path, monkeypatch):
     import boto3
 
-    env = emulated_project(tmp_path, CLUSTER, f'region = "us-east-1"\nnodes = {NODES}\ntier = "10g"\n',
-                           emulator_override(moto_server, aws_mirror.version), moto_server, aws_mirror, monkeypatch)
+    def table(instance_type: str) -> str:
+        return f'region = "us-east-1"\nnodes = {NODES}\ntier = "10g"\ninstance_type = "{instance_type}"\n'
+
+    override = emulator_override(moto_server, aws_mirror.version)
+    for rule in MEMBER_RULES:
+        rtype, name = rule.split(".")
+        override["resource"].setdefault(rtype, {})[name] = {"lifecycle": {"ignore_changes": list(MOTO_DRIFT)}}
+    env = emulated_project(tmp_path, CLUSTER, table("c5n.2xlarge"), override, moto_server, aws_mirror, monkeypatch)
+    env["FATPIPE_TORCH"] = "torch==2.12.0"
+    (tmp_path / "pyproject.toml").write_text('[project]\nname = "mine"\nversion = "1.0.0"\n')
+    (tmp_path / "requirements.txt").write_text("einops==0.7.0\n")
     state_dir = tmp_path / ".fatpipe" / CLUSTER
     ec2 = boto3.client("ec2", region_name="us-east-1", endpoint_url=moto_server)
 
@@ -151,6 +197,8 @@ def test_aws_stack_deploys_and_destroys_against_the_emulator(aws_mirror, moto_se
     assert sum(a.startswith("aws_instance.nodes[") for a in state) == NODES
     left = fatpipe_left(ec2)
     assert len(left["instances"]) == NODES and len(left["vpcs"]) == 1 and len(left["keys"]) == 1
+    made = instances(ec2)
+    assert sorted(made) == [f"{CLUSTER}-{i}" for i in range(NODES)]
 
     status = fatpipe(tmp_path, env, "status", "--json", timeout=120)
     assert status.returncode == 0, status.stdout + status.stderr
@@ -158,7 +206,36 @@ def test_aws_stack_deploys_and_destroys_against_the_emulator(aws_mirror, moto_se
     assert doc["deployed"] and [n["name"] for n in doc["nodes"]] == [f"{CLUSTER}-{i}" for i in range(NODES)]
     assert not any(n["ready"] for n in doc["nodes"])  # nothing boots in an emulator
 
-    down = fatpipe(tmp_path, env, "down", "--engine", "terraform")
+    try:
+        # What changes with the project: nothing of it is any node's.
+        (tmp_path / "pyproject.toml").write_text('[project]\nname = "mine"\nversion = "1.0.1"\n')
+        (tmp_path / "requirements.txt").write_text("einops==0.8.0\ntiktoken\n")
+        bumped = fatpipe(tmp_path, {**env, "FATPIPE_TORCH": "torch==2.13.0"}, "deploy", "--engine", "terraform",
+                         "--yes", "-v", stdin=subprocess.DEVNULL)
+        assert bumped.returncode == 0, bumped.stdout + bumped.stderr
+        assert re.search(r"Apply complete! Resources: 0 added, \d+ changed, 0 destroyed", bumped.stderr), \
+            bumped.stderr[-3000:]
+        assert "replace" not in bumped.stdout and "stop and start" not in bumped.stdout
+        assert instances(ec2) == made
+
+        # Another machine type: EC2 stops and starts each instance. Refused without --replace.
+        toml = tmp_path / "fatpipe.toml"
+        toml.write_text(toml.read_text().replace('"c5n.2xlarge"', '"c6in.2xlarge"'))
+        before = digest(state_dir / "terraform.tfstate")
+        refused = fatpipe(tmp_path, env, "deploy", "--engine", "terraform", "--yes", stdin=subprocess.DEVNULL)
+        assert refused.returncode != 0
+        lines = [line for line in refused.stdout.splitlines() if re.match(rf"{CLUSTER}-\d: ", line)]
+        assert lines == [f"{CLUSTER}-{i}: stop and start (instance_type c5n.2xlarge -> c6in.2xlarge); holds: "
+                         "unknown (no run or data push recorded here)" for i in range(NODES)], refused.stdout
+        assert "nothing was changed" in refused.stderr and "--replace" in refused.stderr
+        assert digest(state_dir / "terraform.tfstate") == before and instances(ec2) == made
+
+        replaced = fatpipe(tmp_path, env, "deploy", "--engine", "terraform", "--yes", "--replace",
+                           stdin=subprocess.DEVNULL)
+        assert replaced.returncode == 0, replaced.stdout + replaced.stderr
+        assert instances(ec2) == {name: (iid, "c6in.2xlarge") for name, (iid, _) in made.items()}
+    finally:
+        down = fatpipe(tmp_path, env, "down", "--engine", "terraform")
     assert down.returncode == 0, down.stdout + down.stderr
     assert not (state_dir / "outputs.json").exists()
     assert fatpipe_left(ec2) == NOTHING_LEFT

@@ -2,7 +2,8 @@
 happened. A 2-node sim cluster reached over SSH (an sshd in each node's namespace), deployed once.
 
 - The follower's ssh of a node killed mid-run, then the operator's packets to that node dropped
-  inside it for longer than ssh's keep-alive gives up (15 s x 4): the run finishes, exit 0,
+  inside it for longer than ssh's keep-alive gives up (4 s x 4 here, FATPIPE_SSH_ALIVE_S; 15 s x 4
+  by default): the run finishes, exit 0,
   and every line of every node's log is printed exactly once.
 - `up --down-after` past `--unreachable-timeout`: exit 75 and one line, nothing stopped, the
   cluster left up; `fatpipe logs -f` reattaches once the node answers and sees the run end.
@@ -27,6 +28,8 @@ import faults
 import psutil
 import pytest
 
+from fatpipe.ops.reach.keepalive import ALIVE_COUNT
+
 from .conftest import require_ssh_sim, ssh_sim_toml
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1500)]
@@ -36,11 +39,12 @@ OPERATOR = f"10.{OCTET}.0.1"  # this machine's address on the cluster's bridge (
 CONTROL_DIR = tempfile.mkdtemp(prefix="fp-cm-fw-")
 TRAIN = ["--max-restarts", "0", "--remote-python", sys.executable, "--preset", "tiny", "--batch-size", "2",
          "--seq-len", "32", "--comm", "none", "--warmup-steps", "1"]
-KEEPALIVE_GIVES_UP_S = 15 * 4  # ops.reach.transport: ServerAliveInterval x ServerAliveCountMax
+ALIVE_S = 4  # FATPIPE_SSH_ALIVE_S: the partition outlasts ssh's keep-alive sooner than by default
+KEEPALIVE_GIVES_UP_S = ALIVE_S * ALIVE_COUNT  # ops.reach.keepalive: ServerAliveInterval x ServerAliveCountMax
 
 
 def env() -> dict[str, str]:
-    return faults.cli_env(FATPIPE_SSH_CONTROL_DIR=CONTROL_DIR, COLUMNS="250")
+    return faults.cli_env(FATPIPE_SSH_CONTROL_DIR=CONTROL_DIR, COLUMNS="250", FATPIPE_SSH_ALIVE_S=str(ALIVE_S))
 
 
 def fatpipe(folder: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
@@ -188,7 +192,7 @@ def assert_every_line_once(output: str, folder: Path, run_id: str) -> None:
 
 def test_a_killed_follower_and_a_partition_past_the_keepalive_cost_nothing(cluster):
     # -v: every line of every node's log (the terminal otherwise leaves c10d's warnings to the logs)
-    launch = Background(cluster, "launch", NAME, "-v", *TRAIN, "--steps", "200", "--timeout", "900")
+    launch = Background(cluster, "launch", NAME, "-v", *TRAIN, "--steps", "120", "--timeout", "900")
     try:
         run_id = launch.run_id()
         launch.wait_steps(5)
@@ -216,7 +220,7 @@ def test_a_killed_follower_and_a_partition_past_the_keepalive_cost_nothing(clust
     output = launch.output()
     assert code == 0, output[-6000:]
     assert_every_line_once(output, cluster, run_id)
-    assert "step 200/200" in output, output[-4000:]
+    assert "step 120/120" in output, output[-4000:]
     local = cluster / ".fatpipe" / NAME / "runs" / run_id
     assert (local / "node-0.exit").read_text().strip() == "0"  # pulled once it answered again
     assert not list(local.glob("node-*.stop")), "a node was stopped"

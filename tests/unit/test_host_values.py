@@ -13,7 +13,7 @@ import stat
 import pytest
 from click.testing import CliRunner
 
-from fatpipe.infra.errors import ConfigError
+from fatpipe.infra.errors import ConfigError, FatpipeError
 from fatpipe.infra.project import parse_project
 from fatpipe.ops.reach import transport as transport_module
 from fatpipe.ops.reach.transport import (
@@ -103,6 +103,25 @@ def test_ssh_and_rsync_never_read_the_host_as_an_option(tmp_path, monkeypatch):
     for argv, host in zip(seen, ("-oProxyCommand=touch x", "[2001:db8::7]"), strict=True):
         assert argv[0] == "rsync" and argv[-3:] == ["--", f"{host}:runs/x/", f"{tmp_path / 'back'}/"]
         assert "s" in argv[1]  # the remote path goes through rsync's protocol, not the node's shell
+
+
+@pytest.mark.parametrize("value, interval", [(None, "15"), ("4", "4"), (" 600 ", "600"), ("0", None),
+                                             ("601", None), ("1.5", None), ("5; touch x", None)])
+def test_the_keepalive_is_whole_seconds_from_the_environment(tmp_path, monkeypatch, value, interval):
+    """ssh gives a quiet connection up after 4 unanswered probes, every 15 s unless
+    FATPIPE_SSH_ALIVE_S says otherwise; anything but 1-600 whole seconds is a one-line error."""
+    monkeypatch.setattr(transport_module, "control_dir", lambda: tmp_path)
+    if value is None:
+        monkeypatch.delenv("FATPIPE_SSH_ALIVE_S", raising=False)
+    else:
+        monkeypatch.setenv("FATPIPE_SSH_ALIVE_S", value)
+    t = SshTransport("n0", "10.0.0.1", tmp_path / "known_hosts")
+    if interval is None:
+        with pytest.raises(FatpipeError, match="FATPIPE_SSH_ALIVE_S must be a whole number of seconds"):
+            t.argv("true")
+        return
+    argv = t.argv("true")
+    assert f"ServerAliveInterval={interval}" in argv and "ServerAliveCountMax=4" in argv
 
 
 @pytest.fixture

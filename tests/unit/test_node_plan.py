@@ -2,7 +2,7 @@
 
 The plans below have the shape `terraform show -json PLANFILE` writes (format 1.2): one resource
 change per instance, its actions, the values before and after, what forces a replacement.
-tests/system/test_deploy_replace.py reads real plans of the same changes.
+tests/system/test_deploy_replace.py and test_aws_emulator.py read real plans of the same changes.
 """
 
 from __future__ import annotations

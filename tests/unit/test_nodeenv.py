@@ -90,9 +90,10 @@ def test_the_venv_installs_numpy_with_torch_and_each_requirement_as_one_argument
     assert "--find-links .fatpipe/wheels/abc.partial -r 'my reqs.txt' 'a[b]>=1';" in fetch
     # torchft on its own, pinned to the declared torch; without it the venv still builds
     assert f"--find-links .fatpipe/wheels/abc.partial {torchft} torch==2.13.0 || echo" in fetch
-    offline = "--no-index --find-links {} torch==2.13.0 numpy -r 'my reqs.txt' 'a[b]>=1';"
-    assert offline.format(".fatpipe/wheels/abc") in fetch  # node 0: from its own folder
-    assert f"--no-index --find-links .fatpipe/wheels/abc {torchft} 2>/dev/null || echo" in fetch
+    # node 0 from its own folder; a venv's install leaves byte-compiling to the imports
+    offline = "--no-index --no-compile --find-links {} torch==2.13.0 numpy -r 'my reqs.txt' 'a[b]>=1';"
+    assert offline.format(".fatpipe/wheels/abc") in fetch
+    assert f"--no-index --no-compile --find-links .fatpipe/wheels/abc {torchft} 2>/dev/null || echo" in fetch
     peer = peer_command("abc", venv, "http://10.0.0.10:8000/")
     assert "--find-links http://10.0.0.10:8000/ --trusted-host 10.0.0.10:8000 torch==2.13.0" in peer
     assert "pip download" not in peer

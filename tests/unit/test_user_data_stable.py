@@ -1,8 +1,8 @@
 """What changes with the project (its version, requirements, packages, this machine's torch) never
 reaches a node's declaration: each cloud's node resource synthesizes byte for byte the same, so
 the next deploy has nothing to replace. The boot tuning still does: another tier is another
-node (tests/system/test_deploy_replace.py applies both for real, tests/unit/test_node_profile.py
-shows the tier in the user data)."""
+node (tests/system/test_aws_emulator.py and test_deploy_replace.py apply both for real,
+tests/unit/test_node_profile.py shows the tier in the user data)."""
 
 from __future__ import annotations
 
