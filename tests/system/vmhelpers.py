@@ -9,19 +9,20 @@ from pathlib import Path
 
 from conftest import skip_or_fail
 
-from fatpipe.stacks.vm.image import build_image, missing_tools
+from fatpipe.stacks.vm.image import build_image, default_cache, missing_tools
 
-REPO = Path(__file__).resolve().parents[2]
 BOOT_TIMEOUT_S = 1200  # TCG on a loaded 2-core machine: generous, no timing asserted
 
 
 def vm_image_cache() -> Path:
-    """The base image, built once and cached (FATPIPE_VM_CACHE, else .tools/vm-image)."""
+    """The base image, built once and cached where a user's is (FATPIPE_VM_CACHE, else
+    ~/.cache/fatpipe/vm-image): a clean clone finds the image and the wheel disk of the runs before
+    it, as a second project of a user does; a changed recipe or requirement list is built anew."""
     if os.geteuid() != 0:
         skip_or_fail("vm nodes need root (taps on a bridge, debootstrap)")
     if missing_tools():
         skip_or_fail(f"needs the Debian packages {' '.join(missing_tools())} (make system-packages, as root)")
-    cache = Path(os.environ.get("FATPIPE_VM_CACHE") or REPO / ".tools" / "vm-image")
+    cache = default_cache()
     build_image(cache, log=print)
     return cache
 
