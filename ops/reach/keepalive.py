@@ -16,7 +16,7 @@ def alive_interval_s() -> int:
     raw = os.environ.get(ALIVE_ENV, "").strip()
     if not raw:
         return ALIVE_S
-    if not raw.isdigit() or not 1 <= int(raw) <= 600:
+    if not (raw.isascii() and raw.isdigit()) or not 1 <= int(raw) <= 600:
         raise FatpipeError(f"{ALIVE_ENV} must be a whole number of seconds from 1 to 600, not {raw!r}")
     return int(raw)
 

@@ -106,7 +106,7 @@ def test_ssh_and_rsync_never_read_the_host_as_an_option(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("value, interval", [(None, "15"), ("4", "4"), (" 600 ", "600"), ("0", None),
-                                             ("601", None), ("1.5", None), ("5; touch x", None)])
+                                             ("601", None), ("1.5", None), ("5; touch x", None), ("\u00b2", None)])
 def test_the_keepalive_is_whole_seconds_from_the_environment(tmp_path, monkeypatch, value, interval):
     """ssh gives a quiet connection up after 4 unanswered probes, every 15 s unless
     FATPIPE_SSH_ALIVE_S says otherwise; anything but 1-600 whole seconds is a one-line error."""
