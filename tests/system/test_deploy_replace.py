@@ -8,7 +8,6 @@ emulator's cluster in tests/system/test_aws_emulator.py, which applies the real 
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import shutil
@@ -19,16 +18,15 @@ from pathlib import Path
 import pytest
 from conftest import skip_or_fail
 
+from .test_aws_emulator import digest
+
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+
 
 def fatpipe(folder: Path, env: dict, *args: str, timeout: float = 900) -> subprocess.CompletedProcess:
     """`fatpipe ARGS` with no terminal on stdin: a question would be a refusal."""
     return subprocess.run([sys.executable, "-m", "fatpipe.cli", *args], cwd=folder, env=env, stdin=subprocess.DEVNULL,
                           capture_output=True, text=True, timeout=timeout)
-
-
-def digest(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
 # -- sim: terraform_data nodes, both engines ---------------------------------------------------------
