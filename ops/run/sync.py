@@ -33,6 +33,9 @@ from .headline import keep_headline
 RUN_INPUTS = (RENDEZVOUS_FILE, "node-*.env", "node-*.sh", NETCHECK_FILE, "manifest.json")
 CHECKPOINTS = "checkpoints"
 PULL_PREFIX = ".pull-"
+# rsync's exit status when files vanished between its listing and their copy: a running run
+# renames its files into place, so the pull came whole but for files that no longer exist.
+RSYNC_VANISHED = 24
 # node-<rank>.log, .pid, .ident, .keeper, .exit, .stop, .earlier.log: written by that node's wrapper alone.
 _PER_NODE = re.compile(r"^node-(\d+)\.")
 
@@ -79,14 +82,15 @@ def into_partial(parent: Path, label: str, copy: Callable[[Path], Result],
                  expect: str) -> tuple[Path | None, str | None]:
     """Run `copy` into a fresh partial folder (`.pull-<label>-*` inside `parent`, so that a rename
     from it into place is atomic) and check it: rsync's status, and that `expect` (a path inside
-    it) came. (the folder, None), or (None, why) with the folder removed; nothing is placed yet."""
+    it) came; files that vanished on the source mid-copy are not missed. (the folder, None), or
+    (None, why) with the folder removed; nothing is placed yet."""
     partial = Path(tempfile.mkdtemp(prefix=f"{PULL_PREFIX}{label}-", dir=parent))
     try:
         result = copy(partial)
     except BaseException:  # Ctrl-C mid-copy: no partial folder left behind
         shutil.rmtree(partial, ignore_errors=True)
         raise
-    why = None if result.ok else result.reason()
+    why = None if result.ok or result.returncode == RSYNC_VANISHED else result.reason()
     if why is None and not (partial / expect).exists():
         why = f"{expect} is missing there"
     if why is None:

@@ -25,9 +25,9 @@ class FolderTransport(LocalTransport):
 
     shares_fs = False
 
-    def __init__(self, name: str, home: Path, fail: str | None = None):
+    def __init__(self, name: str, home: Path, fail: str | None = None, code: int = 23):
         super().__init__(name)
-        self.home, self.fail = home, fail
+        self.home, self.fail, self.code = home, fail, code
         self.pulls: list[tuple[str, tuple]] = []
 
     def argv(self, command: str) -> list[str]:
@@ -38,12 +38,12 @@ class FolderTransport(LocalTransport):
         ignore = shutil.ignore_patterns("checkpoints") if "/checkpoints/" in excludes else None
         shutil.copytree(self.home / src, dest, dirs_exist_ok=True, ignore=ignore)
         if self.fail:
-            return Result(23, "", self.fail)
+            return Result(self.code, "", self.fail)
         return Result(0, "", "")
 
 
-def node(name: str, rank: int, home: Path, fail: str | None = None, live: bool = False):
-    return SimpleNamespace(name=name, transport=FolderTransport(name, home, fail),
+def node(name: str, rank: int, home: Path, fail: str | None = None, live: bool = False, code: int = 23):
+    return SimpleNamespace(name=name, transport=FolderTransport(name, home, fail, code),
                            plan=SimpleNamespace(rank=rank, workdir="proj"),
                            rdzv=SimpleNamespace(run_rel=RUN_REL, run_id="r1", live=live))
 
@@ -112,6 +112,14 @@ def test_a_failed_pull_is_named_and_changes_nothing_here(cluster):
     assert (cluster.local / "node-1.log").read_text() == "the log pulled last time"
     assert (cluster.local / "node-0.log").read_text() == "log of node 0"  # the other node's came
     assert not list(cluster.local.glob(".pull-*"))
+
+
+def test_a_pull_from_a_running_node_whose_files_vanished_mid_copy_is_placed(cluster):
+    """rsync's 24: a running run renamed files between rsync's listing and their copy."""
+    vanished = "rsync warning: some files vanished before they could be transferred (code 24)"
+    pulled = sync.pull_runs([node("c-0", 0, cluster.homes[0], fail=vanished, code=24)], cluster.local)
+    assert pulled.ok and "metrics.jsonl" in pulled.placed["c-0"]
+    assert (cluster.local / "metrics.jsonl").read_text() == '{"step": 30}\n'
 
 
 def test_a_pull_without_the_nodes_log_is_a_failure(cluster):
