@@ -5,9 +5,10 @@ project folder, runs the full netcheck and `netcheck --quick` `--repeat` times, 
 which goes first, each a new measurement (no result reused), then shapes one node's link to a
 quarter of the tier and runs a quick netcheck, which must fail naming that node. Prints busbw
 per size against the tier and against what TCP can carry over a 1500-byte MTU (1448/1514 of the
-wire rate), then the goal (issue 35): quick's busbw within 5% of the sweep's, in at most a third
-of its time, as medians with each run beside them, and the load average, since the sim's links
-share this machine's CPUs with everything else.
+wire rate), then the goal (issues 35 and 45): quick's busbw within 5% of the sweep's, in at most a
+third of its time, as medians with each run beside them, quick's busbw (its ring of plain sockets)
+against gloo's at the same size in the sweep, and the load average, since the sim's links share
+this machine's CPUs with everything else.
 
     sudo .venv/bin/python bench/netcheck_sim.py [--repeat 3] [--quick] [--nodes 4] [--out bench/out]
 """
@@ -114,7 +115,13 @@ def compare(full: list[dict], quick: list[dict]) -> dict:
     busbw_met, time_met = abs(busbw_ratio - 1) <= 0.05, time_ratio <= 1 / 3
     print(f"quick/full busbw {busbw_ratio:.3f} (goal within 0.95-1.05: {'met' if busbw_met else 'missed'}); "
           f"quick/full time {time_ratio:.3f} (goal <= 0.333: {'met' if time_met else 'missed'})")
+    # The quick check's backend (a ring of plain sockets, no torch) against gloo's at the same size.
+    size = quick[0]["doc"]["busbw_size"]
+    same = statistics.median(row["busbw_gbps"] for r in full for row in r["doc"]["allreduce"] if row["size"] == size)
+    print(f"at {size >> 20} MiB: quick ({quick[0]['doc']['backend']}) {med['quick']['busbw_gbps']:.3f} against "
+          f"the sweep ({full[0]['doc']['backend']}) {same:.3f} Gbit/s: {med['quick']['busbw_gbps'] / same:.3f}")
     return {"median": med, "busbw_ratio": busbw_ratio, "time_ratio": time_ratio,
+            "same_size": {"size": size, "full_busbw_gbps": same, "ratio": med["quick"]["busbw_gbps"] / same},
             "busbw_goal_met": busbw_met, "time_goal_met": time_met,
             "full_s": [r["elapsed_s"] for r in full], "quick_s": [r["elapsed_s"] for r in quick],
             "full_busbw": [r["doc"]["busbw_gbps"] for r in full],

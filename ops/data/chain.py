@@ -51,7 +51,7 @@ def chain_argv(outputs, i: int, timeout_s: float, source_ready: str | None) -> l
 
 
 class NodeChain:
-    """The chain's program on one node, its output read line by line."""
+    """A node program on one node (the chain's, or the quick link check's), its output read line by line."""
 
     def __init__(self, t, workdir: str, python: str, line: str, sink: Callable[[str, str], None]):
         self.node, self.tail = t.node_name, []
@@ -138,8 +138,12 @@ def fan_out_chain(cluster: Cluster, manifest: dict, remote_python: str | None,
     return report
 
 
-def wait_chain(chain: list[NodeChain], timeout: float) -> NodeChain | None:
-    """Wait for every node's program; the first one that failed (the others are stopped then)."""
+def wait_chain(chain: list[NodeChain], timeout: float, broke: str = "staging chain broke",
+               late: str = "data fan-out timed out after {timeout:.0f} s (run the push again: it resumes)",
+               ) -> NodeChain | None:
+    """Wait for every node's program; the first one that failed (the others are stopped then), not
+    one that only says `broke` (its neighbour failed) while another says more. `late`: the error
+    past `timeout`."""
     deadline = time.monotonic() + timeout
     while True:
         codes = [node.proc.poll() for node in chain]
@@ -149,9 +153,9 @@ def wait_chain(chain: list[NodeChain], timeout: float) -> NodeChain | None:
             bad = [node for node in chain if node.proc.poll() not in (None, 0)]
             for node in bad:
                 node.reader.join(timeout=10)
-            return next((node for node in bad if "staging chain broke" not in node.why()), bad[0])
+            return next((node for node in bad if broke not in node.why()), bad[0])
         if all(code == 0 for code in codes):
             return None
         if time.monotonic() > deadline:
-            raise FatpipeError(f"data fan-out timed out after {timeout:.0f} s (run the push again: it resumes)")
+            raise FatpipeError(late.format(timeout=timeout))
         time.sleep(0.05)

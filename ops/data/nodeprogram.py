@@ -1,10 +1,12 @@
-"""The data side's node program, sent with the command: one round trip, nothing installed first.
+"""The node programs of the data side and the quick link check, sent with the command: one
+round trip, nothing installed first.
 
-A node runs `python3 -c <node/databoot.py>` in its project folder and reads the rest on its standard
-input in one JSON line: the standard-library modules of `fatpipe.trainer.staging` that the check
-and the chain need (as this machine has them, so a node runs the operator's version), the files to
-write first (the manifest), the environment and the entry point. No venv, no torch, no trainer
-package on the node: a fresh node checks and receives data before its environment exists.
+A node runs `python3 -c <node/databoot.py>` and reads the rest on its standard input in one JSON
+line: the standard-library modules of `fatpipe.trainer` the program needs (the staging check and
+chain: STAGING; the quick link check: NETCHECK), as this machine has them, so a node runs the
+operator's version; the files to write first (the manifest), the environment and the entry point.
+No venv, no torch, no trainer package on the node: a fresh node checks and receives data, and
+measures its links, before its environment exists.
 """
 
 from __future__ import annotations
@@ -14,23 +16,29 @@ import shlex
 from pathlib import Path
 
 from fatpipe.node import source_file
-from fatpipe.trainer.staging import manifest as _manifest
+from fatpipe.trainer import bandwidth as _bandwidth
 
 from ..reach.projectdir import NODE_CHECKS_FILE as NODE_CHECKS
 
 BOOT = source_file("databoot")
 CLAIMED = "fatpipe-claimed: "  # as node/databoot.py says it
-STAGING = Path(_manifest.__file__).parent
-SENT_MODULES = ("names", "hashcache", "manifest", "tidy", "record", "check", "chainfiles", "chainlink", "stage")
+TRAINER = Path(_bandwidth.__file__).parent
+# The standard-library modules of the trainer each program needs, by their path under trainer/.
+STAGING = ("staging/names", "staging/hashcache", "staging/manifest", "staging/tidy", "staging/record",
+           "staging/check", "staging/chainfiles", "staging/chainlink", "staging/stage")
+NETCHECK = ("bandwidth", "net/iperf3", "net/p2psocket", "net/p2p", "net/ring", "net/quick")
 
 
-def modules() -> dict[str, tuple[bool, str]]:
+def modules(sent_paths: tuple[str, ...] = STAGING) -> dict[str, tuple[bool, str]]:
     """name -> (is a package, source): the packages as empty shells (fatpipe.trainer's own
-    __init__ may want torch), the staging modules as they are here."""
-    sent = {"fatpipe": (True, ""), "fatpipe.trainer": (True, ""),
-            "fatpipe.trainer.staging": (True, (STAGING / "__init__.py").read_text())}
-    for name in SENT_MODULES:
-        sent[f"fatpipe.trainer.staging.{name}"] = (False, (STAGING / f"{name}.py").read_text())
+    __init__ may want torch) but for their docstrings, the modules as they are here."""
+    sent = {"fatpipe": (True, ""), "fatpipe.trainer": (True, "")}
+    for rel in sent_paths:
+        *folders, name = rel.split("/")
+        for depth in range(1, len(folders) + 1):
+            package = "fatpipe.trainer." + ".".join(folders[:depth])
+            sent.setdefault(package, (True, (TRAINER.joinpath(*folders[:depth]) / "__init__.py").read_text()))
+        sent["fatpipe.trainer." + ".".join([*folders, name])] = (False, (TRAINER / f"{rel}.py").read_text())
     return sent
 
 
@@ -40,10 +48,11 @@ def boot_command(python: str) -> str:
 
 
 def program_line(main: str, argv: list[str], files: dict[str, str] | None = None, env: dict[str, str] | None = None,
-                 watch: bool = False, claim: tuple[str, str, str] | None = None) -> str:
-    """The one line on the program's standard input: what it imports, writes and runs; with
-    `claim` (folder, cluster, project id) the program first claims the folder and runs in it."""
-    sent = modules()
+                 watch: bool = False, claim: tuple[str, str, str] | None = None,
+                 sent_paths: tuple[str, ...] = STAGING) -> str:
+    """The one line on the program's standard input: what it imports (`sent_paths`), writes and
+    runs; with `claim` (folder, cluster, project id) the program first claims the folder and runs in it."""
+    sent = modules(sent_paths)
     if claim:
         sent["callsteps"] = (False, NODE_CHECKS.read_text())
     return json.dumps({"modules": sent, "files": files or {}, "env": env or {}, "main": main,

@@ -1,8 +1,10 @@
 """`fatpipe netcheck`: run the network benchmark on every node, judge it, write netcheck.json and a plot.
 
-The benchmark (`fatpipe.trainer.net.bench`: all-reduce sweep, p2p TCP, latency) runs as one
-torchrun job through the launch path, so it crosses the same rendezvous, interfaces and links
-as training will. Its rendezvous files and logs go to `<run>/netcheck/`; the verdict goes to
+The full benchmark (`fatpipe.trainer.net.bench`: all-reduce sweep, p2p TCP, latency; with
+`--pairs` every node pair) runs as one torchrun job through the launch path, so it crosses the
+same rendezvous, interfaces, backend and links as training will. The quick check (`--quick`, and
+`up`'s default) needs none of that: a standard-library program on every node measures the links
+over plain sockets (`quick`). Logs go to `<run>/netcheck/`; the verdict goes to
 `<run>/netcheck.json` (read by the trainer's comm=auto) and `<run>/netcheck.png`.
 """
 
@@ -36,6 +38,7 @@ from .gate import (
 )
 from .options import NetcheckOptions
 from .plot import plot_busbw, preload
+from .quick import run_quick
 from .regions import judge_regions
 
 RESULT_PREFIX = "NETBENCH_JSON "  # netbench's rank 0 prints its result on one such line
@@ -72,7 +75,8 @@ def run_netcheck(cluster: Cluster, *, run_dir: Path | None = None, options: Netc
         run_dir.mkdir(parents=True)
     run_dir = Path(run_dir)
     try:
-        bench = launch_netbench(cluster, run_dir, options, sink, remote_python, refuse_running=fresh)
+        measure = quick_netbench if options.quick and not options.pairs else launch_netbench
+        bench = measure(cluster, run_dir, options, sink, remote_python, refuse_running=fresh)
     except BaseException:
         if fresh and not (run_dir / "netcheck" / "node-0.log").exists():  # refused: no clutter
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -138,6 +142,21 @@ def launch_netbench(cluster: Cluster, run_dir: Path, options: NetcheckOptions, s
         raise FatpipeError(f"netcheck benchmark {why}; node logs in {logs}/node-<rank>.log",
                            exit_code=result.exit_code or 1)
     return found[-1]
+
+
+def quick_netbench(cluster: Cluster, run_dir: Path, options: NetcheckOptions, sink: Sink | None = None,
+                   remote_python: str | None = None, refuse_running: bool = False) -> dict:
+    """The quick check without torch (`quick.run_quick`), after the checks a launch would make of
+    the nodes: the latest run's state (`refuse_running`) and the firewall."""
+    if refuse_running:
+        going = refuse_if_running(cluster, latest_nodes(cluster), force=options.force)
+        if going:
+            cluster.log(going)
+    for warning in require_firewall(cluster):
+        cluster.log(f"warning: {warning}")
+    bench_dir = run_dir / "netcheck"
+    bench_dir.mkdir(parents=True, exist_ok=True)
+    return run_quick(cluster, bench_dir, options, sink, remote_python)
 
 
 def pairs_from_bench(p2p: dict | None, names: dict[str, str]) -> list[PairResult]:

@@ -179,7 +179,9 @@ def test_ctrl_c_during_deploy(cluster, project_dir):
 
 @pytest.mark.parametrize("cluster", [("t-int-net", 115)], indirect=True)
 def test_ctrl_c_during_netcheck(cluster, project_dir):
-    up = Up(project_dir, "--netcheck", "quick", "--no-gate", *TRAIN)
+    # The full sweep: a torchrun job on the nodes through the launch path, cut mid-job (the quick
+    # check is a program per node that ends with its standard input: tests/unit/test_quick_ring.py).
+    up = Up(project_dir, "--netcheck", "full", "--no-gate", *TRAIN)
     up.wait_for(r"started run \S+-netcheck on 2 node")
     time.sleep(1)
     up.ctrl_c()

@@ -293,7 +293,8 @@ def deployed(project_dir, monkeypatch):
         def fake(cluster, run_dir, options, sink=None, remote_python=None, refuse_running=False):
             seen["options"] = options
             return result
-        monkeypatch.setattr("fatpipe.ops.net.check.launch_netbench", fake)
+        monkeypatch.setattr("fatpipe.ops.net.check.launch_netbench", fake)  # the sweep's torchrun job
+        monkeypatch.setattr("fatpipe.ops.net.check.quick_netbench", fake)  # --quick: the program without torch
         return seen
 
     return use
