@@ -20,7 +20,7 @@ of the ceiling (goal >= 0.95), steps node 0 took twice (goal 0 under live), each
 the survivors' next step (goal <= 10 s), and the final eval loss against the fault-free run's.
 Writes bench/results/faults.json. Needs root (namespaces, tc, cgroups) and terraform.
 
-    sudo .venv/bin/python bench/faults.py [--duration 240] [--kill-every 60] [--down 20]
+    sudo .venv/bin/python bench/faults.py [--duration 240] [--kill-every 60] [--down 20] [--no-flaps] [--live-only]
 """
 
 from __future__ import annotations
@@ -56,6 +56,8 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=7)
     p.add_argument("--no-flaps", dest="flaps", action="store_false",
                    help="skip the link-flap runs (one node's link down 2 s every 30 s)")
+    p.add_argument("--live-only", action="store_true",
+                   help="the fault-free and faulted live runs alone (the ceiling and the goodput, no restart runs)")
     p.add_argument("--out", default="bench/results")
     args = p.parse_args()
     if os.geteuid() != 0 or not shutil.which("terraform") or not CGROUP.is_dir():
@@ -96,12 +98,14 @@ def main() -> int:
         # and all-reduce each step) against restart's one torchrun world, fault-free both.
         for label, mode, faults in (("fault-free", "live", []), ("fault-free, restart", "restart", []),
                                     ("live", "live", schedule), ("restart", "restart", schedule)):
+            if args.live_only and mode != "live":
+                continue
             runs.append(run_one(root, label, [*train, "--steps", str(steps), "--fault-tolerance",
                                               mode], faults, args))
         flaps = [{"at_s": t, "node": 1, "flap_s": 2.0}
                  for t in range(30, int(args.duration) - 10, 30)] if args.flaps else []
         for label, mode in (("live, flaps", "live"), ("restart, flaps", "restart")):
-            if flaps:
+            if flaps and not (args.live_only and mode != "live"):
                 runs.append(run_one(root, label, [*train, "--steps", str(steps),
                                                   "--fault-tolerance", mode], flaps, args))
     finally:

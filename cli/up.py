@@ -97,7 +97,8 @@ class Up(DownAfter):
         run_id, run_dir = new_run(self.project, name)
         self.report["run_id"], self.report["run_dir"] = run_id, run_dir
         self.out.print(f"run [bold]{run_id}[/] in {run_dir.relative_to(self.project.root)}")
-        with cluster.answers.keeping():  # the nodes' versions read by netcheck's launch serve the training's
+        # What netcheck asked the nodes (the firewall; the sweep: their versions) serves the training.
+        with cluster.answers.keeping():
             self.netcheck(outputs_path, run_dir)
             stage_data(cluster, self.request, self.phases, self.out)
             return self.train((run_id, run_dir), train, script)

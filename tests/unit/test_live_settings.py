@@ -3,6 +3,9 @@ value is one line naming it; nothing becomes a bind address that is not an IP ad
 
 from __future__ import annotations
 
+import subprocess
+import sys
+
 import pytest
 
 from fatpipe.trainer.config import ConfigError, TrainConfig, parse_config
@@ -166,3 +169,13 @@ def test_live_across_regions_refuses_a_sync_between_them_and_names_its_flat_ring
     assert "one ring over every rank" not in caplog.text
     trainer("0")._flat_across_regions("r1")
     assert caplog.text.count("one ring over every rank") == 1
+
+
+def test_the_lighthouse_serves_without_importing_torch():
+    """Its server comes from torchft's compiled module alone: a node's Lighthouse (started again on
+    every return) pays no torch import."""
+    code = ("import sys; from fatpipe.trainer.live.lighthouse import torchft_native; "
+            "server = torchft_native().LighthouseServer(bind='127.0.0.1:0', min_replicas=1); "
+            "print(server.address().rsplit(':', 1)[1].isdigit(), 'torch' in sys.modules); server.shutdown()")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert done.stdout.split() == ["True", "False"], done.stdout + done.stderr
