@@ -7,9 +7,10 @@ cores / nodes, every process of its namespace moved in as it appears), so a kill
 CPU for the others and the nodes that are up have the capacity the ceiling below assumes.
 
 The fault: every --kill-every seconds a node chosen by a seeded draw (node 0 among them at least
-once) loses its torchrun agent and workers (kill -9) and stays down --down seconds (its wrapper
-stopped meanwhile, then let go: it starts torchrun again). When the victim is node 0 under live,
-its Lighthouse and relay go down with it for the same time (the others move to node 1's). The
+once) loses its torchrun agent, workers and Lighthouse (kill -9) and stays down --down seconds
+(its supervisor and keeper stopped meanwhile, then let go: the keeper starts torchrun again).
+When the victim is node 0 under live, its Lighthouse and relay go down with it for the same time
+(the others move to node 1's). The
 same schedule runs under live and under restart; a fault-free live run gives the rate the
 ceiling is measured against, and a fault-free restart run beside it what live itself costs:
 
@@ -174,32 +175,35 @@ class NodeQuotas:
 
 
 def node_processes(index: int) -> tuple[list[int], list[int]]:
-    """(the node's shells: its wrapper and the Lighthouse loop, to stop; its Python processes:
-    torchrun's agent and workers and the Lighthouse, to kill)."""
-    shells, pythons = [], []
+    """(the node's supervisor and keeper, node programs run as `python3 -c` (node/supervisor.py),
+    and any shell: to stop; the run's own processes: torchrun's agent and workers and the
+    Lighthouse, to kill)."""
+    keepers, run = [], []
     for pid in subprocess.run(["ip", "netns", "pids", f"fp-{CLUSTER}-{index}"],
                               capture_output=True, text=True).stdout.split():
         try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
             comm = Path(f"/proc/{pid}/comm").read_text().strip()
         except OSError:
             continue
-        if comm == "bash":
-            shells.append(int(pid))
+        if comm == "bash" or argv[1:2] == [b"-c"]:
+            keepers.append(int(pid))
         elif comm.startswith("python") or comm.startswith("pt_"):
-            pythons.append(int(pid))
-    return shells, pythons
+            run.append(int(pid))
+    return keepers, run
 
 
 def take_down(index: int, down_s: float) -> None:
-    """The node's shells stopped, its Python processes killed (torchrun, workers, Lighthouse);
-    after `down_s` the shells go on: the wrapper starts torchrun again (and the Lighthouse)."""
-    shells, pythons = node_processes(index)
-    for pid in shells:
+    """The node's supervisor and keeper stopped, its run's processes killed (torchrun's agent, the
+    workers, the Lighthouse); after `down_s` the supervisor and keeper go on: the keeper sees its
+    attempt killed by a signal no `stop` sent and starts it again (and the Lighthouse)."""
+    keepers, run = node_processes(index)
+    for pid in keepers:
         _signal(pid, signal.SIGSTOP)
-    for pid in pythons:
+    for pid in run:
         _signal(pid, signal.SIGKILL)
     time.sleep(down_s)
-    for pid in shells:
+    for pid in keepers:
         _signal(pid, signal.SIGCONT)
 
 

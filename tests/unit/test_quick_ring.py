@@ -29,9 +29,9 @@ def free_base(count: int) -> int:
         return min(s.getsockname()[1], 60000)
 
 
-def rings(nodes: int, token: str = "t") -> list[Ring]:
+def rings(nodes: int, token: str = "t", host: str = "127.0.0.1") -> list[Ring]:
     base = free_base(nodes)
-    ends = [("127.0.0.1", base + 3 * i + 2) for i in range(nodes)]
+    ends = [(host, base + 3 * i + 2) for i in range(nodes)]
     made: list[Ring | None] = [None] * nodes
 
     def make(i: int) -> None:
@@ -60,9 +60,9 @@ def every_node(ring_list: list[Ring], work) -> list:
     return out
 
 
-@pytest.mark.parametrize("nodes", [2, 3, 5])
-def test_the_ring_all_reduce_leaves_the_xor_of_every_node_on_every_node(nodes):
-    members = rings(nodes)
+@pytest.mark.parametrize(("nodes", "host"), [(2, "127.0.0.1"), (3, "127.0.0.1"), (5, "127.0.0.1"), (3, "::1")])
+def test_the_ring_all_reduce_leaves_the_xor_of_every_node_on_every_node(nodes, host):
+    members = rings(nodes, host=host)
     size = nodes * (PIECE + 777)  # a whole piece and a part-piece per chunk
     data = [random.Random(i).randbytes(size) for i in range(nodes)]
     expected = data[0]

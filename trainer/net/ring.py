@@ -47,7 +47,8 @@ class Ring:
 
     def __init__(self, listen: tuple[str, int], to: tuple[str, int], token: str, timeout_s: float):
         deadline = time.monotonic() + timeout_s
-        with socket.create_server(listen, backlog=8) as server:
+        family = socket.AF_INET6 if ":" in listen[0] else socket.AF_INET  # a private IPv6 address too
+        with socket.create_server(listen, family=family, backlog=8) as server:
             self.next = _connect(to, listen[0], deadline)
             self.next.sendall(_LENGTH.pack(len(token)) + token.encode())
             self.prev = self._accept(server, token, deadline)
