@@ -22,15 +22,24 @@ from fatpipe.trainer.net.p2p import is_listening
 from fatpipe.trainer.net.ring import PIECE, Ring, RingBroke, xor
 
 
-def free_base(count: int) -> int:
-    """A port with `count` x 3 free ports after it (the ring's per-node ports)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return min(s.getsockname()[1], 60000)
+def free_base(count: int, host: str = "127.0.0.1") -> int:
+    """A base port whose ring ports (base + 3i + 2, i < count) are free now: below the kernel's
+    ephemeral range, so no other test's outgoing connection takes one meanwhile."""
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    for _ in range(100):
+        base = random.randrange(20000, 28000)
+        try:
+            for i in range(count):
+                with socket.socket(family) as probe:
+                    probe.bind((host, base + 3 * i + 2))
+            return base
+        except OSError:
+            continue
+    raise RuntimeError("no free ports")
 
 
 def rings(nodes: int, token: str = "t", host: str = "127.0.0.1") -> list[Ring]:
-    base = free_base(nodes)
+    base = free_base(nodes, host)
     ends = [(host, base + 3 * i + 2) for i in range(nodes)]
     made: list[Ring | None] = [None] * nodes
 
