@@ -4,8 +4,9 @@ sockets between the private addresses (docs/netcheck.md, "The quick check").
 
 No venv, no torchrun, no process group: the check costs each node one Python start and the
 seconds it measures, where a torchrun job paid torch's start twice per `up` (the check's job and
-the training's). Its ring listens on the cluster's rendezvous port + RING_PORT_OFFSET and node 0's
-point-to-point server on + 1: ports the firewall opens between members alone.
+the training's). Node i's end of the ring listens on the rendezvous port + RUN_PORTS_PER_NODE x i
++ 2 (`ring_port`: nodes that share an address keep apart) and node 0's point-to-point server on
++ 1: ports the firewall opens between members alone.
 """
 
 from __future__ import annotations
