@@ -287,6 +287,7 @@ def compare(runs: list[dict], args) -> list[dict]:
                "of_ceiling": goodput / (free_rate * alive_share),
                "steps_taken_twice": len(steps) - len(set(steps)),
                "kill_to_next_step_s": [next_step(run, k) for k in run["kills"]],
+               "stall_split": [stall_split(run, k) for k in run["kills"] if "flap_s" not in k],
                "eval_loss": run["summary"].get("eval_loss"), "exit": run["exit"],
                "committed_steps": len(set(steps)), "wall_s": run["wall_s"]}
         row["sync_failure_rate"] = sync_failure_rate(run)
@@ -297,6 +298,8 @@ def compare(runs: list[dict], args) -> list[dict]:
               f"ceiling, {row['steps_taken_twice']} steps twice, kill -> next step "
               f"{[round(s, 1) if s is not None else None for s in row['kill_to_next_step_s']]} s, "
               f"eval loss {row['eval_loss']}, sync failures {row['sync_failure_rate']}")
+        for split in filter(None, row["stall_split"]):
+            print(f"{'':>21}a kill's stall on a survivor: {split}")
     return rows
 
 
@@ -327,16 +330,36 @@ def tokens(run: dict, node_tokens: int) -> int:
     return sum(by_step.values()) * node_tokens
 
 
-def next_step(run: dict, kill: dict) -> float | None:
-    """Seconds from a kill to the end of the survivors' first step without the victim (fewer
-    replica groups than before it; live records carry `time` and `participants`; restart's do
-    not: None). A step already under way at the kill ends with it or fails; this is the one
-    after."""
+def first_without(run: dict, kill: dict) -> dict | None:
+    """A survivor's record of its first step without the victim (fewer replica groups than
+    before the kill; live records carry `time` and `participants`, restart's do not: None). A
+    step already under way at the kill ends with it or fails; this is the one after."""
     survivor = next(records for i, records in enumerate(run["by_node"]) if i != kill["node"])
     before = [r["participants"] for r in survivor if "time" in r and r["time"] <= kill["time"]]
-    later = [r["time"] for r in survivor if r.get("time", 0) > kill["time"]
-             and before and r["participants"] < before[-1]]
-    return min(later) - kill["time"] if later else None
+    later = [r for r in survivor if r.get("time", 0) > kill["time"] and before and r["participants"] < before[-1]]
+    return min(later, key=lambda r: r["time"]) if later else None
+
+
+def next_step(run: dict, kill: dict) -> float | None:
+    """Seconds from a kill to the end of the survivors' first step without the victim."""
+    record = first_without(run, kill)
+    return record["time"] - kill["time"] if record else None
+
+
+def stall_split(run: dict, kill: dict) -> dict | None:
+    """Where a kill's stall went on a survivor, from its record of the first step without the
+    victim: the step under way at the kill until its exchange failed, the failed attempts
+    (`failed_s`: their quorum, compute and failed exchange), the next quorum's request to the
+    Lighthouse (`quorum_rpc_s`: its wait for the dead replica's heartbeat to expire), the gloo
+    group's reconfigure (`configure_s`), what else the quorum took, and the step itself."""
+    record = first_without(run, kill)
+    if record is None or "failed_s" not in record:
+        return None
+    began = record["time"] - record["step_s"] - record["failed_s"]  # the first failed attempt's start
+    quorum_other = record["quorum_s"] - record.get("quorum_rpc_s", 0.0) - record.get("configure_s", 0.0)
+    return {"kill_to_failed_attempt_s": round(began - kill["time"], 3), "failed_s": record["failed_s"],
+            "quorum_rpc_s": record.get("quorum_rpc_s"), "configure_s": record.get("configure_s"),
+            "quorum_other_s": round(quorum_other, 3), "step_s": round(record["step_s"] - record["quorum_s"], 3)}
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ on PATH), then the star. The nodes run fatpipe's node programs with their system
 largest process in each namespace: the chain's program). Prints the table and each goal met or
 not; writes bench/out/stage.json.
 
-    sudo .venv/bin/python bench/stage.py [--quick] [--sizes 256,1024] [--nodes 2,8] [--uplink-mbit 200]
+    sudo .venv/bin/python bench/stage.py [--quick] [--sizes 256,1024] [--nodes 2,8] [--uplink-mbit 200] [--no-star]
 """
 
 from __future__ import annotations
@@ -166,7 +166,8 @@ def clear_nodes(node_dirs: list[Path]) -> None:
         shutil.rmtree(d / "data", ignore_errors=True)
 
 
-def one_case(root: Path, size_mib: int, n: int, node_dirs: list[Path], namespaces: list[str], logs: Path) -> dict:
+def one_case(root: Path, size_mib: int, n: int, node_dirs: list[Path], namespaces: list[str], logs: Path,
+             with_star: bool = True) -> dict:
     outputs = json.loads((root / ".fatpipe" / CLUSTER / "outputs.json").read_text())
     outputs_file = root / f"outputs-{n}.json"
     outputs_file.write_text(json.dumps({**outputs, "nodes": outputs["nodes"][:n]}))
@@ -191,7 +192,7 @@ def one_case(root: Path, size_mib: int, n: int, node_dirs: list[Path], namespace
     if "nothing to fan out" not in again.stdout:
         raise RuntimeError(f"the second push moved data:\n{again.stdout[-2000:]}")
     clear_nodes(node_dirs[:n])
-    star_s = star(root, outputs_file, root / "data" / "set")
+    star_s = star(root, outputs_file, root / "data" / "set") if with_star else float("nan")
     clear_nodes(node_dirs[:n])
     return {"size_mib": size_mib, "nodes": n, "push_s": push_s, "uplink_s": float(uplink[1]) if uplink else None,
             "repush_s": again_s, "repush_ssh_per_node": again_calls / n, "status_s": status_s,
@@ -206,6 +207,7 @@ def main() -> int:
     p.add_argument("--sizes", default="256,1024", help="dataset sizes in MiB, comma-separated")
     p.add_argument("--nodes", default="2,8", help="node counts, comma-separated")
     p.add_argument("--quick", action="store_true", help="64 MiB on 2 and 8 nodes: a few minutes")
+    p.add_argument("--no-star", action="store_true", help="skip the star (one rsync per node): the push alone")
     p.add_argument("--uplink-mbit", type=float, default=200.0)
     p.add_argument("--link-gbit", type=float, default=1.0)
     p.add_argument("--out", default="bench/out")
@@ -240,7 +242,7 @@ def main() -> int:
             time.sleep(1.5)  # past the hash cache's racy window, then warm the operator's hashes
             warm_operator_hashes(root)
             for n in counts:
-                rows.append(one_case(root, size, n, node_dirs, [x["netns"] for x in names], logs))
+                rows.append(one_case(root, size, n, node_dirs, [x["netns"] for x in names], logs, not args.no_star))
                 r = rows[-1]
                 r["load_after"] = os.getloadavg()[0]
                 write_report(Path(args.out), args, rows, [])

@@ -21,6 +21,8 @@ def goals(rows: list[dict], uplink_mbit: float, link_gbit: float) -> list[str]:
             ratio = by_n[hi]["push_s"] / by_n[lo]["push_s"]
             out.append(f"{size} MiB: {hi} nodes / {lo} nodes = {ratio:.2f} <= 1.15: {verdict(ratio <= 1.15)}")
             speedup = by_n[hi]["star_s"] / by_n[hi]["push_s"]
+            if speedup != speedup:  # NaN: the star was not run (--no-star)
+                continue
             out.append(f"{size} MiB, {hi} nodes: star {by_n[hi]['star_s']:.1f} s / chain {by_n[hi]['push_s']:.1f} s "
                        f"= {speedup:.2f}x >= 3: {verdict(speedup >= 3, size >= 1024 and hi >= 8)}")
     for r in (r for r in rows if r["nodes"] == max(x["nodes"] for x in rows)):  # status asks every node

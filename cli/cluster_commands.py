@@ -96,6 +96,8 @@ def catalog():
 @click.option("--span", type=click.Choice(["region", "regions", "internet"]), default="region",
               show_default=True, help="Where the nodes are: one region, several, or reached over the internet "
               "(AWS caps egress out of a region).")
+@click.option("--regions", type=int, default=None,
+              help="With --span regions: how many regions the nodes split into, evenly (default 2).")
 @click.option("--nodes", default="2-8", show_default=True, help="Node count or range, e.g. 8 or 2-8.")
 @click.option("--by", type=click.Choice(["time", "cost"]), default="time", show_default=True)
 @click.option("--top", type=int, default=3, show_default=True, help="Rows shown, best first.")

@@ -36,7 +36,7 @@ from .signals import changing
 @pass_project
 @pass_request
 def push(project, request, cluster, outputs_file, remote_python):
-    """Copy [data] to node 0 once (rsync, resumable), then node to node in a chain; skip what is there.
+    """Send [data] over the uplink once, node to node as it lands, in a chain; skip what is there.
 
     An s3:// or https:// source is fetched by every node itself, in parallel, resumable."""
     cluster = Cluster.resolve(project, cluster)
@@ -55,8 +55,9 @@ def push(project, request, cluster, outputs_file, remote_python):
                   f"{result.manifest['source']}: {result.manifest['total_bytes']} bytes, "
                   f"{sum(result.fetched.values())} fetched ({result.elapsed_s:.1f} s)", highlight=False)
         return
-    moved = sum(n["received"] for n in (result.fanout or {}).get("nodes", []))
-    uplink = "already on node 0" if result.uplink_s is None else f"uplink {result.uplink_s:.1f} s"
+    moved = result.moved
+    uplink = "already on node 0" if result.uplink_s is None else \
+        f"uplink {result.uplink_s:.1f} s ({result.uplinked} bytes)"
     fanout = "nothing to fan out" if result.fanout is None else f"{moved} byte(s) moved node to node"
     out.print(f"[green]staged[/] {result.manifest['path']} on {len(outputs.nodes)} node(s): "
               f"{result.manifest['total_bytes']} bytes, {uplink}, {fanout} ({result.elapsed_s:.1f} s)")

@@ -31,6 +31,18 @@ def parse_nodes(text: str) -> range:
     return range(low, high + 1)
 
 
+def plan_regions(span: str, regions: int | None, count: range) -> int:
+    """How many regions the nodes split into: `--regions` (with `--span regions` alone), else two."""
+    if regions is None:
+        return planner.PLANNED_REGIONS
+    if span != "regions":
+        raise ConfigError(f"--regions {regions} needs --span regions (the nodes are {span!r} apart)")
+    if not 2 <= regions <= count.stop - 1:
+        raise ConfigError(f"--regions must be 2 or more and at most the largest node count "
+                          f"({count.stop - 1}), not {regions}")
+    return regions
+
+
 @pass_project(clusters_optional=True)
 def plan(project, **opts):
     """The body of `fatpipe plan`; its options and help are declared in cluster_commands.py."""
@@ -42,8 +54,11 @@ def plan(project, **opts):
     acc = accelerator(opts["accel"], opts["tokens_per_s"])
     # --link alone plans those links; the catalogs join when a --catalog names them.
     providers = opts["providers"] or (() if opts["links"] else planner.PROVIDERS)
+    regions = plan_regions(opts["span"], opts["regions"], count)
+    if opts["span"] == "regions":
+        count = range(max(count.start, regions), count.stop)  # no fewer nodes than regions
     cands = planner.candidates(acc, count, providers,
-                               opts["tiers"] or ("1g", "10g", "25g"), project.root, opts["span"])
+                               opts["tiers"] or ("1g", "10g", "25g"), project.root, opts["span"], regions)
     cands += planner.link_candidates(list(opts["links"]), count) + measured_candidates(project)
     if not cands:
         need = "no GPU" if acc is not None and not acc.gpus else "a GPU"

@@ -39,7 +39,7 @@ def stage_data(cluster, request: Request, phases, out) -> None:
     result = phases.run("data", f"stage {data.path} on every node", lambda: push_data(
         cluster.logging(note(out)), remote_python=request.run_options.get("remote_python"),
         node_progress=fetch_lines(note(out))))
-    moved = sum(n["received"] for n in (result.fanout or {}).get("nodes", []))
+    moved = result.moved
     how = f"{moved} moved node to node" if result.fetched is None else f"{sum(result.fetched.values())} fetched"
     phases.get("data").note = f"{result.manifest['total_bytes']} bytes; {how}"
     for node, names in result.removed.items():

@@ -161,7 +161,7 @@ class LiveTrainer:
         self.meter.plain_while = lambda: healing_in_quorum(self.manager)
 
     def run(self) -> None:
-        failed, attempts = 0, Attempts()
+        failed, failed_s, attempts = 0, 0.0, Attempts()
         while self.live.step <= self.cfg.steps:
             start, lr = time.perf_counter(), self.scheduler.get_last_lr()[0]
             attempts.begin(self.live.step)
@@ -171,6 +171,7 @@ class LiveTrainer:
             sync(self.device)
             if not result.committed:
                 failed += 1
+                failed_s += time.perf_counter() - start  # the stall's split: its failed attempts
                 if failed >= MAX_FAILED_ATTEMPTS:
                     raise RuntimeError(f"step {self.live.step}: {failed} attempts in a row did "
                                        f"not commit: {self.manager.errored()}")
@@ -183,7 +184,8 @@ class LiveTrainer:
                                       self.node_tokens * result.participants,
                                       self.meter.end_step(), self.meter.name)
             rec.update(step_fields(result.participants, result.healed, result.quorum_s, rec,
-                                   attempts.of(step)))
+                                   attempts.of(step), {**result.timings, "failed_s": failed_s}))
+            failed_s = 0.0
             if change := self.quorum.update(step, result.participants):
                 self.record.nodes.event(*change, step)
                 log.warning("quorum: %s", change[1])  # every node alike: the terminal shows it once

@@ -10,6 +10,7 @@ opens between members alone (docs/ARCHITECTURE.md, "The data contract").
 
 from __future__ import annotations
 
+import io
 import json
 import secrets
 import shlex
@@ -17,14 +18,16 @@ import subprocess
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 from fatpipe.infra.errors import FatpipeError
 from fatpipe.node.env import NODE_NAME
-from fatpipe.trainer.staging.chainlink import TOKEN_ENV
+from fatpipe.trainer.staging.chainlink import TOKEN_ENV, UP_PREFIX
 from fatpipe.trainer.staging.stage import PROGRESS_PREFIX, RESULT_PREFIX
 
 from ..reach.cluster import Cluster
 from .check import MANIFEST_DIR, node_workdir
+from .head import Head, PipeLink
 from .nodeprogram import boot_command, program_line
 
 STAGE_PORT_OFFSET = 2  # rdzv_port + 1 is netcheck's point-to-point port
@@ -36,49 +39,57 @@ Log = Callable[[str], None]
 Progress = Callable[[int, int], None]  # (bytes moved over the private links, bytes to move)
 
 
-def chain_argv(outputs, i: int, timeout_s: float, source_ready: str | None) -> list[str]:
-    """Node i's arguments: its place, where it listens, where the next node listens."""
+def chain_argv(outputs, i: int, timeout_s: float) -> list[str]:
+    """Node i's arguments: its place (the head, this machine, is place 0), where it listens (node 0:
+    on its standard input, from the head), where the next node listens."""
     nodes, port = outputs.nodes, outputs.rdzv_port + STAGE_PORT_OFFSET
-    argv = ["--manifest", CHAIN_MANIFEST, "--place", str(i), "--nodes", str(len(nodes)), "--name", nodes[i].name,
-            "--timeout-s", str(timeout_s)]
-    if i > 0:
-        argv += ["--listen", f"{nodes[i].private_ip}:{port}"]
+    argv = ["--manifest", CHAIN_MANIFEST, "--place", str(i + 1), "--nodes", str(len(nodes) + 1), "--name",
+            nodes[i].name, "--timeout-s", str(timeout_s)]
+    argv += ["--listen", f"{nodes[i].private_ip}:{port}"] if i > 0 else ["--from-operator"]
     if i + 1 < len(nodes):
         argv += ["--next", f"{nodes[i + 1].private_ip}:{port}"]
-    if source_ready and i == 0:
-        argv += ["--source-ready", source_ready, "--wait-s", str(UPLINK_TIMEOUT_S)]
     return argv
 
 
 class NodeChain:
-    """A node program on one node (the chain's, or the quick link check's), its output read line by line."""
+    """A node program on one node (the chain's, or the quick link check's), its output read line by line.
 
-    def __init__(self, t, workdir: str, python: str, line: str, sink: Callable[[str, str], None]):
+    Its standard input is binary: after the program's line, the chain's head sends node 0 the data
+    on it (`head.PipeLink` writes to `stdin`); `ended` is called once its output ends."""
+
+    def __init__(self, t, workdir: str, python: str, line: str, sink: Callable[[str, str], None],
+                 ended: Callable[[], None] | None = None):
         self.node, self.tail = t.node_name, []
         self.proc = subprocess.Popen(t.argv(f"cd {shlex.quote(workdir)} && {boot_command(python)}"),
                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                     text=True, bufsize=1, errors="replace", start_new_session=True)
+                                     start_new_session=True)
+        self.stdin = self.proc.stdin
         try:
-            self.proc.stdin.write(line)
-            self.proc.stdin.flush()  # and kept open: its end is the program's end
+            self.stdin.write(line.encode())
+            self.stdin.flush()  # and kept open: its end is the program's end
         except OSError:
             pass  # ssh ended at once: its exit status and last line say why (wait_chain)
-        self.reader = threading.Thread(target=self._read, args=(sink,), daemon=True)
+        self.reader = threading.Thread(target=self._read, args=(sink, ended), daemon=True)
         self.reader.start()
 
-    def _read(self, sink) -> None:
-        for line in self.proc.stdout:
+    def _read(self, sink, ended) -> None:
+        for line in io.TextIOWrapper(self.proc.stdout, errors="replace"):
             line = line.rstrip("\n")
-            if line.strip() and not line.startswith((RESULT_PREFIX, PROGRESS_PREFIX)):
+            if line.strip() and not line.startswith((RESULT_PREFIX, PROGRESS_PREFIX, UP_PREFIX)):
                 self.tail = [*self.tail[-4:], line]
             sink(self.node, line)
+        if ended:
+            ended()
+
+    def stop_input(self) -> None:
+        try:
+            self.stdin.close()  # the node's program ends with its input
+        except (OSError, ValueError):
+            pass
 
     def stop(self) -> None:
         if self.proc.poll() is None:
-            try:
-                self.proc.stdin.close()  # the node's program ends with its input
-            except OSError:
-                pass
+            self.stop_input()
             try:
                 self.proc.wait(timeout=10)
             except subprocess.TimeoutExpired:
@@ -90,52 +101,62 @@ class NodeChain:
         return self.tail[-1] if self.tail else f"exit status {self.proc.returncode}"
 
 
-def fan_out_chain(cluster: Cluster, manifest: dict, remote_python: str | None,
-                  progress: Progress | None, source_ready: str | None = None) -> dict:
-    """Run the chain on every node at once; returns place 0's report of every node.
-
-    With `source_ready` (a path in node 0's project folder), node 0 first waits for the uplink copy's word."""
+def fan_out_chain(cluster: Cluster, manifest: dict, source: Path, remote_python: str | None,
+                  progress: Progress | None, uplink: bool) -> dict:
+    """Run the chain on every node at once, headed by this machine (`head.lead`, reading `source`);
+    returns every node's report in chain order and the uplink's seconds. `uplink`: node 0 lacks
+    something, so the whole may take as long as the operator's uplink needs."""
     outputs, log = cluster.outputs, cluster.log
-    found: list[dict] = []
     moved: dict[str, tuple[int, int]] = {}
     lock = threading.Lock()
+    link = PipeLink()
 
     def catch(node: str, line: str) -> None:
         with lock:
-            if line.startswith(RESULT_PREFIX):
-                found.append(json.loads(line[len(RESULT_PREFIX):]))
+            if line.startswith(UP_PREFIX) and node == outputs.nodes[0].name:
+                link.feed(line)
             elif line.startswith(PROGRESS_PREFIX):
                 _place, done, total = (int(x) for x in line[len(PROGRESS_PREFIX):].split())
                 moved[node] = (done, total)
                 if progress:
                     progress(sum(d for d, _ in moved.values()), sum(t for _, t in moved.values()))
-            elif line.strip():
+            elif line.strip() and not line.startswith(UP_PREFIX):
                 log(f"{node}: {line}")
 
     link_s = manifest["total_bytes"] * 8 / (outputs.tier_gbps * 1e9)
     piece_s = STARTUP_ALLOWANCE_S + 2 * len(outputs.nodes) * manifest["chunk_size"] * 8 / 1e8
-    timeout = piece_s + 4 * link_s + (UPLINK_TIMEOUT_S if source_ready else 0)
-    log(f"fan-out: {len(outputs.nodes)} nodes in a chain over the private links, up to {piece_s + 4 * link_s:.0f} s"
-        + (" after the uplink copy" if source_ready else ""))
+    timeout = piece_s + 4 * link_s + (UPLINK_TIMEOUT_S if uplink else 0)
+    log(f"fan-out: this machine and {len(outputs.nodes)} node(s) in a chain, " +
+        ("node 0 forwarding what the uplink brings as it lands" if uplink else
+         f"over the private links, up to {timeout:.0f} s"))
     token = secrets.token_hex(16)
     files = {CHAIN_MANIFEST: json.dumps(manifest)}
-    transports = cluster.transports()
     chain: list[NodeChain] = []
+    head = Head(manifest, source, piece_s, time.monotonic() + timeout)
     try:
-        for i, (node, t) in enumerate(zip(outputs.nodes, transports, strict=True)):
-            line = program_line("fatpipe.trainer.staging.stage", chain_argv(outputs, i, piece_s, source_ready),
-                                files, {TOKEN_ENV: token, NODE_NAME: node.name}, watch=True)
-            chain.append(NodeChain(t, node_workdir(outputs, node), remote_python or "python3", line, catch))
+        for i, (node, t) in enumerate(zip(outputs.nodes, cluster.transports(), strict=True)):
+            # Node 0 reads the head's bytes on its input, so its input is no watch (its end still ends it).
+            line = program_line("fatpipe.trainer.staging.stage", chain_argv(outputs, i, piece_s),
+                                files, {TOKEN_ENV: token, NODE_NAME: node.name}, watch=i > 0)
+            chain.append(NodeChain(t, node_workdir(outputs, node), remote_python or "python3", line, catch,
+                                   ended=None if i else link.end))
+            if i == 0:
+                link.stdin = chain[0].stdin
+                head.start(link, stop=chain[0].stop_input)
         failed = wait_chain(chain, timeout)
     finally:
         for node in chain:
             node.stop()
-    report = found[-1] if found else None
-    problems = [f"{n['node']}: {n['problem']}" for n in (report or {}).get("nodes", []) if n.get("problem")]
-    if failed or problems or report is None:
-        why = "; ".join(problems) or (f"{failed.node}: {failed.why()}" if failed else "place 0 reported nothing")
+        head.join()
+    problems = [f"{n['node']}: {n['problem']}" for n in (head.report or {}).get("nodes", []) if n.get("problem")]
+    if head.error or failed or problems or head.report is None:
+        # A node's own failure first; then this machine's (node 0 then only says the chain broke).
+        own = failed if failed and "staging chain broke" not in failed.why() else None
+        why = "; ".join(problems) or (own and f"{own.node}: {own.why()}") or \
+            (head.error and f"this machine: {head.error}") or (failed and f"{failed.node}: {failed.why()}") or \
+            "the chain's head heard no report"
         raise FatpipeError(f"data fan-out failed: {why} (run the push again: it resumes)", exit_code=1)
-    return report
+    return head.report
 
 
 def wait_chain(chain: list[NodeChain], timeout: float, broke: str = "staging chain broke",

@@ -2,11 +2,11 @@
 
 1. Hash the source into the manifest (files whose size and mtime did not change keep their hashes).
 2. Every node checks what it holds (`ops.data.check`); when all match, nothing moves.
-3. rsync over the cluster's ssh transport to node 0 (`ops.data.uplink`: an interrupted copy resumes, a
-   file that matches is skipped), unless node 0 already matches.
-4. Meanwhile `trainer.staging.stage` starts on every node at once (`ops.data.chain`: the node's
-   system Python, plain sockets), its place 0 waiting for the copy: a pipelined chain of chunks
-   over the private links, carrying only the chunks some node lacks.
+3. `trainer.staging.stage` starts on every node at once (`ops.data.chain`: the node's system Python,
+   plain sockets), headed by this machine (`ops.data.head`), which sends node 0 over its ssh session
+   the chunks some node lacks and no node before it holds: a pipelined chain of pieces, node 0
+   forwarding each over the private links as it lands. An interrupted push leaves partial files
+   whose right chunks the next one keeps.
 Nodes that share this machine's files get one local copy, into the user's own project folder: it
 writes over no file fatpipe did not stage and removes only what its record says it staged
 (trainer/staging/record.py). A `path` that holds the source or lies in it is refused first. A
@@ -42,12 +42,9 @@ from .check import (
     check_data,
     declared_data,
     local_hash_cache,
-    local_manifest_path,
-    node_workdir,
     save_local_manifest,
 )
 from .fetch import fetch_data
-from .uplink import UplinkCopy
 
 Log = Callable[[str], None]
 
@@ -56,12 +53,22 @@ Log = Callable[[str], None]
 class PushResult:
     manifest: dict
     before: list[NodeData]  # what each node held when the push began
-    uplink_s: float | None = None  # None: node 0 already held it
-    fanout: dict | None = None  # trainer.staging.stage's report; None: no other node lacked anything
+    uplink_s: float | None = None  # None: node 0 already held what the chain needed
+    fanout: dict | None = None  # every node's report from the chain; None: no node lacked anything
     fetched: dict[str, int] | None = None  # a remote source: bytes each node fetched from it
     removed: dict[str, list[str]] = field(default_factory=dict)  # per node: files the manifest does not list
     elapsed_s: float = 0.0
     notes: list[str] = field(default_factory=list)
+
+    @property
+    def moved(self) -> int:
+        """Bytes that crossed the private links (node 0's came over the uplink)."""
+        return sum(n["received"] for n in (self.fanout or {}).get("nodes", [])[1:])
+
+    @property
+    def uplinked(self) -> int:
+        """Bytes that crossed the operator's uplink, to node 0."""
+        return (self.fanout or {}).get("nodes", [{"received": 0}])[0]["received"]
 
 
 def make_manifest(cluster: Cluster, spec: DataSpec | None = None) -> tuple[dict, Path]:
@@ -124,23 +131,11 @@ def push_data(cluster: Cluster, *, remote_python: str | None = None, progress: P
     before = check_data(cluster, manifest, remote_python, prune=True)
     result = PushResult(manifest, before, removed={v.node: list(v.removed) for v in before if v.removed})
     if before[0].problem:
-        log(f"{outputs.nodes[0].name}: {before[0].problem}: copying over the uplink")
-        copy = UplinkCopy(transports[0], node_workdir(outputs, outputs.nodes[0]), source, manifest,
-                          local_manifest_path(cluster))
-        copy.start(log)
-        try:
-            if any(v.problem for v in before[1:]):
-                result.fanout = fan_out_chain(cluster, manifest, remote_python, progress,
-                                              source_ready=copy.ready_rel)
-        except BaseException:
-            failed = copy.failed()  # the chain failed because the copy did: say why the copy did
-            copy.stop()
-            if failed:
-                raise failed from None
-            raise
-        result.uplink_s = copy.wait()
-    elif any(v.problem for v in before[1:]):
-        result.fanout = fan_out_chain(cluster, manifest, remote_python, progress)
+        log(f"{outputs.nodes[0].name}: {before[0].problem}: sending over the uplink")
+    if any(v.problem for v in before):
+        result.fanout = fan_out_chain(cluster, manifest, source, remote_python, progress,
+                                      uplink=bool(before[0].problem))
+        result.uplink_s = result.fanout["uplink_s"]
     result.elapsed_s = time.monotonic() - started
     return result
 

@@ -41,8 +41,8 @@ from .regionplan import predict_levels
 # one way about half; a ring all-reduce takes 2 x (N-1) such steps.
 HOP_LATENCY_S = 100e-6
 PROVIDERS = ("aws", "digitalocean")
-# --span regions with auto_periodic: the nodes split into this many regions (the bench's and the
-# sim's two), whose round trip is a continent's (US coast to coast ~ 60-70 ms).
+# --span regions with auto_periodic: the nodes split into this many regions unless --regions says
+# otherwise (the bench's and the sim's two), whose round trip is a continent's (US coast to coast ~ 60-70 ms).
 PLANNED_REGIONS = 2
 CROSS_REGION_LATENCY_S = 0.07
 _DEFAULTS = TrainConfig()  # the trainer's own bucket size, PowerSGD rank and LR warmup
@@ -93,6 +93,7 @@ class Candidate:
     extras_hourly: float = 0.0  # per node, besides the machine: public IPv4 and the like
     measured: LinkEstimate | None = None  # a declared cluster's netcheck: beats the catalog
     span: str = "region"  # the ring's traffic: in one region, across regions, over the internet
+    regions: int = PLANNED_REGIONS  # span "regions": how many, the nodes split evenly between them
 
 
 @dataclass(frozen=True)
@@ -169,17 +170,18 @@ def predict(job: Job, accel: Accelerator | None, traffic: ModelTraffic, cand: Ca
     chosen = decision.predicted[decision.comm]
     step_s = chosen["run_step_s"]
     method, share, reason = decision.comm, chosen["share"], decision.reason
-    if cand.span == "regions" and auto_periodic and cand.measured is None and n >= PLANNED_REGIONS:
+    regions = cand.regions
+    if cand.span == "regions" and auto_periodic and cand.measured is None and n >= regions:
         # The run across regions syncs per level (trainer/comm/hiersetup.py): DDP inside each
         # region on its own link, DiLoCo between them on the cross-region one.
         inside = plan_link(cand.provider, cand.machine, node, cand.tier, TIER_GBPS[cand.tier], "region")
-        per_region = max(1, n // PLANNED_REGIONS)
+        per_region = max(1, n // regions)
         intra = LinkEstimate(inside.gbps, 2 * max(1, per_region - 1) * HOP_LATENCY_S, "catalog baseline")
         levels = predict_levels(intra, LinkEstimate(link.gbps, CROSS_REGION_LATENCY_S, "catalog"),
-                                compute_s, grads, n, PLANNED_REGIONS, cost)
+                                compute_s, grads, n, regions, cost)
         if levels.usable:
             step_s, method, share = levels.step_s, levels.method, levels.inner_share + levels.outer_share
-            reason = (f"{PLANNED_REGIONS} regions of {per_region} node(s): inside each {levels.inner} "
+            reason = (f"{regions} regions of {per_region} node(s): inside each {levels.inner} "
                       f"({levels.inner_share:.0%}), between them DiLoCo every {levels.sync_every} steps "
                       f"on int8 ({levels.outer_share:.1%})")
     hours = job.steps * step_s / 3600
@@ -192,10 +194,10 @@ def predict(job: Job, accel: Accelerator | None, traffic: ModelTraffic, cand: Ca
 
 
 def candidates(accel: Accelerator | None, nodes: range, providers=PROVIDERS, tiers=tuple(TIER_GBPS),
-               root: Path | None = None, span: str = "region") -> list[Candidate]:
+               root: Path | None = None, span: str = "region", regions: int = PLANNED_REGIONS) -> list[Candidate]:
     """Every priced type of each catalog at the highest of `tiers` its baseline reaches, its
-    nodes `span` apart (one region, several, or over the internet): the types with a GPU, or
-    with none when `accel` is the CPU (`accel` None: each type's own GPUs)."""
+    nodes `span` apart (one region, `regions` of them, or over the internet): the types with a
+    GPU, or with none when `accel` is the CPU (`accel` None: each type's own GPUs)."""
     gpus = accel.gpus if accel is not None else 1
     found = []
     for provider in providers:
@@ -206,7 +208,8 @@ def candidates(accel: Accelerator | None, nodes: range, providers=PROVIDERS, tie
             for machine in catalog.qualifying(TIER_GBPS[tier], gpus):
                 placed[machine.name] = tier
         for name, tier in sorted(placed.items()):
-            found += [Candidate(provider, catalog.types[name], tier, n, extras, span=span) for n in nodes]
+            found += [Candidate(provider, catalog.types[name], tier, n, extras, span=span, regions=regions)
+                      for n in nodes]
     return found
 
 

@@ -5,6 +5,7 @@ state waits as long as the state takes over the link, never less than the floors
 
 from __future__ import annotations
 
+import time
 from datetime import timedelta
 from types import SimpleNamespace
 
@@ -174,3 +175,16 @@ def test_each_all_reduce_takes_the_groups_timeout_of_the_moment():
     assert group._opts_hook(AllreduceOptions()).timeout == timedelta(seconds=47)
     group.set_timeout(timedelta(seconds=6))
     assert group._opts_hook(AllreduceOptions()).timeout == timedelta(seconds=6)
+
+
+def test_a_quorum_says_its_parts_once(monkeypatch):
+    """The stall's split (bench/faults.py): the request's wait and the group's reconfigure, read once."""
+    client = client_seeing([(LH0, quorum(1, [A, B], 5))], monkeypatch)
+    slow = client.client._quorum
+    client.client._quorum = lambda **kwargs: (time.sleep(0.05), slow(**kwargs))[1]
+    client.group = SimpleNamespace(configure_s=0.25)
+    client._quorum(step=0)
+    timings = client.take_timings()
+    assert timings["quorum_rpc_s"] >= 0.05 and timings["configure_s"] == 0.25
+    assert client.take_timings() == {"quorum_rpc_s": 0.0, "configure_s": 0.0}
+    assert epochs.quorum_timings(SimpleNamespace(_client=object())) == {}

@@ -46,3 +46,20 @@ def test_plan_span_regions_names_both_levels():
     rows = rows["plans"]
     assert rows and all("| diloco/" in row["method"] and "int8" in row["method"] for row in rows), rows
     assert all("2 regions of 2 node(s)" in row["reason"] for row in rows)
+
+
+def test_plan_splits_the_nodes_into_the_regions_asked():
+    from fatpipe.cli.main import cli as main
+
+    done = CliRunner().invoke(main, ["plan", "--span", "regions", "--regions", "3", "--auto-periodic", "--catalog",
+                                     "aws", "--nodes", "2-6", "--json", "--top", "20"])
+    assert done.exit_code == 0, done.output
+    rows = json.loads(done.output)["plans"]
+    assert rows and {row["nodes"] for row in rows} <= {3, 4, 5, 6}, rows  # no fewer nodes than regions
+    six = [row for row in rows if row["nodes"] == 6]
+    assert six and all("3 regions of 2 node(s)" in row["reason"] for row in six), six
+    for args, why in ((["--regions", "3"], "--regions 3 needs --span regions"),
+                      (["--span", "regions", "--regions", "1"], "--regions must be 2 or more"),
+                      (["--span", "regions", "--regions", "9"], "at most the largest node count (8)")):
+        refused = CliRunner().invoke(main, ["plan", "--catalog", "aws", *args])
+        assert refused.exit_code == 2 and why in refused.output, refused.output

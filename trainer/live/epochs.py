@@ -20,6 +20,7 @@ import hashlib
 import http.client
 import json
 import logging
+import time
 
 from .relay import ASK
 from .timeouts import HealTimeouts, LinkRate, heal_copies
@@ -63,15 +64,19 @@ class EpochClient:
     """torchft's ManagerClient, its quorums handed to the Manager under their epoch's id, the
     group's timeouts set for each (a heal's, or the floors). Everything else passes through."""
 
-    def __init__(self, client, lighthouse: str, timeouts: HealTimeouts, init_sync: bool):
+    def __init__(self, client, lighthouse: str, timeouts: HealTimeouts, init_sync: bool, group=None):
         self.client, self.lighthouse = client, lighthouse
         self.timeouts, self.init_sync = timeouts, init_sync
+        self.group = group  # the cross-node gloo group: its reconfigure's seconds (`take_timings`)
+        self.rpc_s = 0.0  # the last quorum's request: the Lighthouse's wait for its members
         self._key: tuple | None = None
         self._id = -1
 
     def _quorum(self, **kwargs):
         before = serving_lighthouse(self.lighthouse)
+        asked = time.perf_counter()
         quorum = self.client._quorum(**kwargs)
+        self.rpc_s = time.perf_counter() - asked
         after = serving_lighthouse(self.lighthouse)
         if before is None or before != after:  # which Lighthouse formed it is not known
             raise TimeoutError(f"the relay moved during the quorum ({before} -> {after})")
@@ -90,10 +95,25 @@ class EpochClient:
             self._key, self._id = key, epoch_id(*key, quorum.max_step)
         return self._id
 
+    def take_timings(self) -> dict:
+        """The last quorum's parts, once: its request to the Lighthouse and the group's
+        reconfigure (0 when the members did not change)."""
+        configured = getattr(self.group, "configure_s", 0.0)
+        if self.group is not None:
+            self.group.configure_s = 0.0
+        timings, self.rpc_s = {"quorum_rpc_s": self.rpc_s, "configure_s": configured}, 0.0
+        return timings
+
     def __getattr__(self, name: str):
         if name == "client":  # not set yet
             raise AttributeError(name)
         return getattr(self.client, name)
+
+
+def quorum_timings(manager) -> dict:
+    """The parts of the Manager's last quorum (`EpochClient.take_timings`); {} for any other."""
+    client = getattr(manager, "_client", None)
+    return client.take_timings() if isinstance(client, EpochClient) else {}
 
 
 def link_rate(manager) -> LinkRate | None:

@@ -17,6 +17,7 @@ import logging
 import os
 import re
 import socket
+import time
 import urllib.request
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -182,10 +183,19 @@ def _gloo_group(timeout: timedelta):
     """torchft's reconfigurable gloo group, each collective under the group's timeout of the
     moment (`live.timeouts` sets it at each quorum), not only the one it was configured with."""
     class PerCallTimeoutGloo(load("torchft.process_group").ProcessGroupGloo):
+        configure_s = 0.0  # the last reconfigure's seconds (the quorum's split, `epochs.quorum_timings`)
+
         def _opts_hook(self, opts):
             if hasattr(opts, "timeout"):
                 opts.timeout = self._timeout
             return opts
+
+        def configure(self, *args, **kwargs):
+            began = time.perf_counter()
+            try:
+                return super().configure(*args, **kwargs)
+            finally:
+                self.configure_s = time.perf_counter() - began
 
     return PerCallTimeoutGloo(timeout=timeout)
 
@@ -205,8 +215,9 @@ def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
     timeout = timedelta(seconds=settings.timeout_s)
     with _private_servers(settings.private_ip, settings.manager_port):
         transport = _private_transport(settings.private_ip, timeout)
+        group = _gloo_group(timeout)
         manager = load("torchft").Manager(
-            pg=_gloo_group(timeout), min_replica_size=settings.min_replicas,
+            pg=group, min_replica_size=settings.min_replicas,
             state_dict=state_dict, load_state_dict=load_state_dict,
             timeout=timeout, quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
             connect_timeout=timedelta(seconds=30), rank=group_rank, world_size=group_size,
@@ -218,5 +229,5 @@ def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
     # Each quorum under an id of its own epoch, with the timeouts of a heal where one is in it.
     timeouts = HealTimeouts(manager, settings.timeout_s, settings.quorum_timeout_s,
                             settings.tier_gbps, group_size)
-    manager._client = EpochClient(manager._client, settings.lighthouse, timeouts, init_sync)
+    manager._client = EpochClient(manager._client, settings.lighthouse, timeouts, init_sync, group)
     return manager

@@ -18,13 +18,16 @@ from ..bandwidth import busbw_gbs
 
 
 def step_fields(participants: int, healed: bool, quorum_s: float, rec: dict,
-                attempts: int = 1) -> dict:
+                attempts: int = 1, split: dict | None = None) -> dict:
     """What a live step adds to its record (metrics.jsonl): the replica groups in its mean,
     whether this one was sent the live state, the quorum's wait, the attempts it took here, the
-    wall time it ended at, and the bus bandwidth over the groups that took part."""
+    wall time it ended at, and the bus bandwidth over the groups that took part. `split`: where a
+    step's time beyond its own went, where the trainer knows it (the failed attempts' seconds,
+    the quorum's request to the Lighthouse, the cross-node group's reconfigure)."""
     busbw = busbw_gbs(rec["wire_bytes"], rec["sync_s"], participants) * 8 if rec["sync_s"] else 0.0
     return {"participants": participants, "healed": healed, "quorum_s": quorum_s,
-            "attempts": attempts, "time": time.time(), "busbw_gbps": busbw}
+            "attempts": attempts, "time": time.time(), "busbw_gbps": busbw,
+            **{key: round(value, 4) for key, value in (split or {}).items()}}
 
 
 class Attempts:

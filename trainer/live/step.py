@@ -19,11 +19,11 @@ import logging
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
-from .epochs import link_rate
+from .epochs import link_rate, quorum_timings
 from .timeouts import allreduce_timed
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,7 @@ class LiveStepResult:
     participants: int  # replica groups whose gradients made the mean
     healed: bool  # this replica was sent the live state during the step
     quorum_s: float  # time spent waiting for the quorum (the replica groups' skew, mostly)
+    timings: dict = field(default_factory=dict)  # the quorum's parts (`epochs.quorum_timings`)
 
 
 class AcrossReplicas:
@@ -130,6 +131,7 @@ class LiveStep:
             join_quorum(self.manager)
         self._quorum_started = False
         quorum_s = time.perf_counter() - waited
+        timings = quorum_timings(manager)
         loss = forward_backward(self.step)
         healed = not manager.is_participating()
         participants = manager.num_participants()
@@ -141,7 +143,7 @@ class LiveStep:
             self.optimizer.step()
             self.scheduler.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return loss, LiveStepResult(committed, participants, healed, quorum_s)
+        return loss, LiveStepResult(committed, participants, healed, quorum_s, timings)
 
     def gather(self, nodes: int, grace_s: float) -> int:
         """The first step's quorum, with every declared node (`gather_quorum`)."""

@@ -5,22 +5,28 @@ Each node listens on the address the operator named for it (`--listen`) and conn
 one's (`--next`); the first line on a connection is the push's token, which the operator sent every
 node on its standard input, so a stray connection on the private network is dropped unheard. A
 message is a header (kind, tag, length) and its bytes. Control messages (what each node holds, the
-reports) travel back up the same connection the data travels down.
+reports) travel back up the same connection the data travels down. The first node's link to the
+chain's head, the operator, is its own standard input and output (`StdioLink`): the ssh session
+the operator started it with, so no port is opened towards the operator.
 """
 
 from __future__ import annotations
 
+import base64
 import json
 import os
 import queue
+import select
 import socket
 import struct
+import sys
 import threading
 import time
 
 HEADER = struct.Struct("!4sQI")  # kind, tag, length
 TOKEN_ENV = "FATPIPE_CHAIN_TOKEN"
 CONNECT_RETRY_S = 0.1
+UP_PREFIX = "STAGE_UP "  # a message to the operator: the first node's output line, base64
 
 
 class ChainBroke(RuntimeError):
@@ -75,6 +81,33 @@ def connect_next(at: str, deadline: float) -> socket.socket:
         conn.sendall(token() + b"\n")
         conn.settimeout(None)
         return conn
+
+
+class StdioLink:
+    """The first node's link to the operator: bytes down on the standard input, messages up as lines.
+
+    The program's own first line (node/databoot.py) is read before this link is made, and the operator
+    sends nothing after it until this node's first message up (what the chain holds), so no byte of
+    the chain waits in that line's read buffer: the descriptor is read raw from here on. Only small
+    messages go up (what is held, the report); the data only comes down."""
+
+    def __init__(self):
+        self.timeout: float | None = None
+
+    def settimeout(self, timeout: float | None) -> None:
+        self.timeout = timeout
+
+    def recv_into(self, view: memoryview) -> int:
+        if self.timeout is not None and not select.select([0], [], [], self.timeout)[0]:
+            raise TimeoutError(f"nothing came from the operator within {self.timeout:.0f} s")
+        return os.readv(0, [view])
+
+    def sendall(self, data: bytes) -> None:
+        sys.stdout.write(UP_PREFIX + base64.b64encode(data).decode() + "\n")
+        sys.stdout.flush()
+
+    def close(self) -> None:
+        pass
 
 
 def recv_exact(conn: socket.socket, n: int, into: memoryview | None = None) -> bytes:

@@ -1,24 +1,27 @@
 """The node side of `fatpipe data push`: a pipelined chain of chunks over the private links, no torch.
 
-    python3 -m fatpipe.trainer.staging.stage --manifest M --place P --nodes N [--listen A] [--next A]
+    python3 -m fatpipe.trainer.staging.stage --manifest M --place P --nodes N [--listen A | --from-operator] [--next A]
 
 The operator starts it on every node at once (`ops.data.chain`, the modules sent with the command,
-so a node needs no venv and nothing installed), naming each node's place in the chain (the cluster's
-node order: place 0 holds the uplink's copy), the address it listens on and the next node's; the
-push's token comes in the environment (`chainlink.TOKEN_ENV`). Every node first hashes what it holds
-(a file, else its partial copy); what each holds travels up the chain to place 0 and back down, so
-every node plans the same moves. A chunk travels from the nearest node before its first taker that
-holds it, the node at place p receiving it from p - 1 and forwarding it to p + 1 while it already
-receives the next pieces (`chainlink.move`). A chunk travels in pieces of PIECE_SIZE, so a node
-forwards the start of a chunk before the rest arrives (the chain's time hardly grows with its
-length) and holds BUFFERS pieces at most (memory stays bounded whatever the data and chunk size).
-Only chunks some node lacks travel. A file is written into `<file>.fatpipe-partial` and renamed once
-every chunk's sha256, checked as its pieces arrive, matches the manifest (no second read), so an
-interrupted push leaves only partial files, whose right chunks the next push keeps. A file held
-wrong is copied into a new partial file and patched there, never written in place: a trainer that
-maps the old file keeps reading the old inode. Every name is checked (`names`) before anything is
-written, and no write or read goes through a link in the dataset folder. Place 0 prints the outcome
-on one `STAGE_JSON ` line; every node prints `STAGE_PROGRESS <place> <received> <to receive>` as it
+so a node needs no venv and nothing installed), naming each node's place in the chain, the address
+it listens on and the next node's; the push's token comes in the environment (`chainlink.TOKEN_ENV`).
+Place 0 is the chain's head, which holds the data: the operator itself (`ops.data.head`), linked to
+the first node by that node's standard input and output (`--from-operator`), so the uplink is one
+more link of the chain: node 0 writes and forwards each piece as it lands, and nothing reads the
+data twice. Every node first hashes what it holds (a file, else its partial copy); what each holds
+travels up the chain to place 0 and back down, so every place plans the same moves. A chunk travels
+from the nearest place before its first taker that holds it, the node at place p receiving it from
+p - 1 and forwarding it to p + 1 while it already receives the next pieces (`chainlink.move`). A
+chunk travels in pieces of PIECE_SIZE, so a node forwards the start of a chunk before the rest
+arrives (the chain's time hardly grows with its length) and holds BUFFERS pieces at most (memory
+stays bounded whatever the data and chunk size). Only chunks some node lacks travel. A file is
+written into `<file>.fatpipe-partial` and renamed once every chunk's sha256, checked as its pieces
+arrive, matches the manifest (no second read), so an interrupted push leaves only partial files,
+whose right chunks the next push keeps. A file held wrong is copied into a new partial file and
+patched there, never written in place: a trainer that maps the old file keeps reading the old
+inode. Every name is checked (`names`) before anything is written, and no write or read goes
+through a link in the dataset folder. Place 0 has every place's report; a node at place 0 prints it
+on one `STAGE_JSON ` line. Every node prints `STAGE_PROGRESS <place> <received> <to receive>` as it
 goes.
 """
 
@@ -119,8 +122,9 @@ def needs_opening(manifest: dict, root: Path, held: list[list[bool]]) -> set[int
 def stage(manifest: dict, root: Path, args) -> dict:
     """This node's part of the chain; at place 0, every node's report (else this node's alone)."""
     place, last = args.place, args.nodes - 1
-    deadline = time.monotonic() + args.timeout_s + args.wait_s
-    server = chainlink.listen(args.listen) if place > 0 else None  # before anything: the previous node retries
+    deadline = time.monotonic() + args.timeout_s
+    # Listening before anything else: the previous node retries its connection until this one is up.
+    server = chainlink.listen(args.listen) if place > 0 and not args.from_operator else None
     cache = node_cache(manifest, root)
     links = [None, None]
     try:
@@ -129,8 +133,8 @@ def stage(manifest: dict, root: Path, args) -> dict:
         if server is not None:
             links[0] = chainlink.accept_previous(server, deadline)
             server.close()
-        if place == 0 and args.source_ready:  # the node the uplink copy reaches
-            wait_for_source(Path(args.source_ready), args.wait_s)
+        elif args.from_operator:
+            links[0] = chainlink.StdioLink()
         held = [held_chunks(manifest, root, entry, cache) for entry in manifest["files"]]
         wait = deadline - time.monotonic()
         # What every node holds: gathered up the chain to place 0, then handed down to all.
@@ -143,7 +147,7 @@ def stage(manifest: dict, root: Path, args) -> dict:
         if links[1]:
             chainlink.send_message(links[1], b"ALL ", everyone)
         if not all(all(chunks) for chunks in everyone[0]):
-            raise SystemExit("fatpipe: node 0 does not hold every chunk of the data it should send")
+            raise SystemExit("fatpipe: place 0 does not hold every chunk of the data it should send")
         mine = stage_pieces(manifest, root, plan(manifest, everyone, place), held, cache, links, args)
         below = chainlink.recv_message(links[1], b"REPT", args.timeout_s) if links[1] else []
         if links[0]:
@@ -196,35 +200,22 @@ def peak_rss() -> int | None:
     return int(line.split()[1]) * 1024
 
 
-def wait_for_source(ready: Path, wait_s: float) -> None:
-    """Node 0's data arrives over the uplink while the chain starts: wait for the operator's word."""
-    deadline = time.monotonic() + wait_s
-    while not ready.is_file():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"fatpipe: the copy to node 0 did not finish within {wait_s:.0f} s")
-        time.sleep(0.2)
-    word = ready.read_text().strip()
-    if word != "ok":
-        raise SystemExit(f"fatpipe: the copy to node 0 {word}")
-
-
 def parse(argv: list[str] | None):
     p = argparse.ArgumentParser(prog="python -m fatpipe.trainer.staging.stage", description=__doc__.split("\n")[0])
     p.add_argument("--manifest", required=True, help="the manifest of the data to stage")
     p.add_argument("--place", type=int, default=0, help="this node's place in the chain (0: it holds the data)")
     p.add_argument("--nodes", type=int, default=1, help="the chain's length")
     p.add_argument("--listen", help="HOST:PORT this node listens on for the previous one (place > 0)")
+    p.add_argument("--from-operator", action="store_true",
+                   help="the previous place is the operator, on this program's standard input and output")
     p.add_argument("--next", help="HOST:PORT of the next node (all but the last place)")
     p.add_argument("--name", help="this node's name in the report")
     p.add_argument("--timeout-s", type=float, default=600.0, help="the longest wait for one piece")
-    p.add_argument("--source-ready", help="node 0 waits for this file (`ok`, or `failed: why`): the copy to node 0")
-    p.add_argument("--wait-s", type=float, default=0.0, help="how long node 0 may wait for --source-ready")
     args = p.parse_args(argv)
-    if not 0 <= args.place < args.nodes or (args.place > 0 and not args.listen) or \
-            (args.place < args.nodes - 1 and not args.next):
-        p.error("every place but the first needs --listen, every place but the last --next")
-    if not args.source_ready:
-        args.wait_s = 0.0
+    if not 0 <= args.place < args.nodes or (args.place > 0 and not (args.listen or args.from_operator)) or \
+            (args.place < args.nodes - 1 and not args.next) or (args.from_operator and args.place != 1):
+        p.error("every place but the first needs --listen (place 1 may take --from-operator), every place but the "
+                "last --next")
     return args
 
 
