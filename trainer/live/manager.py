@@ -42,6 +42,13 @@ COLLECTIVE_TIMEOUT_S = 6.0
 # request in flight when the Lighthouse died is lost with it; asked again, it reaches the one
 # the node supervisor started in its place while the others' requests wait for it (join timeout).
 QUORUM_TIMEOUT_S = 5.0
+# How often the node's Manager server asks the Lighthouse again, within one request's timeout,
+# after the Lighthouse's answer failed (torchft's `quorum_retries`, spaced timeout / (retries + 1),
+# 100 ms at least). With none, a Lighthouse that dies mid-quorum (its node killed: the relay's
+# connection to it reset at once) leaves the request waiting out QUORUM_TIMEOUT_S: torchft's
+# server answers nobody when its quorum failed. Asked again, the request goes through the relay,
+# which has moved to the next Lighthouse within about a second (live.relay).
+QUORUM_RETRIES = 15
 
 
 @dataclass(frozen=True)
@@ -221,6 +228,7 @@ def live_manager(settings: LiveSettings, state_dict: Callable[[], dict],
             state_dict=state_dict, load_state_dict=load_state_dict,
             timeout=timeout, quorum_timeout=timedelta(seconds=settings.quorum_timeout_s),
             connect_timeout=timedelta(seconds=30), rank=group_rank, world_size=group_size,
+            quorum_retries=QUORUM_RETRIES,
             # Peers form the cross-node group on this node's torchrun store: its private address.
             store_addr=settings.private_ip, store_port=settings.store_port,
             lighthouse_addr=settings.lighthouse_url, replica_id=settings.replica_id,
