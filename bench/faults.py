@@ -288,6 +288,7 @@ def compare(runs: list[dict], args) -> list[dict]:
                "steps_taken_twice": len(steps) - len(set(steps)),
                "kill_to_next_step_s": [next_step(run, k) for k in run["kills"]],
                "stall_split": [stall_split(run, k) for k in run["kills"] if "flap_s" not in k],
+               "rejoin": [rejoin(run, k) for k in run["kills"] if "flap_s" not in k],
                "eval_loss": run["summary"].get("eval_loss"), "exit": run["exit"],
                "committed_steps": len(set(steps)), "wall_s": run["wall_s"]}
         row["sync_failure_rate"] = sync_failure_rate(run)
@@ -300,6 +301,8 @@ def compare(runs: list[dict], args) -> list[dict]:
               f"eval loss {row['eval_loss']}, sync failures {row['sync_failure_rate']}")
         for split in filter(None, row["stall_split"]):
             print(f"{'':>21}a kill's stall on a survivor: {split}")
+        for back in filter(None, row["rejoin"]):
+            print(f"{'':>21}its return, on a survivor: {back}")
     return rows
 
 
@@ -344,6 +347,22 @@ def next_step(run: dict, kill: dict) -> float | None:
     """Seconds from a kill to the end of the survivors' first step without the victim."""
     record = first_without(run, kill)
     return record["time"] - kill["time"] if record else None
+
+
+def rejoin(run: dict, kill: dict) -> dict | None:
+    """What the victim's return cost a survivor: its first step with more replica groups than the
+    step before, after the victim went down; the seconds since that step before (`gap_s`, against
+    a median step), the victim's seconds from the kill, and that step's quorum."""
+    survivor = next(records for i, records in enumerate(run["by_node"]) if i != kill["node"])
+    timed = [r for r in survivor if "time" in r]
+    for before, record in zip(timed, timed[1:], strict=False):
+        if record["time"] > kill["time"] and record["participants"] > before["participants"]:
+            steps = sorted(r["step_s"] for r in timed)
+            return {"back_after_kill_s": round(record["time"] - kill["time"], 1),
+                    "gap_s": round(record["time"] - before["time"], 2),
+                    "median_step_s": round(steps[len(steps) // 2], 2),
+                    "quorum_s": round(record["quorum_s"], 2), "failed_s": record.get("failed_s")}
+    return None
 
 
 def stall_split(run: dict, kill: dict) -> dict | None:

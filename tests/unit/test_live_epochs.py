@@ -188,3 +188,34 @@ def test_a_quorum_says_its_parts_once(monkeypatch):
     assert timings["quorum_rpc_s"] >= 0.05 and timings["configure_s"] == 0.25
     assert client.take_timings() == {"quorum_rpc_s": 0.0, "configure_s": 0.0}
     assert epochs.quorum_timings(SimpleNamespace(_client=object())) == {}
+
+
+def test_a_failed_exchange_lets_its_group_go_at_once():
+    """What kept a failed gloo exchange's connections open (so a peer that is no neighbour of a
+    dead group waited out its timeout): the group in torchft's wrapper and the failed work in
+    the frames of the error torchft keeps. Both go; the error's text keeps its trace."""
+    import weakref
+
+    from torchft.manager import ExceptionWithTraceback
+
+    from fatpipe.trainer.live.timeouts import drop_failed_group
+
+    class Work:  # holds gloo's context, and so its connections, while it lives
+        pass
+
+    def exchange(work):
+        raise RuntimeError("Connection closed by peer")
+
+    work = Work()
+    held = weakref.ref(work)
+    try:
+        exchange(work)
+    except RuntimeError as e:
+        error = ExceptionWithTraceback(e)  # as torchft's Manager keeps it (report_error)
+    del work
+    assert held() is not None  # the frame of `exchange` still holds it
+    aborted = []
+    manager = SimpleNamespace(errored=lambda: error, _pg=SimpleNamespace(abort=lambda: aborted.append(1)))
+    drop_failed_group(manager)
+    assert held() is None and aborted == [1]
+    assert "Connection closed by peer" in str(error) and "exchange" in error.stack_trace

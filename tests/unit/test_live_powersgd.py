@@ -92,6 +92,9 @@ class _OneReplica:
         assert reduce_op == dist.ReduceOp.SUM  # PowerSGD divides by size() itself
         return self
 
+    def errored(self):
+        return None
+
     def wait(self) -> bool:
         return True
 

@@ -112,8 +112,27 @@ def set_timeouts(manager, collective_s: float, quorum_s: float) -> None:
 
 def allreduce_timed(manager, link: LinkRate | None, tensor, **kwargs) -> None:
     """`manager.allreduce(tensor, **kwargs)`, waited for; its rate told to `link` unless it
-    failed (an errored Manager returns at once)."""
+    failed (an errored Manager returns at once), when the group is dropped (`drop_failed_group`)."""
     start = time.perf_counter()
     manager.allreduce(tensor, **kwargs).wait()
-    if link is not None and manager.errored() is None:
+    if manager.errored() is not None:
+        drop_failed_group(manager)
+    elif link is not None:
         link.observe(tensor.numel() * tensor.element_size(), time.perf_counter() - start)
+
+
+def drop_failed_group(manager) -> None:
+    """Close the cross-node gloo group whose exchange just failed here (a peer died, a link was
+    cut), so every peer's exchange fails within milliseconds: gloo fails a pending receive only
+    when its own connection breaks, so a group that is no neighbour of the dead one in the ring
+    waited out the collective timeout (6 s; bench/faults.py measured it). Its connections close
+    when nothing holds gloo's context any more: torchft's wrapper forgets the group on `abort`
+    (the next quorum configures a new one, as it would have), and the failed work lives on only
+    in the frames of the error torchft keeps, which are let go (its text keeps the trace)."""
+    error = manager.errored()
+    chain = [error, getattr(error, "original_exception", None)]
+    while chain[-1] is not None and len(chain) < 10:  # and what it was raised from
+        chain.append(chain[-1].__cause__ or chain[-1].__context__)
+    for raised in filter(None, chain):
+        raised.__traceback__ = None
+    manager._pg.abort()
