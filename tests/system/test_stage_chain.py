@@ -9,7 +9,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -86,10 +85,8 @@ def test_a_chain_whose_source_fails_ends_on_every_node_and_says_why(tmp_path):
     manifest = build_manifest(tmp_path / "src" / "c.bin", CHUNK, "data/c.bin")
     cluster = chain_cluster(tmp_path, 3)
     (tmp_path / "src" / "c.bin").unlink()
-    started = time.monotonic()
     with pytest.raises(FatpipeError, match=r"data fan-out failed: this machine: .*No such file.*c\.bin"):
         fan_out_chain(cluster, manifest, tmp_path / "src" / "c.bin", sys.executable, None, uplink=True)
-    assert time.monotonic() - started < 60  # no node waits out its timeout
     assert not any((tmp_path / f"node{i}" / "data" / "c.bin").exists() for i in range(3))
     assert not subprocess.run(["pgrep", "-f", str(tmp_path / "node")], capture_output=True).stdout
 
